@@ -1,0 +1,34 @@
+# treenic — one Makefile for the whole flow. Every target sets up .venv itself.
+SHELL := /bin/bash
+VENV  := .venv
+PY    := $(VENV)/bin/python
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+SIM   ?= icarus
+WAVES ?= 0
+export SIM WAVES
+
+.PHONY: all setup demo test sim bench synth clean
+all: test
+
+setup:
+	@tools/setup_env.sh sim,torch,test
+
+demo: setup
+	$(PY) -m treenic.cli demo
+
+test: setup
+	$(PY) -m pytest -q tests
+	$(MAKE) --no-print-directory sim
+
+sim: setup
+	$(PY) -m pytest -q sim
+
+bench: setup
+	$(PY) -m treenic.bench --out build/bench
+
+synth:
+	@tools/setup_env.sh sim,torch,test,synth
+	$(PY) -m treenic.boards.synth --out build/synth
+
+clean:
+	rm -rf build
