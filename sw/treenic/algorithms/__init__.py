@@ -1,0 +1,33 @@
+"""Dense all-reduce algorithms: each compiles a topology into the Schedule IR.
+
+``build(name, topology)`` is the one entry point every consumer (CLI, RTL images, driver,
+benchmarks) uses. Modules load lazily so one algorithm's import error cannot hide the rest.
+"""
+from __future__ import annotations
+
+import importlib
+import time
+
+from ..schedule.ir import Schedule, ScheduleError
+from ..topology import Topology, parse
+
+#: CLI/driver name -> "module:function(topology) -> Schedule"
+ALGORITHMS: dict[str, str] = {
+    "ring": "treenic.algorithms.ring:build",
+    "dbtree": "treenic.algorithms.dbtree:build",
+    "ring2d": "treenic.algorithms.ring2d:build",
+    "halving-doubling": "treenic.algorithms.halving_doubling:build",
+    "hdrm": "treenic.algorithms.halving_doubling:build_hdrm",
+    "multitree": "treenic.algorithms.multitree:build",
+}
+
+
+def build(name: str, topology: Topology | str) -> Schedule:
+    if name not in ALGORITHMS:
+        raise ScheduleError(f"unknown algorithm {name!r}; known: {', '.join(ALGORITHMS)}")
+    topo = parse(topology) if not isinstance(topology, Topology) else topology
+    module, fn = ALGORITHMS[name].split(":")
+    t0 = time.perf_counter()
+    schedule = getattr(importlib.import_module(module), fn)(topo)
+    schedule.build_seconds = time.perf_counter() - t0
+    return schedule
