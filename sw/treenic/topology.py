@@ -250,7 +250,9 @@ def fat_tree(n: int, radix: int | None = None) -> Topology:
 
 def bigraph(switches: int, per_switch: int) -> Topology:
     """EFLOPS BiGraph: ``switches`` switches in two layers (upper half, lower half), every
-    upper switch linked to every lower switch, ``per_switch`` nodes on each switch."""
+    upper switch linked to every lower switch, ``per_switch`` nodes on each switch. Like
+    EFLOPS' switches (as many up-ports as down-ports) the core is non-blocking: each
+    upper–lower pair gets ``ceil(per_switch / (switches/2))`` parallel links."""
     _require(switches >= 2 and switches % 2 == 0,
              f"bigraph needs an even switch count >= 2, got {switches}")
     _require(per_switch >= 1, f"bigraph needs >= 1 node per switch, got {per_switch}")
@@ -260,11 +262,14 @@ def bigraph(switches: int, per_switch: int) -> Topology:
     for v in range(n):
         _link(g, v, ("sw", v // per_switch))
     half = switches // 2
+    parallel = -(-per_switch // half)
     for up in range(half):
         for lo in range(half, switches):
-            _link(g, ("sw", up), ("sw", lo))
+            for _ in range(parallel):
+                _link(g, ("sw", up), ("sw", lo))
     return _finish(Topology(f"bigraph:{switches}x{per_switch}", "bigraph", g,
-                            meta={"upper": list(range(half)), "per_switch": per_switch}))
+                            meta={"upper": list(range(half)), "per_switch": per_switch,
+                                  "parallel_links": parallel}))
 
 
 def dgx2() -> Topology:

@@ -33,9 +33,8 @@ def check_postcondition(schedule: Schedule) -> None:
 def link_loads(schedule: Schedule) -> dict[int, Counter]:
     """Per step, how many transfers cross each directed (u, v) link pair."""
     loads: dict[int, Counter] = defaultdict(Counter)
-    topo = schedule.topology
     for t in schedule.transfers:
-        path = topo.route(t.src, t.dst)
+        path = schedule.route(t)
         for u, v in zip(path, path[1:]):
             loads[t.step][(u, v)] += 1
     return loads

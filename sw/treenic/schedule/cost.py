@@ -48,7 +48,7 @@ def contention_steps(schedule: Schedule, elements: int, itemsize: int = 4) -> li
         link_bytes = defaultdict(int)
         max_hops, max_lat = 0, 0.0
         for t in transfers:
-            path = topo.route(t.src, t.dst)
+            path = schedule.route(t)
             b = schedule.bytes_of(t, elements, itemsize)
             lat = 0.0
             for u, v in zip(path, path[1:]):

@@ -54,16 +54,24 @@ class Transfer:
     op: Op
     chunks: tuple[int, ...]
     flow: int
+    #: vertices from src to dst (switches included) when the algorithm allocated the path
+    #: itself (MultiTree on switch networks); None: the topology's deterministic route.
+    route: tuple | None = None
 
     def to_json(self) -> dict:
-        return {"step": self.step, "src": self.src, "dst": self.dst, "op": self.op.name,
-                "chunks": list(self.chunks), "flow": self.flow}
+        d = {"step": self.step, "src": self.src, "dst": self.dst, "op": self.op.name,
+             "chunks": list(self.chunks), "flow": self.flow}
+        if self.route is not None:
+            d["route"] = [v if isinstance(v, int) else list(v) for v in self.route]
+        return d
 
     @classmethod
     def from_json(cls, d: dict) -> "Transfer":
         try:
+            route = d.get("route")
+            route = tuple(v if isinstance(v, int) else tuple(v) for v in route) if route else None
             return cls(int(d["step"]), int(d["src"]), int(d["dst"]), Op[d["op"]],
-                       tuple(int(c) for c in d["chunks"]), int(d["flow"]))
+                       tuple(int(c) for c in d["chunks"]), int(d["flow"]), route)
         except (KeyError, TypeError, ValueError) as e:
             raise ScheduleError(f"malformed transfer {d!r}: {e}") from None
 
@@ -104,6 +112,10 @@ class Schedule:
     def tx_port(self, t: Transfer) -> int | None:
         return self.topology.port_to(t.src, t.dst)
 
+    def route(self, t: Transfer) -> tuple:
+        """Vertices the transfer crosses, src first (allocated route or shortest path)."""
+        return t.route if t.route is not None else tuple(self.topology.route(t.src, t.dst))
+
     def _order_key(self, t: Transfer):
         return (t.step, t.dst, self.rx_port(t), t.src, t.chunks)
 
@@ -140,6 +152,11 @@ class Schedule:
                 raise ScheduleError(f"{t}: bad endpoints for {n} nodes")
             if not t.chunks or any(not (0 <= k < c) for k in t.chunks):
                 raise ScheduleError(f"{t}: chunk ids outside 0..{c - 1}")
+            if t.route is not None:
+                r = t.route
+                if r[0] != t.src or r[-1] != t.dst or any(
+                        not self.topology.graph.has_edge(u, v) for u, v in zip(r, r[1:])):
+                    raise ScheduleError(f"{t}: route is not a path of {self.topology.spec}")
             if t.op not in (Op.REDUCE, Op.GATHER):
                 raise ScheduleError(f"{t}: op must be REDUCE or GATHER")
             phase_ok = (t.op == Op.REDUCE) == (t.step <= self.reduce_steps)
