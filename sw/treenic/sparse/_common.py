@@ -1,0 +1,279 @@
+"""Helpers shared by the top-k family, Ok-Topk, SparDL and MultiTree-Sparse golden models.
+
+* :func:`topk_rows` — exact row-wise top-m selection (|v| descending, ties by ascending
+  index), returning sorted indices. Delegates to :mod:`treenic.sparse.select` once that module
+  provides ``topk_rows``; the private fallback below has the same semantics and is what the
+  tests pin.
+* :func:`bruck_steps` / :func:`log_bruck` — the Bruck all-gather pattern and its byte
+  accounting (used for every all-gather, any group size).
+* :class:`Cost` — α–β cost terms: ``rounds`` (α multiples) and received ``words`` (β
+  multiples; one sparse entry = 2 words, index + value), with a [lo, hi] range.
+* :func:`mass_invariant` — the conservation check
+  ``out_sum + Σ_w R_w_new == Σ_w (g_w + R_w_old)`` against a float64 reference.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from .base import PAIR_BYTES, SparseError, TrafficLog
+
+F32_EPS = float(np.finfo(np.float32).eps)
+
+
+# ---- exact top-k -------------------------------------------------------------------------
+
+def _topk_rows_fallback(values: np.ndarray, m: int, valid: np.ndarray | None = None) -> np.ndarray:
+    rows, n = values.shape
+    key = np.abs(values).astype(np.float32, copy=False)
+    if valid is not None:
+        key = np.where(valid, key, np.float32(-1.0))
+    if m >= n:
+        return np.broadcast_to(np.arange(n, dtype=np.int64), (rows, n)).copy()
+    # k-th largest key per row; strictly-greater entries are in, ties at the threshold are
+    # taken in ascending index order until the row holds exactly m entries.
+    thr = np.partition(key, n - m, axis=1)[:, n - m][:, None]
+    gt = key > thr
+    eq = key == thr
+    need = m - gt.sum(axis=1)
+    sel = gt | eq
+    tied = np.nonzero(eq.sum(axis=1) > need)[0]      # rows with more ties than room
+    if tied.size:
+        e = eq[tied]
+        take = e & (np.cumsum(e, axis=1, dtype=np.int32) <= need[tied, None])
+        sel[tied] = gt[tied] | take
+    idx = np.nonzero(sel)[1]
+    return idx.reshape(rows, m).astype(np.int64, copy=False)
+
+
+def topk_rows(values: np.ndarray, m: int, valid: np.ndarray | None = None) -> np.ndarray:
+    """Indices (rows, min(m, n)) of the top-m entries of every row of ``values``.
+
+    Ranking: |v| descending, ties broken by ascending index; each row returns exactly
+    ``min(m, n)`` indices in ascending order, so zero-valued entries are selected when a row
+    has fewer than m nonzeros. ``valid`` (bool, same shape) marks candidates: invalid entries
+    rank below every valid one (used for sparse unions). NaN is not supported."""
+    values = np.asarray(values)
+    if values.ndim != 2:
+        raise SparseError(f"topk_rows needs a 2-D array, got shape {values.shape}")
+    if m < 1:
+        raise SparseError(f"top-k budget must be >= 1, got {m}")
+    return _topk_rows_fallback(values, int(m), valid)
+
+
+def topk_1d(v: np.ndarray, m: int) -> np.ndarray:
+    """Sorted indices of the top-m entries of a vector (same rules as :func:`topk_rows`)."""
+    return topk_rows(np.asarray(v)[None, :], m)[0]
+
+
+# ---- all-gather pattern ------------------------------------------------------------------
+
+def bruck_steps(q: int) -> list[tuple[int, int]]:
+    """Bruck all-gather in a group of ``q``: per step ``(gap, cnt)``. Member ``i`` sends the
+    payloads of blocks ``i .. i+cnt-1`` (mod q) to ``i - gap`` and receives blocks
+    ``i+gap .. i+gap+cnt-1`` from ``i + gap`` (the SparDL code's direction). After all
+    ``ceil(log2 q)`` steps every member holds all q payloads."""
+    out, gap = [], 1
+    while gap < q:
+        out.append((gap, min(gap, q - gap)))
+        gap *= 2
+    return out
+
+
+def bruck_schedule(q: int) -> list[list[tuple[int, list[int], int, list[int]]]]:
+    """Explicit Bruck schedule: ``[step][member] = (send_to, blocks_sent, recv_from,
+    blocks_received)`` (0-indexed)."""
+    return [[((i - gap) % q, [(i + b) % q for b in range(cnt)],
+              (i + gap) % q, [(i + gap + b) % q for b in range(cnt)]) for i in range(q)]
+            for gap, cnt in bruck_steps(q)]
+
+
+def log_bruck(log: TrafficLog, groups: list[list[int]], payload_bytes: np.ndarray) -> int:
+    """Charge a Bruck all-gather run in parallel in every group (global worker ids, member
+    order = position in the list). ``payload_bytes[w]`` is worker w's own payload. Returns the
+    number of steps (groups of equal size run in lockstep)."""
+    q = len(groups[0])
+    if any(len(g) != q for g in groups):
+        raise SparseError("Bruck groups must have equal size")
+    for gap, cnt in bruck_steps(q):
+        log.step()
+        for g in groups:
+            for i, w in enumerate(g):
+                nbytes = int(sum(payload_bytes[g[(i + b) % q]] for b in range(cnt)))
+                log.send(w, g[(i - gap) % q], nbytes)
+    return len(bruck_steps(q))
+
+
+def log_bruck_payloads(log: TrafficLog, payload_bytes: np.ndarray) -> int:
+    """Bruck all-gather among all workers of the log."""
+    return log_bruck(log, [list(range(log.workers))], payload_bytes)
+
+
+def log_binomial_bcast(log: TrafficLog, nbytes: int, root: int = 0) -> int:
+    """Binomial-tree broadcast of ``nbytes`` from ``root``: ceil(log2 P) steps, any P."""
+    p = log.workers
+    dist, steps = 1, 0
+    while dist < p:
+        dist *= 2
+    dist //= 2
+    while dist >= 1:
+        log.step()
+        for rel in range(0, p, 2 * dist):
+            if rel + dist < p:
+                log.send((root + rel) % p, (root + rel + dist) % p, nbytes)
+        dist //= 2
+        steps += 1
+    return steps
+
+
+def ceil_log2(x: int) -> int:
+    return 0 if x <= 1 else math.ceil(math.log2(x))
+
+
+# ---- cost terms --------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Cost:
+    """α–β cost: ``rounds`` sequential message rounds (× α) and received ``words`` per worker
+    (× β; a sparse entry is 2 words) as a range [words_lo, words_hi]."""
+    rounds: float
+    words_lo: float
+    words_hi: float
+    alpha: float = 1.0
+    beta: float = 1.0
+
+    @property
+    def latency(self) -> float:
+        return self.rounds * self.alpha
+
+    @property
+    def bandwidth(self) -> float:
+        return self.words_lo * self.beta
+
+    @property
+    def bandwidth_max(self) -> float:
+        return self.words_hi * self.beta
+
+    @property
+    def time(self) -> float:
+        return self.latency + self.bandwidth
+
+    @property
+    def time_max(self) -> float:
+        return self.latency + self.bandwidth_max
+
+    def as_dict(self) -> dict:
+        return {"rounds": self.rounds, "words": [self.words_lo, self.words_hi],
+                "latency": self.latency, "bandwidth": [self.bandwidth, self.bandwidth_max],
+                "time": [self.time, self.time_max]}
+
+
+# ---- invariants --------------------------------------------------------------------------
+
+def mass_invariant(out_sum: np.ndarray, new_res: np.ndarray, grads: np.ndarray,
+                   old_res: np.ndarray) -> tuple[bool, float]:
+    """``out_sum + Σ R_new == Σ (g + R_old)`` element-wise, checked in float64 against the
+    float32 rounding bound ``(2P + 8)·eps32·Σ_w(|g_w| + |R_old_w|)`` (every value in the
+    models is a float32 sum of at most P + log2-depth inputs, each rounding at most eps/2
+    relative). Returns (holds, worst |defect| / bound)."""
+    p = grads.shape[0]
+    lhs = out_sum.astype(np.float64) + new_res.sum(axis=0, dtype=np.float64)
+    rhs = grads.sum(axis=0, dtype=np.float64) + old_res.sum(axis=0, dtype=np.float64)
+    scale = np.abs(grads).sum(axis=0, dtype=np.float64) + np.abs(old_res).sum(axis=0, dtype=np.float64)
+    bound = (2 * p + 8) * F32_EPS * scale
+    defect = np.abs(lhs - rhs)
+    ok = bool(np.all(defect <= bound))
+    worst = float(np.max(defect / np.maximum(bound, np.finfo(np.float64).tiny)))
+    return ok, worst
+
+
+def pairs_bytes(entries) -> np.ndarray:
+    return np.asarray(entries, np.int64) * PAIR_BYTES
+
+
+def check_options(name: str, options: dict, allowed: dict) -> dict:
+    """Fill defaults, reject unknown option names and values outside ``allowed``:
+    ``{name: (default, validator_or_choices)}``."""
+    unknown = set(options) - set(allowed)
+    if unknown:
+        raise SparseError(f"{name}: unknown option(s) {', '.join(sorted(unknown))}; "
+                          f"known: {', '.join(sorted(allowed))}")
+    out = {}
+    for key, (default, check) in allowed.items():
+        val = options.get(key, default)
+        if isinstance(check, (tuple, list, set, frozenset)):
+            if val not in check:
+                raise SparseError(f"{name}: option {key}={val!r} not in {sorted(map(str, check))}")
+        elif check is not None:
+            msg = check(val)
+            if msg:
+                raise SparseError(f"{name}: option {key}={val!r}: {msg}")
+        out[key] = val
+    return out
+
+
+# ---- error-feedback model skeleton -------------------------------------------------------
+
+class ErrorFeedbackModel:
+    """Common skeleton: parameter checks, residual state, result assembly and invariants.
+
+    Subclasses set ``name``/``OPTIONS`` and implement ``_step(acc, log) -> (out_sum, new_res,
+    info, invariants)`` where ``acc = grads + residuals`` (float32, P × N), ``out_sum`` is the
+    non-averaged reduced vector every worker ends with, ``new_res`` the residuals for the next
+    iteration. ``SparseResult.result`` rows are ``out_sum`` (or ``out_sum / P`` in float32 with
+    option ``average=True``). The mass invariant is added by this class when the subclass
+    declares ``CONSERVES_MASS`` (or returns it from ``_conserves_mass()``)."""
+
+    name = "?"
+    OPTIONS: dict = {}
+    CONSERVES_MASS = True
+
+    def __init__(self, workers, elements, density, seed=0, **options):
+        self.k = self._check_params(workers, elements, density)
+        self.workers = int(workers)
+        self.elements = int(elements)
+        self.density = float(density)
+        self.seed = seed
+        allowed = {"average": (False, (False, True)), "check_invariants": (True, (False, True))}
+        allowed.update(self.OPTIONS)
+        self.options = check_options(self.name, options, allowed)
+        self.iteration = 0
+        self.residuals = np.zeros((self.workers, self.elements), np.float32)
+        self._setup()
+
+    @staticmethod
+    def _check_params(workers, elements, density) -> int:
+        from .base import check_params
+        return check_params(workers, elements, density)
+
+    def _setup(self) -> None:
+        pass
+
+    def _conserves_mass(self) -> bool:
+        return self.CONSERVES_MASS
+
+    def step(self, grads):
+        from .base import SparseResult, check_grads
+        import time
+        g = check_grads(grads, self.workers, self.elements)
+        t0 = time.perf_counter()
+        acc = g + self.residuals
+        log = TrafficLog(self.workers)
+        out_sum, new_res, info, inv = self._step(acc, log)
+        seconds = time.perf_counter() - t0
+        inv = dict(inv)
+        if self.options["check_invariants"] and self._conserves_mass():
+            ok, worst = mass_invariant(out_sum, new_res, g, self.residuals)
+            inv["mass_conservation"] = ok
+            info["mass_defect_over_bound"] = worst
+        out = out_sum / np.float32(self.workers) if self.options["average"] else out_sum
+        out = out.astype(np.float32, copy=False)
+        sent, recv = log.arrays()
+        info.update(iteration=self.iteration, k=self.k, model_seconds=seconds,
+                    invariants=inv)
+        self.residuals = new_res
+        self.iteration += 1
+        return SparseResult(self.name, np.broadcast_to(out, (self.workers, self.elements)).copy(),
+                            new_res, sent, recv, info)

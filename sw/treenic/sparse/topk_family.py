@@ -1,0 +1,189 @@
+"""TopkA, TopkDSA and gTopk: the baseline sparse all-reduces of the SparDL paper (Table I).
+
+All three start from the error-feedback accumulator ``acc_w = g_w + R_w`` and select the
+exact local top-k of the whole flattened vector, ``k = max(1, round(density * N))``
+(:func:`treenic.sparse.base.check_params`), ranked by |value| descending with ties broken by
+ascending index (zeros are selected when fewer than k entries are nonzero, so every message
+holds exactly k pairs). Sparse messages are (index u32, value f32) pairs: 8 bytes each.
+Results are the plain sum (``average=True`` divides by P in float32).
+
+* :class:`TopkA` — top-k then all-gather of every worker's k pairs (SparCML's AGsparse). The
+  result is Σ_w scatter(S_w), accumulated into zero in ascending rank order; nothing is
+  re-selected, so the result has ≤ P·k nonzeros. Residual: local only (R_w = acc_w with S_w
+  zeroed). Conserves mass exactly (up to float32 rounding of the sum).
+* :class:`TopkDSA` — SparCML's dynamic sparse allreduce: P contiguous regions of N // P
+  elements (the remainder joins the last region); a direct-send reduce-scatter (P − 1 rounds,
+  round r: w → (w + r) mod P) reduces region i on worker i in ascending source order; then
+  an all-gather of the reduced regions that switches representation: sparse (pairs) when
+  2·Σ nnz < 2N/3, else dense (4 bytes per element of the region) — the rule of the Ok-Topk
+  code base. Numerically identical to TopkA (every local top-k value is summed once, in the
+  same order); only the traffic differs. The code's strict-threshold selection (which loses
+  one value per iteration) is replaced by exact top-k (notes §12 #23).
+* :class:`GTopk` — gTopk (Shi et al.): binomial-tree reduction where every merge is a proper
+  sparse union (equal indices add, receiver's value first) cut back to its top-k, then a
+  binomial broadcast of the k final pairs from rank 0. Residual ("partial"):
+  R_w = acc_w with zeros at S_w ∩ final. Values dropped inside the tree at indices that end
+  up final are lost, so gTopk does **not** conserve mass (the invariant is reported as
+  ``info['mass_defect']``, not asserted). Non-power-of-two P: the binomial tree simply skips
+  partners ≥ P (ceil(log2 P) rounds each way); the paper's gTopk needs P = 2^m.
+
+All-gathers and broadcasts are charged with the Bruck / binomial patterns of
+:mod:`treenic.sparse._common` (any P; per-worker totals equal recursive doubling's when P is a
+power of two).
+
+``cost(workers, elements, density, alpha, beta)`` returns the Table I α–β terms
+(:class:`~treenic.sparse._common.Cost`; baseline rows use plain log2 P, as printed).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .base import PAIR_BYTES, VALUE_BYTES, check_params, merge_add
+from ._common import (Cost, ErrorFeedbackModel, log_binomial_bcast, log_bruck_payloads,
+                      topk_rows)
+
+
+def local_topk(acc: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per-worker exact top-k: (indices (P, k) ascending, values (P, k))."""
+    sel = topk_rows(acc, k)
+    return sel, np.take_along_axis(acc, sel, axis=1)
+
+
+def _sum_ascending(sel: np.ndarray, vals: np.ndarray, n: int) -> np.ndarray:
+    """Σ_w scatter(sel_w, vals_w) in float32, starting from zero, ranks ascending."""
+    out = np.zeros(n, np.float32)
+    for w in range(sel.shape[0]):
+        out[sel[w]] += vals[w]            # indices unique within one worker
+    return out
+
+
+def _local_residual(acc: np.ndarray, sel: np.ndarray) -> np.ndarray:
+    res = acc.copy()
+    np.put_along_axis(res, sel, np.float32(0), axis=1)
+    return res
+
+
+class TopkA(ErrorFeedbackModel):
+    """Top-k + all-gather (see module docstring)."""
+
+    name = "topka"
+
+    def _step(self, acc, log):
+        sel, vals = local_topk(acc, self.k)
+        out = _sum_ascending(sel, vals, self.elements)
+        new_res = _local_residual(acc, sel)
+        log_bruck_payloads(log, np.full(self.workers, self.k * PAIR_BYTES, np.int64))
+        nnz = int(np.count_nonzero(out))
+        inv = {"result_nnz_le_Pk": nnz <= self.workers * self.k,
+               "message_entries_eq_k": sel.shape[1] == min(self.k, self.elements)}
+        return out, new_res, {"result_nnz": nnz}, inv
+
+    @classmethod
+    def cost(cls, workers, elements, density, alpha=1.0, beta=1.0) -> Cost:
+        """Table I: log P·α + 2(P−1)k·β."""
+        k = check_params(workers, elements, density)
+        p = workers
+        return Cost(math.log2(p), 2 * (p - 1) * k, 2 * (p - 1) * k, alpha, beta)
+
+
+def regions(elements: int, workers: int) -> np.ndarray:
+    """TopkDSA region bounds (P+1): P regions of N // P, remainder in the last one."""
+    base = elements // workers
+    b = np.arange(workers + 1, dtype=np.int64) * base
+    b[-1] = elements
+    return b
+
+
+class TopkDSA(ErrorFeedbackModel):
+    """Top-k + dynamic sparse allreduce (see module docstring)."""
+
+    name = "topkdsa"
+
+    def _step(self, acc, log):
+        p, n = self.workers, self.elements
+        sel, vals = local_topk(acc, self.k)
+        bounds = regions(n, p)
+        reg = np.searchsorted(bounds, sel, side="right") - 1           # (P, k) region ids
+        counts = np.zeros((p, p), np.int64)                              # [src, region]
+        np.add.at(counts, (np.repeat(np.arange(p), sel.shape[1]), reg.ravel()), 1)
+        # Reduce-scatter by direct sends, round r: w -> (w + r) mod P.
+        for r in range(1, p):
+            log.step()
+            for w in range(p):
+                dst = (w + r) % p
+                log.send(w, dst, int(counts[w, dst]) * PAIR_BYTES)
+        out = _sum_ascending(sel, vals, n)       # = each region owner's ascending-source sum
+        nnz = np.array([np.count_nonzero(out[bounds[i]:bounds[i + 1]]) for i in range(p)],
+                       np.int64)
+        sparse = 2 * int(nnz.sum()) < (2 * n) / 3
+        payload = nnz * PAIR_BYTES if sparse else np.diff(bounds) * VALUE_BYTES
+        log_bruck_payloads(log, payload)
+        new_res = _local_residual(acc, sel)
+        info = {"allgather": "sparse" if sparse else "dense", "result_nnz": int(nnz.sum()),
+                "region_bounds": bounds.tolist()}
+        inv = {"result_nnz_le_Pk": int(nnz.sum()) <= p * self.k}
+        return out, new_res, info, inv
+
+    @classmethod
+    def cost(cls, workers, elements, density, alpha=1.0, beta=1.0) -> Cost:
+        """Table I: (P + 2 log P)·α; bandwidth in [4(P−1)/P·k, (P−1)/P·(2k + n)]·β."""
+        k = check_params(workers, elements, density)
+        p, n = workers, elements
+        return Cost(p + 2 * math.log2(p), 4 * (p - 1) / p * k, (p - 1) / p * (2 * k + n),
+                    alpha, beta)
+
+
+def binomial_reduce_pairs(p: int) -> list[list[tuple[int, int]]]:
+    """gTopk's tree: per round, (receiver, sender) pairs. Round i (dist = 2^i): every rank
+    r ≡ 0 (mod 2^(i+1)) receives from r + 2^i when that rank exists."""
+    rounds, dist = [], 1
+    while dist < p:
+        rounds.append([(r, r + dist) for r in range(0, p, 2 * dist) if r + dist < p])
+        dist *= 2
+    return rounds
+
+
+class GTopk(ErrorFeedbackModel):
+    """Global top-k by tree merges with re-selection (see module docstring)."""
+
+    name = "gtopk"
+    CONSERVES_MASS = False
+
+    def _step(self, acc, log):
+        p, n, k = self.workers, self.elements, self.k
+        sel, vals = local_topk(acc, k)
+        held = {w: (sel[w].astype(np.uint32), vals[w].copy()) for w in range(p)}
+        for pairs in binomial_reduce_pairs(p):
+            log.step()
+            for dst, src in pairs:
+                s_idx, s_val = held.pop(src)
+                log.send(src, dst, s_idx.size * PAIR_BYTES)
+                u_idx, u_val = merge_add(*held[dst], s_idx, s_val)       # receiver first
+                keep = topk_rows(u_val[None, :], min(k, u_val.size))[0]
+                held[dst] = (u_idx[keep], u_val[keep])
+        g_idx, g_val = held[0]
+        log_binomial_bcast(log, g_idx.size * PAIR_BYTES, root=0)
+        out = np.zeros(n, np.float32)
+        out[g_idx.astype(np.int64)] = g_val
+        # Residual: zero exactly at (local selection ∩ final set).
+        final = np.zeros(n, bool)
+        final[g_idx.astype(np.int64)] = True
+        new_res = acc.copy()
+        hit = final[sel]
+        rows = np.nonzero(hit)
+        new_res[rows[0], sel[hit]] = 0
+        lhs = out.astype(np.float64) + new_res.sum(0, dtype=np.float64)
+        rhs = acc.sum(0, dtype=np.float64)
+        info = {"final_entries": int(g_idx.size),
+                "mass_defect": float(np.abs(lhs - rhs).max())}
+        inv = {"final_entries_le_k": g_idx.size <= k}
+        return out, new_res, info, inv
+
+    @classmethod
+    def cost(cls, workers, elements, density, alpha=1.0, beta=1.0) -> Cost:
+        """Table I: 2 log P·α + 4 log P·k·β."""
+        k = check_params(workers, elements, density)
+        lg = math.log2(workers)
+        return Cost(2 * lg, 4 * lg * k, 4 * lg * k, alpha, beta)
