@@ -1,0 +1,326 @@
+"""Golden models of the link layer: the exact flit sequences the packetiser must send and
+the fragments/errors the depacketiser must produce (bit for bit), plus the payload
+efficiency figures (message-based vs packet flow control).
+
+* :func:`packetise` -- ``(header, words) -> [flit ints]`` (message or packet mode);
+* :func:`depacketise` -- ``[flit ints] -> (fragments, errors)``;
+* :func:`efficiency`, :func:`efficiency_report` -- payload bits / total bits.
+
+Receive semantics (identical in RTL, :class:`~treenic.hdl.link.depacketiser.Depacketiser`):
+every VC has its own message context; payload is delivered in **fragments** that are
+committed atomically -- a sub-packet (message mode, ended by SUB_TAIL or TAIL) or a packet
+(packet mode) -- so words of a malformed sub-packet never reach the output.  A fragment's
+header is the message header with ``offset`` = the fragment's first element, ``length`` =
+its word count, ``last`` = it ends the message (always 1 in packet mode, where every packet
+is self-contained).  Per flit on VC ``v`` (state IDLE / ACTIVE / DISCARD):
+
+* a head (SUB_HEAD, HEAD, HEAD_TAIL) while ACTIVE: ``SEQ`` (missing tail), the open
+  fragment is dropped; then the head is checked -- ``FLOW`` (flow not enabled), else ``OP``
+  (not REDUCE/GATHER), else ``LENGTH`` (message length 0; packet length 0 or > max for
+  HEAD; != 0 for HEAD_TAIL).  A bad head -> DISCARD (IDLE for HEAD_TAIL).  A good HEAD_TAIL
+  delivers a zero-length fragment;
+* body/sub-tail/tail while IDLE: ``ORPHAN`` once, then DISCARD (a tail-type flit: IDLE);
+* while DISCARD flits are dropped until a tail-type flit (MSG_TAIL / TAIL) or a head;
+* while ACTIVE the expected type is fixed by the position -- message mode: MSG_TAIL if the
+  flit holds the message's last word, else SUB_TAIL if it fills the sub-packet
+  (``sub_words``), else SUB_BODY; packet mode: TAIL / BODY.  Anything else: ``SEQ``, the
+  open fragment is dropped, DISCARD (a tail-type flit: IDLE).
+
+Buffer overflows (``OVERFLOW``, a sender ignoring credits) depend on timing and are only
+counted by the RTL.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .flit import ErrorCause, FlitFormat, FlitType, Op, WORD_BITS
+
+__all__ = ["packetise", "depacketise", "Fragment", "efficiency", "link_stats",
+           "efficiency_report", "MESSAGE", "PACKET", "DEFAULT_SUB_WORDS"]
+
+MESSAGE = "message"
+PACKET = "packet"
+DEFAULT_SUB_WORDS = 64
+_TAIL_TYPES = (FlitType.MSG_TAIL, FlitType.TAIL)
+_HEAD_TYPES = (FlitType.SUB_HEAD, FlitType.HEAD, FlitType.HEAD_TAIL)
+
+HEADER_FIELDS = ("vc", "next", "eject", "dest", "src", "flow", "op", "step", "offset",
+                 "length")
+
+
+def _check_mode(fmt, mode, sub_words, packet_words):
+    if mode not in (MESSAGE, PACKET):
+        raise ValueError(f"mode must be {MESSAGE!r} or {PACKET!r}")
+    if sub_words <= 0 or sub_words % fmt.lanes:
+        raise ValueError(f"sub_words {sub_words} must be a positive multiple of {fmt.lanes}")
+    if packet_words <= 0 or packet_words % fmt.lanes or packet_words > fmt.max_packet_words:
+        raise ValueError(f"packet_words {packet_words} must be a positive multiple of "
+                         f"{fmt.lanes} and <= {fmt.max_packet_words}")
+
+
+def packetise(header: dict, words, mode: str = MESSAGE, fmt: FlitFormat | None = None, *,
+              sub_words: int = DEFAULT_SUB_WORDS, packet_words: int | None = None) -> list[int]:
+    """Flits (ints, layout :attr:`FlitFormat.flit`) for one message.
+
+    ``header``: dict with ``vc, flow, op, step, offset`` and ``next, eject`` (message mode)
+    or ``dest, src`` (packet mode); ``length`` defaults to ``len(words)`` and must equal it.
+    """
+    fmt = fmt or FlitFormat()
+    packet_words = fmt.max_packet_words if packet_words is None else packet_words
+    _check_mode(fmt, mode, sub_words, packet_words)
+    words = [int(w) & 0xFFFF_FFFF for w in words]
+    n = len(words)
+    if int(header.get("length", n)) != n:
+        raise ValueError("header length does not match the number of words")
+    if n >= 1 << fmt.length_bits:
+        raise ValueError(f"message of {n} words exceeds the length field")
+    vc = int(header.get("vc", 0))
+    W = fmt.lanes
+    omask = (1 << fmt.offset_bits) - 1
+    common = {k: int(header.get(k, 0)) for k in ("flow", "op", "step")}
+    off0 = int(header.get("offset", 0))
+    flits = []
+    if mode == MESSAGE:
+        if n == 0:
+            raise ValueError("message mode needs at least one word (Table II has no "
+                             "single-flit sub-packet)")
+        flits.append(fmt.make_flit(FlitType.SUB_HEAD, vc, fmt.pack_sub_head(
+            next=header.get("next", 0), eject=header.get("eject", 0), offset=off0,
+            length=n, **common)))
+        done = sub = 0
+        while done < n:
+            rem = n - done
+            k = min(W, rem)
+            if rem <= W:
+                t = FlitType.MSG_TAIL
+            elif sub_words - sub <= W:
+                t = FlitType.SUB_TAIL
+            else:
+                t = FlitType.SUB_BODY
+            flits.append(fmt.make_flit(t, vc, fmt.pack_words(words[done:done + k])))
+            done += k
+            sub = 0 if t == FlitType.SUB_TAIL else sub + k
+        return flits
+    # packet mode
+    route = {"dest": header.get("dest", 0), "src": header.get("src", 0)}
+    if n == 0:
+        return [fmt.make_flit(FlitType.HEAD_TAIL, vc, fmt.pack_pkt_head(
+            offset=off0, length=0, **route, **common))]
+    for start in range(0, n, packet_words):
+        chunk = words[start:start + packet_words]
+        flits.append(fmt.make_flit(FlitType.HEAD, vc, fmt.pack_pkt_head(
+            offset=(off0 + start) & omask, length=len(chunk), **route, **common)))
+        for i in range(0, len(chunk), W):
+            t = FlitType.TAIL if i + W >= len(chunk) else FlitType.BODY
+            flits.append(fmt.make_flit(t, vc, fmt.pack_words(chunk[i:i + W])))
+    return flits
+
+
+@dataclass
+class Fragment:
+    """A delivered fragment: header dict (fields of :attr:`FlitFormat.header`) + words."""
+    header: dict
+    words: list
+
+    def key(self):
+        return (tuple(self.header[k] for k in ("vc", "packet", "last") + HEADER_FIELDS[1:]),
+                tuple(self.words))
+
+
+class _Ctx:
+    __slots__ = ("state", "mode", "hdr", "done", "sub", "buf")
+
+    def __init__(self):
+        self.state = "IDLE"
+        self.mode = None
+        self.hdr = None
+        self.done = self.sub = 0
+        self.buf = []
+
+
+def depacketise(flits, fmt: FlitFormat | None = None, *, sub_words: int = DEFAULT_SUB_WORDS,
+                flow_enable: int | None = None):
+    """Golden receive side.  Returns ``(fragments, errors)``: a list of :class:`Fragment`
+    in delivery order per VC (VCs do not reorder within themselves) and a dict
+    ``{ErrorCause: count}`` plus ``"dropped"`` (flits discarded)."""
+    fmt = fmt or FlitFormat()
+    W = fmt.lanes
+    if flow_enable is None:
+        flow_enable = (1 << fmt.flows) - 1
+    omask = (1 << fmt.offset_bits) - 1
+    ctx = [_Ctx() for _ in range(fmt.vcs)]
+    frags: list[Fragment] = []
+    errs = {c: 0 for c in ErrorCause if c != ErrorCause.NONE}
+    errs["dropped"] = 0
+
+    def commit(c, vc, last):
+        h = dict(c.hdr)
+        h["offset"] = (h["offset"] + c.done - c.sub) & omask
+        h["length"] = c.sub
+        h["last"] = int(last)
+        frags.append(Fragment(h, list(c.buf)))
+        c.buf = []
+        c.sub = 0
+
+    for f in flits:
+        t, vc, d = fmt.split_flit(int(f))
+        if vc >= fmt.vcs:
+            raise ValueError("flit on a non-existent VC")
+        c = ctx[vc]
+        accepted = False
+        if t in _HEAD_TYPES:
+            if c.state == "ACTIVE":
+                errs[ErrorCause.SEQ] += 1
+                c.buf, c.sub = [], 0
+            sub = t == FlitType.SUB_HEAD
+            h = fmt.unpack_sub_head(d) if sub else fmt.unpack_pkt_head(d)
+            if t == FlitType.SUB_HEAD:
+                bad_len = h["length"] == 0
+            elif t == FlitType.HEAD:
+                bad_len = h["length"] == 0 or h["length"] > fmt.max_packet_words
+            else:
+                bad_len = h["length"] != 0
+            if not (flow_enable >> h["flow"]) & 1:
+                cause = ErrorCause.FLOW
+            elif h["op"] not in (Op.REDUCE.value, Op.GATHER.value):
+                cause = ErrorCause.OP
+            elif bad_len:
+                cause = ErrorCause.LENGTH
+            else:
+                cause = None
+            if cause is not None:
+                errs[cause] += 1
+                c.state = "IDLE" if t == FlitType.HEAD_TAIL else "DISCARD"
+            else:
+                accepted = True
+                hdr = {k: 0 for k in HEADER_FIELDS}
+                hdr.update({k: h[k] for k in h})
+                hdr["vc"] = vc
+                hdr["packet"] = 0 if sub else 1
+                c.hdr, c.done, c.sub, c.buf = hdr, 0, 0, []
+                c.mode = MESSAGE if sub else PACKET
+                if t == FlitType.HEAD_TAIL:
+                    commit(c, vc, True)
+                    c.state = "IDLE"
+                else:
+                    c.state = "ACTIVE"
+        elif c.state == "IDLE":
+            errs[ErrorCause.ORPHAN] += 1
+            c.state = "IDLE" if t in _TAIL_TYPES else "DISCARD"
+        elif c.state == "DISCARD":
+            c.state = "IDLE" if t in _TAIL_TYPES else "DISCARD"
+        else:  # ACTIVE
+            n = c.hdr["length"]
+            rem = n - c.done
+            k = min(W, rem)
+            if c.mode == MESSAGE:
+                exp = (FlitType.MSG_TAIL if rem <= W else
+                       FlitType.SUB_TAIL if sub_words - c.sub <= W else FlitType.SUB_BODY)
+            else:
+                exp = FlitType.TAIL if rem <= W else FlitType.BODY
+            if t == exp:
+                accepted = True
+                c.buf += fmt.unpack_words(d, k)
+                c.done += k
+                c.sub += k
+                if t in _TAIL_TYPES:
+                    commit(c, vc, True)
+                    c.state = "IDLE"
+                elif t == FlitType.SUB_TAIL:
+                    commit(c, vc, False)
+            else:
+                errs[ErrorCause.SEQ] += 1
+                c.buf, c.sub = [], 0
+                c.state = "IDLE" if t in _TAIL_TYPES else "DISCARD"
+        if not accepted:
+            errs["dropped"] += 1
+    return frags, errs
+
+
+def link_stats(flits, fmt: FlitFormat | None = None):
+    """(payload bits, flits, head flits) of a flit list (payload = message words)."""
+    fmt = fmt or FlitFormat()
+    payload = heads = 0
+    for f in flits:
+        t, _, d = fmt.split_flit(f)
+        if t in _HEAD_TYPES:
+            heads += 1
+            if t == FlitType.SUB_HEAD:
+                payload += fmt.unpack_sub_head(d)["length"] * WORD_BITS
+            else:
+                payload += fmt.unpack_pkt_head(d)["length"] * WORD_BITS
+    return payload, len(flits), heads
+
+
+def efficiency(n_words: int, mode: str = MESSAGE, fmt: FlitFormat | None = None, *,
+               sub_words: int = DEFAULT_SUB_WORDS, packet_words: int | None = None,
+               sideband: bool = False) -> float:
+    """Payload efficiency = payload bits / total bits for one message of ``n_words``
+    binary32 words (closed form, equal to counting :func:`packetise`'s flits).  Total bits
+    count the data field of every flit (the paper's accounting); ``sideband=True`` also
+    counts the type and VC bits."""
+    fmt = fmt or FlitFormat()
+    packet_words = fmt.max_packet_words if packet_words is None else packet_words
+    _check_mode(fmt, mode, sub_words, packet_words)
+    W = fmt.lanes
+    data_flits = -(-n_words // W)
+    if mode == MESSAGE:
+        flits = 1 + data_flits
+    else:
+        full, rest = divmod(n_words, packet_words)
+        flits = full * (1 + packet_words // W) + ((1 + -(-rest // W)) if rest else 0)
+        flits = max(flits, 1)
+    per_flit = fmt.flit_bits if sideband else fmt.width
+    return n_words * WORD_BITS / (flits * per_flit)
+
+
+def efficiency_report(n_bytes: int = 1 << 20, *, widths=(64, 128), packet_bytes: int = 256,
+                      sub_words: int = DEFAULT_SUB_WORDS, rtl_counts: dict | None = None):
+    """Payload efficiency of one ``n_bytes`` message, message-based vs packet flow control
+    with ``packet_bytes`` payload per packet, for each flit width.
+
+    Returns a list of dict rows (``width, mode, flits, heads, efficiency,
+    efficiency_sideband``, and ``source``: ``"golden"`` -- counted from :func:`packetise`
+    -- or ``"rtl"`` for rows given by ``rtl_counts`` = ``{(width, mode): (flits, heads)}``
+    measured on the RTL packetiser).  The flit count of the golden rows is cross-checked
+    against the closed form :func:`efficiency`.
+    """
+    n_words = n_bytes // 4
+    words = [(i * 2654435761) & 0xFFFF_FFFF for i in range(n_words)]
+    rows = []
+    for width in widths:
+        fmt = FlitFormat(width=width, max_packet_words=max(packet_bytes // 4, width // 32))
+        for mode in (MESSAGE, PACKET):
+            hdr = {"flow": 1, "op": 1, "step": 1, "length": n_words}
+            flits = packetise(hdr, words, mode, fmt, sub_words=max(sub_words, fmt.lanes),
+                              packet_words=packet_bytes // 4)
+            payload, nflits, heads = link_stats(flits, fmt)
+            assert payload == n_words * WORD_BITS
+            eff = payload / (nflits * width)
+            closed = efficiency(n_words, mode, fmt, sub_words=max(sub_words, fmt.lanes),
+                                packet_words=packet_bytes // 4)
+            assert abs(eff - closed) < 1e-12, (eff, closed)
+            rows.append({"source": "golden", "width": width, "mode": mode, "flits": nflits,
+                         "heads": heads, "efficiency": eff,
+                         "efficiency_sideband": payload / (nflits * fmt.flit_bits)})
+            if rtl_counts and (width, mode) in rtl_counts:
+                rf, rh = rtl_counts[(width, mode)]
+                rows.append({"source": "rtl", "width": width, "mode": mode, "flits": rf,
+                             "heads": rh, "efficiency": payload / (rf * width),
+                             "efficiency_sideband": payload / (rf * fmt.flit_bits)})
+    return rows
+
+
+def format_report(rows) -> str:
+    out = [f"{'source':7} {'width':>5} {'mode':8} {'flits':>8} {'heads':>6} "
+           f"{'efficiency':>10} {'(+type/vc)':>10}"]
+    for r in rows:
+        out.append(f"{r['source']:7} {r['width']:5d} {r['mode']:8} {r['flits']:8d} "
+                   f"{r['heads']:6d} {100 * r['efficiency']:9.4f}% "
+                   f"{100 * r['efficiency_sideband']:9.4f}%")
+    return "\n".join(out)
+
+
+if __name__ == "__main__":  # python -m treenic.hdl.link.model
+    print(format_report(efficiency_report()))
