@@ -1,0 +1,285 @@
+"""Pipelined IEEE-754 binary32 adder (ARCHITECTURE §5) and its golden model.
+
+Contract
+--------
+``FP32Adder`` computes ``a + b`` on binary32 bit patterns, bit-exact with numpy
+``float32`` addition (:func:`fp32_add_golden`):
+
+* round-to-nearest, ties-to-even; no flush-to-zero: subnormal inputs and outputs are
+  exact IEEE (gradual underflow);
+* signed zeros: ``x + (-x) = +0``, ``(+0) + (-0) = +0``, ``(-0) + (-0) = -0``;
+* overflow rounds to ``±inf``; ``inf + x = inf``; ``inf + (-inf)`` is NaN;
+* **NaN handling:** every NaN result (a NaN operand, or ``inf - inf``) is the canonical
+  quiet NaN ``0x7FC00000`` (sign 0, payload dropped).  The golden canonicalises numpy's
+  NaNs the same way, so NaN results compare bit for bit as well.
+
+Micro-architecture (4 stages, one result per cycle, latency 4 cycles)::
+
+    S1 unpack/classify, magnitude compare and swap (|x| >= |y|), exponent difference
+    S2 align y (right shift with guard/round/sticky) and add/subtract 28-bit mantissas
+    S3 normalise: carry -> shift right 1; else shift left by the leading-zero count,
+       limited so the exponent stays >= 1 (gradual underflow)
+    S4 round to nearest even, repack, override specials (NaN, inf, overflow)
+
+Streaming: ``i`` (payload ``a``, ``b``, ``tag``) and ``o`` (payload ``sum``, ``tag``)
+follow the ``amaranth.lib.stream`` rules.  Every stage holds a valid bit; stage *k*
+loads when it is empty or stage *k+1* loads (bubble-collapsing pipeline), so the adder
+sustains one operation per cycle under ``o.ready = 1``, absorbs bubbles, and stalls
+without losing data under backpressure.  ``i.ready`` depends combinationally on
+``o.ready`` (through the pipeline's valid bits).  ``tag`` (``tag_width`` bits, may be 0)
+travels alongside unchanged -- the reduction engine uses it for the element index.
+
+The golden function lives here (``treenic.hdl.fp32.fp32_add_golden``) so the RTL and its
+model are imported from one place; ``fp32_add_exact`` is an independent integer model
+(exact rational arithmetic) used by the tests to cross-check numpy itself.
+"""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+from amaranth import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["FP32Adder", "fp32_add_golden", "fp32_add_exact", "CANONICAL_NAN",
+           "f32_to_bits", "bits_to_f32", "LATENCY"]
+
+CANONICAL_NAN = 0x7FC00000
+LATENCY = 4
+
+
+# ----------------------------------------------------------------------------------
+# golden models
+
+def f32_to_bits(x) -> np.ndarray:
+    return np.asarray(x, dtype=np.float32).view(np.uint32)
+
+
+def bits_to_f32(b) -> np.ndarray:
+    return np.asarray(b, dtype=np.uint32).view(np.float32)
+
+
+def fp32_add_golden(a_bits, b_bits):
+    """Vectorised golden: binary32 bits of ``float32(a) + float32(b)`` (numpy, RNE,
+    gradual underflow), NaN results canonicalised to ``0x7FC00000``.
+
+    Accepts scalars or arrays of unsigned 32-bit patterns; returns the same shape
+    (a Python ``int`` for scalar inputs)."""
+    scalar = np.isscalar(a_bits) and np.isscalar(b_bits)
+    a = np.asarray(a_bits, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    b = np.asarray(b_bits, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    with np.errstate(all="ignore"):
+        r = np.add(a, b, dtype=np.float32)
+    bits = r.view(np.uint32).copy()
+    bits = np.where(np.isnan(r), np.uint32(CANONICAL_NAN), bits).astype(np.uint32)
+    return int(bits) if scalar else bits
+
+
+def fp32_add_exact(a: int, b: int) -> int:
+    """Independent reference: exact rational sum rounded to binary32 (RNE, gradual
+    underflow, overflow to inf) with Python integers -- no floating point involved."""
+    def decode(x):
+        s, e, f = x >> 31, (x >> 23) & 0xFF, x & 0x7FFFFF
+        if e == 0xFF:
+            return ("nan", None) if f else ("inf", -1 if s else 1)
+        v = Fraction(f, 1 << 149) if e == 0 else Fraction((1 << 23) | f, 1 << 23) * Fraction(2) ** (e - 127)
+        return ("fin", (s, -v if s else v))
+
+    ka, va = decode(a)
+    kb, vb = decode(b)
+    if ka == "nan" or kb == "nan":
+        return CANONICAL_NAN
+    if ka == "inf" or kb == "inf":
+        if ka == "inf" and kb == "inf" and va != vb:
+            return CANONICAL_NAN
+        return 0x7F800000 | ((0x80000000) if (va if ka == "inf" else vb) < 0 else 0)
+    (sa, xa), (sb, xb) = va, vb
+    v = xa + xb
+    if v == 0:
+        return 0x80000000 if (sa and sb) else 0
+    sign = 0x80000000 if v < 0 else 0
+    m = abs(v)
+    # find exponent e such that 2^e <= m < 2^(e+1), clamp to subnormal range
+    e = m.numerator.bit_length() - m.denominator.bit_length()
+    if Fraction(2) ** e > m:
+        e -= 1
+    e = max(e, -126)
+    q = m / Fraction(2) ** (e - 23)          # scaled significand, want integer
+    n, rem = divmod(q.numerator, q.denominator)
+    r2 = 2 * rem
+    if r2 > q.denominator or (r2 == q.denominator and n & 1):
+        n += 1
+    if n >= (1 << 24):
+        n >>= 1
+        e += 1
+    if e > 127:
+        return sign | 0x7F800000
+    if n < (1 << 23):                        # subnormal (e == -126)
+        return sign | n
+    return sign | ((e + 127) << 23) | (n & 0x7FFFFF)
+
+
+# ----------------------------------------------------------------------------------
+# RTL
+
+def _lzc(m: Module, value: Signal, width: int) -> Signal:
+    """Leading-zero count of ``value`` (``width`` bits); ``width`` if zero."""
+    cnt = Signal(range(width + 1))
+    # priority encoder from the LSB upwards so the MSB-most one wins
+    m.d.comb += cnt.eq(width)
+    for i in range(width):
+        with m.If(value[i]):
+            m.d.comb += cnt.eq(width - 1 - i)
+    return cnt
+
+
+class FP32Adder(wiring.Component):
+    """Pipelined binary32 adder with ``lib.stream`` input ``i`` and output ``o``.
+
+    Parameters
+    ----------
+    tag_width : int
+        Width of the ``tag`` sideband carried from ``i.payload.tag`` to
+        ``o.payload.tag`` unchanged (0: no tag).
+    """
+
+    def __init__(self, tag_width: int = 0):
+        self.tag_width = tag_width
+        in_layout = data.StructLayout({"a": 32, "b": 32, "tag": tag_width})
+        out_layout = data.StructLayout({"sum": 32, "tag": tag_width})
+        super().__init__({
+            "i": In(stream.Signature(in_layout)),
+            "o": Out(stream.Signature(out_layout)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        tw = self.tag_width
+
+        # ---- pipeline control: v[k] valid of stage k (1..4); en[k] stage k loads
+        v = [None] + [Signal(name=f"s{k}_valid") for k in range(1, 5)]
+        en = [None] + [Signal(name=f"s{k}_en") for k in range(1, 6)]
+        m.d.comb += en[5].eq(self.o.ready)
+        for k in range(4, 0, -1):
+            m.d.comb += en[k].eq(~v[k] | en[k + 1])
+        m.d.comb += self.i.ready.eq(en[1])
+        prev_valid = [self.i.valid, v[1], v[2], v[3]]
+        for k in range(1, 5):
+            with m.If(en[k]):
+                m.d.sync += v[k].eq(prev_valid[k - 1])
+
+        # ---- S1: unpack, classify, swap -------------------------------------------
+        a, b = self.i.payload.a, self.i.payload.b
+        a_mag, b_mag = a[:31], b[:31]
+        swap = Signal()
+        m.d.comb += swap.eq(b_mag > a_mag)
+        x = Signal(32)
+        y = Signal(32)
+        m.d.comb += [x.eq(Mux(swap, b, a)), y.eq(Mux(swap, a, b))]
+        ex_f, ey_f = x[23:31], y[23:31]
+        a_nan = (a[23:31] == 0xFF) & (a[:23] != 0)
+        b_nan = (b[23:31] == 0xFF) & (b[:23] != 0)
+        a_inf = (a[23:31] == 0xFF) & (a[:23] == 0)
+        b_inf = (b[23:31] == 0xFF) & (b[:23] == 0)
+
+        s1_sx = Signal()
+        s1_sub = Signal()
+        s1_ex = Signal(8)       # effective exponent of x (>= 1)
+        s1_mx = Signal(24)
+        s1_my = Signal(24)
+        s1_d = Signal(5)        # exponent difference, saturated at 28
+        s1_nan = Signal()
+        s1_inf = Signal()       # result is inf with sign s1_sx
+        s1_tag = Signal(tw)
+        d_full = Signal(9)
+        ex_eff = Mux(ex_f == 0, 1, ex_f)
+        ey_eff = Mux(ey_f == 0, 1, ey_f)
+        m.d.comb += d_full.eq(ex_eff - ey_eff)
+        with m.If(en[1]):
+            m.d.sync += [
+                s1_sx.eq(x[31]),
+                s1_sub.eq(x[31] ^ y[31]),
+                s1_ex.eq(ex_eff),
+                s1_mx.eq(Cat(x[:23], ex_f != 0)),
+                s1_my.eq(Cat(y[:23], ey_f != 0)),
+                s1_d.eq(Mux(d_full > 28, 28, d_full)),
+                s1_nan.eq(a_nan | b_nan | (a_inf & b_inf & (a[31] != b[31]))),
+                s1_inf.eq(a_inf | b_inf),
+                s1_tag.eq(self.i.payload.tag),
+            ]
+
+        # ---- S2: align and add ----------------------------------------------------
+        # y with 3 extra low bits (guard, round, sticky) shifted right by d; bits
+        # shifted out below the sticky position are OR-ed into it.
+        wide = Signal(54)
+        m.d.comb += wide.eq(Cat(Const(0, 30), s1_my) >> s1_d)
+        y_al = Signal(27)
+        m.d.comb += y_al.eq(Cat(wide[27] | (wide[:27] != 0), wide[28:54]))
+        x_al = Cat(Const(0, 3), s1_mx)
+        s2_z = Signal(28)
+        s2_sx = Signal()
+        s2_sub = Signal()
+        s2_ex = Signal(8)
+        s2_nan = Signal()
+        s2_inf = Signal()
+        s2_tag = Signal(tw)
+        with m.If(en[2]):
+            m.d.sync += [
+                s2_z.eq(Mux(s1_sub, x_al - y_al, x_al + y_al)),
+                s2_sx.eq(s1_sx), s2_sub.eq(s1_sub), s2_ex.eq(s1_ex),
+                s2_nan.eq(s1_nan), s2_inf.eq(s1_inf), s2_tag.eq(s1_tag),
+            ]
+
+        # ---- S3: normalise --------------------------------------------------------
+        lz = _lzc(m, s2_z[:27], 27)
+        lim = Signal(8)
+        m.d.comb += lim.eq(s2_ex - 1)
+        sh = Signal(5)
+        m.d.comb += sh.eq(Mux(lz > lim, lim, lz))     # lz <= 27 so 5 bits suffice
+        s3_n = Signal(27)       # [26] hidden, [25:3] fraction, [2] guard, [1:0] round|sticky
+        s3_e = Signal(9)        # biased exponent of s3_n (1 for subnormal results)
+        s3_sign = Signal()
+        s3_nan = Signal()
+        s3_inf = Signal()
+        s3_tag = Signal(tw)
+        zero = s2_z == 0
+        with m.If(en[3]):
+            with m.If(s2_z[27]):
+                m.d.sync += [s3_n.eq(Cat(s2_z[1] | s2_z[0], s2_z[2:28])),
+                             s3_e.eq(s2_ex + 1)]
+            with m.Else():
+                m.d.sync += [s3_n.eq(s2_z[:27] << sh),
+                             s3_e.eq(s2_ex - sh)]
+            m.d.sync += [
+                # exact cancellation gives +0 in RNE; (-0) + (-0) keeps its sign
+                s3_sign.eq(Mux(zero & s2_sub, 0, s2_sx)),
+                s3_nan.eq(s2_nan), s3_inf.eq(s2_inf), s3_tag.eq(s2_tag),
+            ]
+
+        # ---- S4: round to nearest even and pack ------------------------------------
+        mant = s3_n[3:27]
+        guard = s3_n[2]
+        rest = s3_n[:2] != 0
+        up = guard & (rest | mant[0])
+        mr = Signal(25)
+        m.d.comb += mr.eq(mant + up)
+        e_r = Signal(10)
+        frac = Signal(23)
+        m.d.comb += [
+            e_r.eq(Mux(mr[24], s3_e + 1, s3_e)),
+            frac.eq(Mux(mr[24], mr[1:24], mr[:23])),
+        ]
+        hidden = mr[23] | mr[24]
+        packed = Signal(32)
+        with m.If(s3_nan):
+            m.d.comb += packed.eq(CANONICAL_NAN)
+        with m.Elif(s3_inf | (e_r >= 255)):
+            m.d.comb += packed.eq(Cat(Const(0, 23), Const(0xFF, 8), s3_sign))
+        with m.Else():
+            m.d.comb += packed.eq(Cat(frac, Mux(hidden, e_r[:8], 0), s3_sign))
+        with m.If(en[4]):
+            m.d.sync += [self.o.payload.sum.eq(packed), self.o.payload.tag.eq(s3_tag)]
+        m.d.comb += self.o.valid.eq(v[4])
+        return m
