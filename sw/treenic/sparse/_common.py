@@ -1,9 +1,7 @@
 """Helpers shared by the top-k family, Ok-Topk, SparDL and MultiTree-Sparse golden models.
 
-* :func:`topk_rows` — exact row-wise top-m selection (|v| descending, ties by ascending
-  index), returning sorted indices. Delegates to :mod:`treenic.sparse.select` once that module
-  provides ``topk_rows``; the private fallback below has the same semantics and is what the
-  tests pin.
+* :func:`topk_1d` / :func:`topk_rows` — the project's one exact top-k
+  (:func:`treenic.sparse.select.topk`), applied per vector / per row (ragged CSR result).
 * :func:`bruck_steps` / :func:`log_bruck` — the Bruck all-gather pattern and its byte
   accounting (used for every all-gather, any group size).
 * :class:`Cost` — α–β cost terms: ``rounds`` (α multiples) and received ``words`` (β
@@ -24,48 +22,34 @@ F32_EPS = float(np.finfo(np.float32).eps)
 
 
 # ---- exact top-k -------------------------------------------------------------------------
+# The project has one top-k: treenic.sparse.select.topk (radix selection, the hardware form).
+# Semantics: |v| descending, ties by ascending index, zeros never selected (a row with fewer
+# than m nonzeros yields fewer than m entries), indices returned ascending, NaN/Inf rejected.
 
-def _topk_rows_fallback(values: np.ndarray, m: int, valid: np.ndarray | None = None) -> np.ndarray:
-    rows, n = values.shape
-    key = np.abs(values).astype(np.float32, copy=False)
-    if valid is not None:
-        key = np.where(valid, key, np.float32(-1.0))
-    if m >= n:
-        return np.broadcast_to(np.arange(n, dtype=np.int64), (rows, n)).copy()
-    # k-th largest key per row; strictly-greater entries are in, ties at the threshold are
-    # taken in ascending index order until the row holds exactly m entries.
-    thr = np.partition(key, n - m, axis=1)[:, n - m][:, None]
-    gt = key > thr
-    eq = key == thr
-    need = m - gt.sum(axis=1)
-    sel = gt | eq
-    tied = np.nonzero(eq.sum(axis=1) > need)[0]      # rows with more ties than room
-    if tied.size:
-        e = eq[tied]
-        take = e & (np.cumsum(e, axis=1, dtype=np.int32) <= need[tied, None])
-        sel[tied] = gt[tied] | take
-    idx = np.nonzero(sel)[1]
-    return idx.reshape(rows, m).astype(np.int64, copy=False)
+def topk_1d(v: np.ndarray, m: int) -> np.ndarray:
+    """Sorted int64 indices of the exact top-m of a float32 vector (see above)."""
+    from .select import topk
+    if m < 1:
+        raise SparseError(f"top-k budget must be >= 1, got {m}")
+    return topk(np.ascontiguousarray(v, dtype=np.float32), int(m))
 
 
-def topk_rows(values: np.ndarray, m: int, valid: np.ndarray | None = None) -> np.ndarray:
-    """Indices (rows, min(m, n)) of the top-m entries of every row of ``values``.
-
-    Ranking: |v| descending, ties broken by ascending index; each row returns exactly
-    ``min(m, n)`` indices in ascending order, so zero-valued entries are selected when a row
-    has fewer than m nonzeros. ``valid`` (bool, same shape) marks candidates: invalid entries
-    rank below every valid one (used for sparse unions). NaN is not supported."""
+def topk_rows(values: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Row-wise exact top-m of a 2-D float32 array as a ragged (CSR) selection:
+    ``(ptr, idx)`` with row r's ascending column indices in ``idx[ptr[r]:ptr[r+1]]``."""
     values = np.asarray(values)
     if values.ndim != 2:
         raise SparseError(f"topk_rows needs a 2-D array, got shape {values.shape}")
-    if m < 1:
-        raise SparseError(f"top-k budget must be >= 1, got {m}")
-    return _topk_rows_fallback(values, int(m), valid)
+    parts = [topk_1d(row, m) for row in values]
+    ptr = np.zeros(len(parts) + 1, np.int64)
+    ptr[1:] = np.cumsum([p.size for p in parts])
+    idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+    return ptr, idx.astype(np.int64, copy=False)
 
 
-def topk_1d(v: np.ndarray, m: int) -> np.ndarray:
-    """Sorted indices of the top-m entries of a vector (same rules as :func:`topk_rows`)."""
-    return topk_rows(np.asarray(v)[None, :], m)[0]
+def ragged_rows(ptr: np.ndarray) -> np.ndarray:
+    """Row id of every entry of a CSR selection."""
+    return np.repeat(np.arange(ptr.size - 1, dtype=np.int64), np.diff(ptr))
 
 
 # ---- all-gather pattern ------------------------------------------------------------------

@@ -2,9 +2,9 @@
 
 All three start from the error-feedback accumulator ``acc_w = g_w + R_w`` and select the
 exact local top-k of the whole flattened vector, ``k = max(1, round(density * N))``
-(:func:`treenic.sparse.base.check_params`), ranked by |value| descending with ties broken by
-ascending index (zeros are selected when fewer than k entries are nonzero, so every message
-holds exactly k pairs). Sparse messages are (index u32, value f32) pairs: 8 bytes each.
+(:func:`treenic.sparse.base.check_params`), with the project's one top-k
+(:func:`treenic.sparse.select.topk`): |value| descending, ties by ascending index, zeros never
+selected (a worker with fewer than k nonzeros sends fewer than k pairs). Sparse messages are (index u32, value f32) pairs: 8 bytes each.
 Results are the plain sum (``average=True`` divides by P in float32).
 
 * :class:`TopkA` — top-k then all-gather of every worker's k pairs (SparCML's AGsparse). The
@@ -42,27 +42,36 @@ import numpy as np
 
 from .base import PAIR_BYTES, VALUE_BYTES, check_params, merge_add
 from ._common import (Cost, ErrorFeedbackModel, log_binomial_bcast, log_bruck_payloads,
-                      topk_rows)
+                      ragged_rows, topk_1d, topk_rows)
 
 
-def local_topk(acc: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Per-worker exact top-k: (indices (P, k) ascending, values (P, k))."""
-    sel = topk_rows(acc, k)
-    return sel, np.take_along_axis(acc, sel, axis=1)
+class LocalTopk:
+    """Every worker's exact local top-k as a CSR selection: worker w's ascending indices are
+    ``idx[ptr[w]:ptr[w+1]]``, values ``val[...]``, ``rows`` the worker id of each entry."""
 
+    def __init__(self, acc: np.ndarray, k: int):
+        self.ptr, self.idx = topk_rows(acc, k)
+        self.rows = ragged_rows(self.ptr)
+        self.val = acc[self.rows, self.idx]
+        self.counts = np.diff(self.ptr)
 
-def _sum_ascending(sel: np.ndarray, vals: np.ndarray, n: int) -> np.ndarray:
-    """Σ_w scatter(sel_w, vals_w) in float32, starting from zero, ranks ascending."""
-    out = np.zeros(n, np.float32)
-    for w in range(sel.shape[0]):
-        out[sel[w]] += vals[w]            # indices unique within one worker
-    return out
+    def of(self, w: int) -> tuple[np.ndarray, np.ndarray]:
+        s = slice(self.ptr[w], self.ptr[w + 1])
+        return self.idx[s], self.val[s]
 
+    def sum_ascending(self, n: int) -> np.ndarray:
+        """Σ_w scatter(S_w) in float32, accumulated into zero in ascending rank order."""
+        out = np.zeros(n, np.float32)
+        for w in range(self.counts.size):
+            i, v = self.of(w)
+            out[i] += v                      # indices unique within one worker
+        return out
 
-def _local_residual(acc: np.ndarray, sel: np.ndarray) -> np.ndarray:
-    res = acc.copy()
-    np.put_along_axis(res, sel, np.float32(0), axis=1)
-    return res
+    def local_residual(self, acc: np.ndarray) -> np.ndarray:
+        """acc with every worker's own selection zeroed (exact masking)."""
+        res = acc.copy()
+        res[self.rows, self.idx] = 0
+        return res
 
 
 class TopkA(ErrorFeedbackModel):
@@ -71,13 +80,13 @@ class TopkA(ErrorFeedbackModel):
     name = "topka"
 
     def _step(self, acc, log):
-        sel, vals = local_topk(acc, self.k)
-        out = _sum_ascending(sel, vals, self.elements)
-        new_res = _local_residual(acc, sel)
-        log_bruck_payloads(log, np.full(self.workers, self.k * PAIR_BYTES, np.int64))
+        sel = LocalTopk(acc, self.k)
+        out = sel.sum_ascending(self.elements)
+        new_res = sel.local_residual(acc)
+        log_bruck_payloads(log, sel.counts * PAIR_BYTES)
         nnz = int(np.count_nonzero(out))
         inv = {"result_nnz_le_Pk": nnz <= self.workers * self.k,
-               "message_entries_eq_k": sel.shape[1] == min(self.k, self.elements)}
+               "message_entries_le_k": bool(np.all(sel.counts <= self.k))}
         return out, new_res, {"result_nnz": nnz}, inv
 
     @classmethod
@@ -103,24 +112,24 @@ class TopkDSA(ErrorFeedbackModel):
 
     def _step(self, acc, log):
         p, n = self.workers, self.elements
-        sel, vals = local_topk(acc, self.k)
+        sel = LocalTopk(acc, self.k)
         bounds = regions(n, p)
-        reg = np.searchsorted(bounds, sel, side="right") - 1           # (P, k) region ids
+        reg = np.searchsorted(bounds, sel.idx, side="right") - 1        # region of each entry
         counts = np.zeros((p, p), np.int64)                              # [src, region]
-        np.add.at(counts, (np.repeat(np.arange(p), sel.shape[1]), reg.ravel()), 1)
+        np.add.at(counts, (sel.rows, reg), 1)
         # Reduce-scatter by direct sends, round r: w -> (w + r) mod P.
         for r in range(1, p):
             log.step()
             for w in range(p):
                 dst = (w + r) % p
                 log.send(w, dst, int(counts[w, dst]) * PAIR_BYTES)
-        out = _sum_ascending(sel, vals, n)       # = each region owner's ascending-source sum
+        out = sel.sum_ascending(n)       # = each region owner's ascending-source sum
         nnz = np.array([np.count_nonzero(out[bounds[i]:bounds[i + 1]]) for i in range(p)],
                        np.int64)
         sparse = 2 * int(nnz.sum()) < (2 * n) / 3
         payload = nnz * PAIR_BYTES if sparse else np.diff(bounds) * VALUE_BYTES
         log_bruck_payloads(log, payload)
-        new_res = _local_residual(acc, sel)
+        new_res = sel.local_residual(acc)
         info = {"allgather": "sparse" if sparse else "dense", "result_nnz": int(nnz.sum()),
                 "region_bounds": bounds.tolist()}
         inv = {"result_nnz_le_Pk": int(nnz.sum()) <= p * self.k}
@@ -153,15 +162,15 @@ class GTopk(ErrorFeedbackModel):
 
     def _step(self, acc, log):
         p, n, k = self.workers, self.elements, self.k
-        sel, vals = local_topk(acc, k)
-        held = {w: (sel[w].astype(np.uint32), vals[w].copy()) for w in range(p)}
+        sel = LocalTopk(acc, k)
+        held = {w: (sel.of(w)[0].astype(np.uint32), sel.of(w)[1]) for w in range(p)}
         for pairs in binomial_reduce_pairs(p):
             log.step()
             for dst, src in pairs:
                 s_idx, s_val = held.pop(src)
                 log.send(src, dst, s_idx.size * PAIR_BYTES)
                 u_idx, u_val = merge_add(*held[dst], s_idx, s_val)       # receiver first
-                keep = topk_rows(u_val[None, :], min(k, u_val.size))[0]
+                keep = topk_1d(u_val, k)
                 held[dst] = (u_idx[keep], u_val[keep])
         g_idx, g_val = held[0]
         log_binomial_bcast(log, g_idx.size * PAIR_BYTES, root=0)
@@ -171,9 +180,8 @@ class GTopk(ErrorFeedbackModel):
         final = np.zeros(n, bool)
         final[g_idx.astype(np.int64)] = True
         new_res = acc.copy()
-        hit = final[sel]
-        rows = np.nonzero(hit)
-        new_res[rows[0], sel[hit]] = 0
+        hit = final[sel.idx]
+        new_res[sel.rows[hit], sel.idx[hit]] = 0
         lhs = out.astype(np.float64) + new_res.sum(0, dtype=np.float64)
         rhs = acc.sum(0, dtype=np.float64)
         info = {"final_entries": int(g_idx.size),
