@@ -1,0 +1,68 @@
+"""Error-feedback bookkeeping shared by the sparse all-reduce golden models (Zen, SparCML,
+OmniReduce, RedSync).
+
+Per worker w and iteration: ``V_w = residual_w + grad_w`` (one float32 rounding per element),
+a selection picks the indices that are communicated, and the new residual is ``V_w`` with the
+selected entries set to exactly 0 (residual masking). Mass conservation then reads, per element,
+``result + Σ_w new_residual_w == Σ_w grad_w + Σ_w old_residual_w`` up to float32 rounding.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .base import SparseError, check_grads
+from .select import magnitude_keys, radix_topk
+
+SELECT_MODES = ("topk", "nonzero")
+FLOAT32_ULP = 2.0 ** -23
+
+
+def check_select_mode(mode: str) -> str:
+    if mode not in SELECT_MODES:
+        raise SparseError(f"select must be one of {SELECT_MODES}, got {mode!r}")
+    return mode
+
+
+def accumulate(residuals: np.ndarray, grads: np.ndarray, workers: int, elements: int) -> np.ndarray:
+    """``V = residuals + grads`` in float32 (grads validated: shape (P, N), float32, finite)."""
+    g = check_grads(grads, workers, elements)
+    if not np.isfinite(g).all():
+        raise SparseError("gradients contain NaN or Inf")
+    return residuals + g
+
+
+def select_rows(V: np.ndarray, k: int, mode: str) -> list[np.ndarray]:
+    """Per-worker selection, ascending indices: ``topk`` = exact top-k by magnitude (radix
+    select, ties by ascending index, zeros never selected); ``nonzero`` = every non-zero
+    (natural sparsity: the algorithm is then lossless)."""
+    if mode == "nonzero":
+        return [np.flatnonzero(row) for row in V]
+    return [radix_topk(magnitude_keys(row), k).indices for row in V]
+
+
+def mask_residuals(V: np.ndarray, selections: list[np.ndarray]) -> np.ndarray:
+    residuals = V.copy()
+    for w, sel in enumerate(selections):
+        residuals[w, sel] = 0.0
+    return residuals
+
+
+def mass_conserved(grads: np.ndarray, old_residuals: np.ndarray, result_row: np.ndarray,
+                   new_residuals: np.ndarray) -> bool:
+    """``result + Σ new_res == Σ grads + Σ old_res`` elementwise, within the float32 rounding the
+    algorithm can commit: one rounding per worker in ``V = res + grad`` and at most P roundings
+    in the reduction, each bounded by 2^-24 of the running magnitude ``Σ_w (|res_w| + |g_w|)``;
+    the tolerance is twice that bound. Evaluated in float64."""
+    P = grads.shape[0]
+    lhs = result_row.astype(np.float64) + new_residuals.sum(0, dtype=np.float64)
+    rhs = grads.sum(0, dtype=np.float64) + old_residuals.sum(0, dtype=np.float64)
+    scale = np.abs(grads).sum(0, dtype=np.float64) + np.abs(old_residuals).sum(0, dtype=np.float64)
+    tol = (P + 1) * FLOAT32_ULP * scale
+    return bool(np.all(np.abs(lhs - rhs) <= tol))
+
+
+def union_density(selections: list[np.ndarray], elements: int) -> float:
+    """Density of the union of the workers' selections (d_G^n of the Zen paper)."""
+    if not selections:
+        return 0.0
+    return float(np.unique(np.concatenate(selections)).size) / elements
