@@ -67,3 +67,22 @@ def contention_steps(schedule: Schedule, elements: int, itemsize: int = 4) -> li
 
 def contention(schedule: Schedule, elements: int, itemsize: int = 4) -> float:
     return sum(s.seconds for s in contention_steps(schedule, elements, itemsize))
+
+
+def ideal(schedule: Schedule, elements: int, itemsize: int = 4) -> float:
+    """The contention model with contention removed: per step, the largest single transfer's
+    bytes ÷ its first link's bandwidth plus the longest route's latency. ``contention / ideal``
+    is the slowdown a schedule pays for sharing links (1.0 when contention-free)."""
+    topo = schedule.topology
+    total = 0.0
+    for transfers in schedule.by_step().values():
+        if not transfers:
+            continue
+        worst, lat = 0.0, 0.0
+        for t in transfers:
+            path = schedule.route(t)
+            worst = max(worst, schedule.bytes_of(t, elements, itemsize)
+                        / topo.link(path[0], path[1])["bandwidth"])
+            lat = max(lat, sum(topo.link(u, v)["latency"] for u, v in zip(path, path[1:])))
+        total += worst + lat
+    return total

@@ -130,5 +130,8 @@ def run_and_check(schedule: Schedule, buffers: np.ndarray) -> ExecutionReport:
     bit_exact = bool(np.array_equal(result.view(np.uint32), ref.view(np.uint32)))
     equal = bool(np.all(result.view(np.uint32) == result[:1].view(np.uint32)))
     exact64 = buf.astype(np.float64).sum(axis=0)
-    err = float(np.max(np.abs(result.astype(np.float64) - exact64))) if buf.size else 0.0
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(result.astype(np.float64) - exact64)
+    finite = diff[np.isfinite(diff)]          # inf/NaN inputs: error is meaningless there
+    err = float(finite.max()) if finite.size else 0.0
     return ExecutionReport(result, bit_exact, equal, err)
