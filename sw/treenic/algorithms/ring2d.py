@@ -15,8 +15,15 @@ column ring (position = coordinate, ring direction +x / +y):
 4. all-gather along every row (X−1 steps, GATHER, one super-chunk per transfer).
 
 Steps: 2(X−1) + 2(Y−1); reduce-scatter = phases 1–2. Per node the bytes sent are
-``2(X−1)/X·M + 2(Y−1)/(XY)·M`` — more than Ring's ``2(N−1)/N·M`` (2D-Ring is bandwidth
-sub-optimal, the paper's point). ``flow`` is the first chunk id a transfer carries.
+``2(X−1)/X·M + 2(Y−1)/(XY)·M = 2(N−1)/N·M`` — the same as Ring, in far fewer steps. ``flow``
+is the first chunk id a transfer carries.
+
+Note on the paper's variant: MultiTree §I/§VI-A describe 2D-Ring as "two ring all-reduce
+phases in the two dimensions", i.e. a full all-reduce along rows followed by a full
+all-reduce along columns, sending ``2(X−1)/X·M + 2(Y−1)/Y·M`` (≈ twice Ring's data). That
+order (all-gather, then reduce-scatter again) cannot be written in the Schedule IR, whose
+reduce-scatter steps all precede the all-gather steps; this module builds the
+reduce-scatter-first form above (Ying et al.'s structure), which is the stronger baseline.
 
 Rings follow coordinate order. On a torus every hop is one link (row/column rings are the
 wrap-around rings; for a side of 2 both directions share the single pair of links). On a
