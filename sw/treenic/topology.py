@@ -126,7 +126,8 @@ class Topology:
         return None
 
     def max_ports(self) -> int:
-        return max(len(self.ports(v)) for v in self.graph.nodes)
+        """Most links any end node has: the port count of this topology's NICs."""
+        return max(len(self.ports(v)) for v in self.nodes)
 
     # ---- routing -----------------------------------------------------------------------
     def route(self, src: int, dst: int) -> list:
