@@ -1,0 +1,85 @@
+"""Link model for simulated fabrics: latency and random stalls, flits one way, credits back.
+
+::
+
+    i.flit ─► [latency regs] ─► elastic FIFO ─► (pop unless stalled) ─► o.flit
+    i.credit ◄──────────────── [latency regs] ◄──────────────────────── o.credit
+
+The stall enable comes from a 16-bit Fibonacci LFSR (x^16 + x^14 + x^13 + x^11 + 1,
+seedable): in a cycle where its low byte is below ``stall`` (0..256 out of 256) the link
+delivers nothing.  Flits are never lost while the sender honours credits and ``depth`` is
+at least the receiver's total buffer (all VCs); ``overflow`` (sticky) flags it otherwise.
+"""
+
+from amaranth.hdl import Module, Signal, Cat
+from amaranth.lib import fifo, wiring
+from amaranth.lib.wiring import In, Out
+
+from .flit import FlitFormat, LinkSignature
+
+__all__ = ["LinkModel", "lfsr16_next"]
+
+
+def lfsr16_next(x: int) -> int:
+    """Python model of the LFSR step (same sequence as the RTL)."""
+    bit = ((x >> 15) ^ (x >> 13) ^ (x >> 12) ^ (x >> 10)) & 1
+    return ((x << 1) | bit) & 0xFFFF
+
+
+class LinkModel(wiring.Component):
+    """Ports: ``i: In(LinkSignature(fmt))`` (from a packetiser), ``o: Out(...)`` (to a
+    depacketiser), ``overflow: Out(1)``, ``stalls: Out(32)`` (stalled cycles).
+
+    Args:
+        latency: register stages in each direction (>= 1).
+        stall: stall probability in 1/256 (0 = never, 256 = always).
+        seed: LFSR seed (non-zero after masking to 16 bits; 0 is replaced by 1).
+        depth: elastic buffer depth in flits.
+    """
+
+    def __init__(self, fmt: FlitFormat | None = None, *, latency: int = 1, stall: int = 0,
+                 seed: int = 0xACE1, depth: int = 32):
+        self.fmt = fmt = fmt or FlitFormat()
+        if latency < 1:
+            raise ValueError("latency must be >= 1")
+        if not 0 <= stall <= 256:
+            raise ValueError("stall must be in 0..256")
+        self.latency, self.stall, self.depth = latency, stall, depth
+        self.seed = (seed & 0xFFFF) or 1
+        super().__init__({
+            "i": In(LinkSignature(fmt)),
+            "o": Out(LinkSignature(fmt)),
+            "overflow": Out(1),
+            "stalls": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        fmt = self.fmt
+        # forward pipeline
+        v, f = self.i.valid, self.i.flit.as_value()
+        for n in range(self.latency):
+            vn, fn = Signal(name=f"fv{n}"), Signal(fmt.flit.size, name=f"ff{n}")
+            m.d.sync += [vn.eq(v), fn.eq(f)]
+            v, f = vn, fn
+        m.submodules.q = q = fifo.SyncFIFOBuffered(width=fmt.flit.size, depth=self.depth)
+        m.d.comb += [q.w_data.eq(f), q.w_en.eq(v)]
+        with m.If(v & ~q.w_rdy):
+            m.d.sync += self.overflow.eq(1)
+
+        lfsr = Signal(16, init=self.seed)
+        m.d.sync += lfsr.eq(Cat(lfsr[15] ^ lfsr[13] ^ lfsr[12] ^ lfsr[10], lfsr[:15]))
+        stall = Signal()
+        m.d.comb += stall.eq(lfsr[:8] < self.stall)
+        m.d.sync += self.stalls.eq(self.stalls + stall)
+        m.d.comb += [self.o.valid.eq(q.r_rdy & ~stall), self.o.flit.eq(q.r_data),
+                     q.r_en.eq(~stall)]
+
+        # credit return pipeline
+        c = self.o.credit
+        for n in range(self.latency):
+            cn = Signal(fmt.vcs, name=f"c{n}")
+            m.d.sync += cn.eq(c)
+            c = cn
+        m.d.comb += self.i.credit.eq(c)
+        return m
