@@ -53,10 +53,16 @@ def mass_conserved(grads: np.ndarray, old_residuals: np.ndarray, result_row: np.
     algorithm can commit: one rounding per worker in ``V = res + grad`` and at most P roundings
     in the reduction, each bounded by 2^-24 of the running magnitude ``Σ_w (|res_w| + |g_w|)``;
     the tolerance is twice that bound. Evaluated in float64."""
-    P = grads.shape[0]
-    lhs = result_row.astype(np.float64) + new_residuals.sum(0, dtype=np.float64)
-    rhs = grads.sum(0, dtype=np.float64) + old_residuals.sum(0, dtype=np.float64)
-    scale = np.abs(grads).sum(0, dtype=np.float64) + np.abs(old_residuals).sum(0, dtype=np.float64)
+    P, N = grads.shape
+    lhs = result_row.astype(np.float64)
+    rhs = np.zeros(N, np.float64)
+    scale = np.zeros(N, np.float64)
+    for w in range(P):                       # row by row: float64 temporaries stay at N elements
+        lhs += new_residuals[w]
+        rhs += grads[w]
+        rhs += old_residuals[w]
+        scale += np.abs(grads[w])
+        scale += np.abs(old_residuals[w])
     tol = (P + 1) * FLOAT32_ULP * scale
     return bool(np.all(np.abs(lhs - rhs) <= tol))
 
@@ -65,4 +71,7 @@ def union_density(selections: list[np.ndarray], elements: int) -> float:
     """Density of the union of the workers' selections (d_G^n of the Zen paper)."""
     if not selections:
         return 0.0
-    return float(np.unique(np.concatenate(selections)).size) / elements
+    touched = np.zeros(elements, bool)
+    for sel in selections:
+        touched[sel] = True
+    return float(np.count_nonzero(touched)) / elements

@@ -136,28 +136,30 @@ def radix_topk(keys: np.ndarray, k: int, digit_bits: int = 8) -> RadixSelection:
     keys = np.asarray(keys)
     if keys.dtype != np.uint32 or keys.ndim != 1:
         raise SparseError("radix_topk needs a 1-D uint32 key array")
-    nonzero = np.flatnonzero(keys)
-    k_left = min(k, nonzero.size)
+    k_left = min(k, int(np.count_nonzero(keys)))
     if k_left == 0:
         return RadixSelection(np.zeros(0, np.int64), 0, 0)
+    # k_left <= #non-zero keys, so the k-th largest key is never 0 and zero keys can take part
+    # in the digit histograms without ever being selected.
     k_total = k_left
-    candidates = nonzero                 # element indices still matching the prefix
-    cand_keys = keys[nonzero]
+    candidates = None                    # element indices still matching the prefix (None: all)
+    cand_keys = keys
     prefix = 0
     digits, hists = [], []
     shift = 32
     while shift > 0:
         width = min(digit_bits, shift)
         shift -= width
-        digit = ((cand_keys >> np.uint32(shift)) & np.uint32((1 << width) - 1)).astype(np.int64)
+        digit = ((cand_keys >> np.uint32(shift)) & np.uint32((1 << width) - 1)).astype(np.intp)
         hist = np.bincount(digit, minlength=1 << width)
         # at_or_above[d] = #(digit >= d); choose the largest d with at_or_above[d] >= k_left
         at_or_above = np.cumsum(hist[::-1])[::-1]
         d = int(np.flatnonzero(at_or_above >= k_left)[-1])
         k_left -= int(at_or_above[d] - hist[d])      # keys in higher digits are all selected
         prefix = (prefix << width) | d
-        keep = digit == d
-        candidates, cand_keys = candidates[keep], cand_keys[keep]
+        keep = np.flatnonzero(digit == d)
+        candidates = keep if candidates is None else candidates[keep]
+        cand_keys = cand_keys[keep]
         digits.append(d)
         hists.append(hist)
     kth = np.uint32(prefix)
