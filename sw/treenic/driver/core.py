@@ -1,0 +1,541 @@
+"""Host driver: one API over the ``model``, ``torch`` and ``rtl`` backends.
+
+::
+
+    comm = open_nic("torch", rank, world, topology="ring:4", algorithm="multitree")
+    comm.allreduce(t)                      # in place: t <- sum over ranks (schedule's order)
+    out = comm.sparse_allreduce(g, 0.01, scheme="topka", key=bucket_index)
+    comm.status()                          # backend, schedule, counters (+ NIC status)
+
+Semantics shared by all backends (ARCHITECTURE §4, §5): rank ``r`` is node ``r`` of the
+schedule; ``allreduce`` leaves every rank with the element-wise **sum** (not the mean) in
+binary32, bit-identical to :func:`treenic.schedule.execute.execute` on the stacked buffers.
+``sparse_allreduce`` adds the rank's residual (error feedback) to its tensor, runs the sparse
+scheme, writes the scheme's result into the tensor and keeps the new residual (under ``key``,
+or returns it when the caller passes ``residual=`` explicitly).
+
+Backends:
+
+* ``model`` — golden executor. With ``fabric=LocalFabric(...)`` the ranks are threads of one
+  process; otherwise the ranks are processes of an initialised ``torch.distributed`` group:
+  each rank all-gathers the N buffers (gloo, CPU) and runs the executor itself. Link bytes
+  counted are the schedule's (what the NICs would send), not the gather's.
+* ``torch`` — the same Schedule IR executed with ``torch.distributed`` point-to-point ops
+  (one ``batch_isend_irecv`` per step; gloo on CPU, NCCL on CUDA); contributions are applied
+  after the step's receives complete, local value first, then in ascending ``rx_port`` order,
+  so the result is bit-identical to the golden executor. Sparse: TopkA natively (each rank
+  all-gathers only its own k (index, value) pairs).
+* ``rtl`` — the fabric server (:mod:`treenic.driver.server`) over loopback TCP and the host
+  protocol (:mod:`treenic.driver.protocol`); the server's engine is the Verilated RTL fabric
+  or the golden executor.
+"""
+from __future__ import annotations
+
+import json
+import time
+import zlib
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from .. import algorithms
+from ..schedule.ir import Schedule
+from ..topology import Topology, parse
+from .errors import DriverError, FabricError, FabricTimeout
+from .fabric import LocalFabric, Request, link_bytes, make_engine, run_sparse_model
+
+BACKENDS = ("model", "torch", "rtl")
+
+
+@dataclass
+class Counters:
+    collectives: int = 0              # dense all-reduces completed
+    sparse_collectives: int = 0
+    steps: int = 0                    # schedule/sparse steps executed
+    bytes_sent: int = 0               # bytes this rank put on the network links
+    bytes_received: int = 0
+    host_bytes_sent: int = 0          # rtl: bytes to/from the NIC over the host link
+    host_bytes_received: int = 0
+    cycles: int = 0                   # rtl engine: simulated NIC cycles (0: not modelled)
+    seconds: float = 0.0              # wall time inside collectives
+
+
+@dataclass
+class SparseOutcome:
+    tensor: object                    # the input tensor, now holding the result
+    residual: object                  # new residual (same type/device as the tensor)
+    bytes_sent: int
+    bytes_received: int
+
+
+def default_topology(world: int) -> str:
+    return f"ring:{world}"
+
+
+def schedule_for(algorithm, topology, world: int) -> Schedule:
+    if isinstance(algorithm, Schedule):
+        schedule = algorithm
+    else:
+        topo = topology if isinstance(topology, Topology) else \
+            parse(topology or default_topology(world))
+        schedule = algorithms.build(algorithm, topo)
+    if schedule.n != world:
+        raise DriverError(f"schedule {schedule.algorithm} on {schedule.topology.spec} has "
+                          f"{schedule.n} nodes but the world has {world} ranks")
+    return schedule
+
+
+def schedule_image(schedule: Schedule) -> bytes:
+    """The configuration image sent with LOAD_CONFIG (kind 1: treenic-schedule JSON)."""
+    return json.dumps(schedule.to_json(), sort_keys=True, separators=(",", ":")).encode()
+
+
+def _to_numpy(tensor):
+    """(1-D float32 numpy copy-or-view, kind) of a torch tensor or numpy array."""
+    if isinstance(tensor, np.ndarray):
+        arr = tensor
+        kind = "numpy"
+    else:
+        arr = tensor.detach()
+        if arr.device.type != "cpu":
+            arr = arr.cpu()
+        arr = arr.numpy()
+        kind = "torch"
+    if arr.dtype != np.float32:
+        raise DriverError(f"treenic NICs reduce binary32 only; got dtype {arr.dtype}")
+    return np.ascontiguousarray(arr).reshape(-1), kind
+
+
+def _write_back(tensor, values: np.ndarray):
+    if isinstance(tensor, np.ndarray):
+        tensor.reshape(-1)[...] = values
+    else:
+        import torch
+        src = torch.from_numpy(np.ascontiguousarray(values)).view(tensor.shape)
+        tensor.copy_(src)
+    return tensor
+
+
+def _like(tensor, values: np.ndarray):
+    if isinstance(tensor, np.ndarray):
+        return values.reshape(tensor.shape).copy()
+    import torch
+    return torch.from_numpy(values.copy()).view(tensor.shape).to(tensor.device)
+
+
+class Communicator:
+    """One rank's handle on the NIC fabric (see module docstring)."""
+
+    def __init__(self, backend: str, rank: int, world: int, schedule: Schedule, **opts):
+        if backend not in BACKENDS:
+            raise DriverError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+        if not (isinstance(world, int) and world >= 2 and 0 <= rank < world):
+            raise DriverError(f"bad rank/world {rank}/{world}")
+        self.backend = backend
+        self.rank, self.world = rank, world
+        self.opts = opts
+        self.counters = Counters()
+        self.residuals: dict = {}
+        self._seq = 0
+        self._impl = {"model": _ModelBackend, "torch": _TorchBackend,
+                      "rtl": _RTLBackend}[backend](self, **opts)
+        self.schedule: Schedule | None = None
+        self.load_schedule(schedule)
+
+    # ---- configuration ----------------------------------------------------------------
+    def load_schedule(self, schedule, topology=None) -> int:
+        """Load a Schedule (or an algorithm name + topology); returns the config id (CRC-32
+        of the configuration image). Every rank must load the same schedule."""
+        schedule = schedule_for(schedule, topology, self.world)
+        image = schedule_image(schedule)
+        self.config_id = zlib.crc32(image)
+        self._impl.load(schedule, image)
+        self.schedule = schedule
+        return self.config_id
+
+    # ---- collectives ------------------------------------------------------------------
+    def allreduce(self, tensor):
+        """In-place sum over all ranks; returns ``tensor``."""
+        t0 = time.perf_counter()
+        self._seq += 1
+        sent, recv = self._impl.dense(tensor, self._seq)
+        c = self.counters
+        c.collectives += 1
+        c.steps += self.schedule.steps
+        c.bytes_sent += sent
+        c.bytes_received += recv
+        c.seconds += time.perf_counter() - t0
+        return tensor
+
+    def sparse_allreduce(self, tensor, density: float, *, scheme: str = "topka", key=None,
+                         residual=None, seed: int = 0) -> SparseOutcome:
+        """Sparse all-reduce with error feedback. ``residual`` given: used and the new one
+        returned (caller keeps state, e.g. the DDP hook); else kept in ``self.residuals[key]``
+        (reset when the tensor size changes)."""
+        if not 0.0 < float(density) <= 1.0:
+            raise DriverError(f"density must be in (0, 1], got {density}")
+        t0 = time.perf_counter()
+        own = residual is None
+        if own:
+            residual = self.residuals.get(key)
+            if residual is not None and residual.shape != tensor.shape:
+                residual = None
+        self._seq += 1
+        new_res, sent, recv, steps = self._impl.sparse(tensor, residual, scheme, float(density),
+                                                       int(seed), self._seq)
+        if own:
+            self.residuals[key] = new_res
+        c = self.counters
+        c.sparse_collectives += 1
+        c.steps += steps
+        c.bytes_sent += sent
+        c.bytes_received += recv
+        c.seconds += time.perf_counter() - t0
+        return SparseOutcome(tensor, new_res, sent, recv)
+
+    # ---- status -----------------------------------------------------------------------
+    def status(self) -> dict:
+        s = self.schedule
+        out = {"backend": self.backend, "rank": self.rank, "world": self.world,
+               "algorithm": s.algorithm, "topology": s.topology.spec, "steps": s.steps,
+               "num_chunks": s.num_chunks, "config_id": self.config_id,
+               "counters": asdict(self.counters)}
+        out.update(self._impl.status())
+        return out
+
+    def close(self) -> None:
+        self._impl.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def open_nic(backend: str, rank: int, world: int, topology=None, algorithm="multitree",
+             **opts) -> Communicator:
+    """Open rank ``rank``'s NIC. ``algorithm`` is a registry name (``treenic.algorithms``)
+    or a ready :class:`Schedule`; ``topology`` a spec or Topology (default ``ring:<world>``).
+
+    Options: ``model``: ``fabric`` (LocalFabric; else torch.distributed), ``group``,
+    ``engine`` ("golden"); ``torch``: ``group``, ``verify`` (check sizes across ranks per
+    call, default True); ``rtl``: ``address`` (host, port) of the fabric server (required),
+    ``timeout`` (seconds per request, default 30)."""
+    schedule = schedule_for(algorithm, topology, world)
+    return Communicator(backend, rank, world, schedule, **opts)
+
+
+# ---- backends -----------------------------------------------------------------------------
+
+class _ModelBackend:
+    def __init__(self, comm: Communicator, fabric: LocalFabric | None = None, group=None,
+                 engine: str = "golden", timeout: float = 30.0):
+        self.comm = comm
+        self.fabric = fabric
+        self.group = group
+        self.engine_name = engine
+        self.timeout = timeout
+        if fabric is None:
+            import torch.distributed as dist
+            if not dist.is_initialized():
+                raise DriverError("backend 'model' needs fabric=LocalFabric(...) (threads) or "
+                                  "an initialised torch.distributed group (processes)")
+            if dist.get_world_size(group) != comm.world or dist.get_rank(group) != comm.rank:
+                raise DriverError(f"torch.distributed rank/world {dist.get_rank(group)}/"
+                                  f"{dist.get_world_size(group)} != {comm.rank}/{comm.world}")
+        elif fabric.world != comm.world:
+            raise DriverError(f"fabric has {fabric.world} nodes, world is {comm.world}")
+        self._link_cache = {}
+
+    def load(self, schedule, image):
+        if self.fabric is not None:
+            if schedule_image(self.fabric.schedule) != image:
+                raise FabricError(f"rank {self.comm.rank}: schedule differs from the one "
+                                  "loaded into the shared fabric")
+            self.engine = self.fabric.engine
+        else:
+            self.engine = make_engine(self.engine_name, schedule)
+            _check_same_config(self.comm, zlib.crc32(image), self.group)
+        self._link_cache.clear()
+
+    def _gather(self, data: np.ndarray, signature: tuple) -> np.ndarray:
+        """Processes: all ranks' buffers via torch.distributed (after checking that every
+        rank asks for the same collective)."""
+        import torch
+        import torch.distributed as dist
+        sigs = [None] * self.comm.world
+        dist.all_gather_object(sigs, signature, group=self.group)
+        if len(set(sigs)) != 1:
+            raise FabricError(f"rank {self.comm.rank}: ranks disagree on collective "
+                              f"#{self.comm._seq}: " + "; ".join(
+                                  f"rank {r}: {s}" for r, s in enumerate(sigs)),
+                              code="SIZE_MISMATCH")
+        src = torch.from_numpy(data)
+        out = [torch.empty_like(src) for _ in range(self.comm.world)]
+        dist.all_gather(out, src, group=self.group)
+        return np.stack([o.numpy() for o in out])
+
+    def dense(self, tensor, seq):
+        data, _ = _to_numpy(tensor)
+        if self.fabric is not None:
+            out = self.fabric.rendezvous.submit(seq, self.comm.rank, Request("dense", data),
+                                                timeout=self.timeout)
+            _write_back(tensor, out.result)
+            return out.sent, out.received
+        stacked = self._gather(data, ("dense", data.shape[0]))
+        result, _ = self.engine.run(stacked)
+        _write_back(tensor, result[self.comm.rank])
+        e = data.shape[0]
+        if e not in self._link_cache:
+            self._link_cache[e] = link_bytes(self.comm.schedule, e)
+        sent, recv = self._link_cache[e]
+        return int(sent[self.comm.rank]), int(recv[self.comm.rank])
+
+    def sparse(self, tensor, residual, scheme, density, seed, seq):
+        data, _ = _to_numpy(tensor)
+        acc = data.copy() if residual is None else data + _to_numpy(residual)[0]
+        if self.fabric is not None:
+            out = self.fabric.rendezvous.submit(
+                seq, self.comm.rank, Request("sparse", acc, scheme, density, seed),
+                timeout=self.timeout)
+            _write_back(tensor, out.result)
+            return _like(tensor, out.residual), out.sent, out.received, out.steps
+        stacked = self._gather(acc, ("sparse", acc.shape[0], scheme, density, seed))
+        res = self.engine.run_sparse(scheme, stacked, density, seed)
+        r = self.comm.rank
+        _write_back(tensor, np.asarray(res.result[r], np.float32))
+        return (_like(tensor, np.asarray(res.residuals[r], np.float32)),
+                int(res.bytes_sent_per_worker()[r]), int(res.bytes_received_per_worker()[r]),
+                res.steps)
+
+    def status(self):
+        return {"engine": self.engine.name,
+                "transport": "in-process fabric" if self.fabric else "torch.distributed gather"}
+
+    def close(self):
+        pass
+
+
+def _check_same_config(comm: Communicator, config_id: int, group) -> None:
+    import torch.distributed as dist
+    ids = [None] * comm.world
+    dist.all_gather_object(ids, config_id, group=group)
+    if len(set(ids)) != 1:
+        raise FabricError(f"rank {comm.rank}: ranks loaded different schedules (config ids "
+                          + ", ".join(f"rank {r}: {i:#010x}" for r, i in enumerate(ids)) + ")",
+                          code="CONFIG_MISMATCH")
+
+
+class _RTLBackend:
+    def __init__(self, comm: Communicator, address=None, timeout: float = 30.0,
+                 connect_timeout: float = 10.0):
+        from .client import NICClient
+        if address is None:
+            raise DriverError("backend 'rtl' needs address=(host, port) of a fabric server "
+                              "(treenic.driver.server.ServerProcess)")
+        self.comm = comm
+        self.client = NICClient(address, comm.rank, comm.world, timeout, connect_timeout)
+        self._last_cycles = None
+
+    def load(self, schedule, image):
+        self.client.load_config(image)
+
+    def _account(self):
+        c = self.comm.counters
+        c.host_bytes_sent = self.client.host_tx
+        c.host_bytes_received = self.client.host_rx
+
+    def dense(self, tensor, seq):
+        data, _ = _to_numpy(tensor)
+        result, _, info = self.client.collective(seq, data)
+        _write_back(tensor, result)
+        if info["cycles"] is not None:
+            self.comm.counters.cycles += info["cycles"]
+        self._last_cycles = info["cycles"]
+        self._account()
+        return info["sent"], info["received"]
+
+    def sparse(self, tensor, residual, scheme, density, seed, seq):
+        data, _ = _to_numpy(tensor)
+        acc = data.copy() if residual is None else data + _to_numpy(residual)[0]
+        result, new_res, info = self.client.collective(seq, acc,
+                                                       sparse=(scheme, density, seed))
+        _write_back(tensor, result)
+        self._account()
+        return _like(tensor, new_res), info["sent"], info["received"], info["steps"]
+
+    def status(self):
+        return {"engine": self.client.engine_description, "last_cycles": self._last_cycles,
+                "nic": self.client.status()}
+
+    def close(self):
+        self.client.close()
+
+
+class _TorchBackend:
+    """Schedule IR over torch.distributed P2P (see module docstring)."""
+
+    def __init__(self, comm: Communicator, group=None, verify: bool = True):
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            raise DriverError("backend 'torch' needs an initialised torch.distributed group")
+        if dist.get_world_size(group) != comm.world or dist.get_rank(group) != comm.rank:
+            raise DriverError(f"torch.distributed rank/world {dist.get_rank(group)}/"
+                              f"{dist.get_world_size(group)} != {comm.rank}/{comm.world}")
+        self.comm = comm
+        self.group = group
+        self.verify = verify
+        self.dist = dist
+        self._plans: dict = {}
+        # global rank of each group rank (P2P ops address global ranks)
+        self._peer = [r if group is None else dist.get_global_rank(group, r)
+                      for r in range(comm.world)]
+
+    def load(self, schedule, image):
+        _check_same_config(self.comm, zlib.crc32(image), self.group)
+        self._plans.clear()
+        self.schedule = schedule
+
+    def _plan(self, elements: int):
+        """Per step: ops in the schedule's global transfer order (so the k-th message between
+        two ranks matches on both sides), the receives in application order."""
+        plan = self._plans.get(elements)
+        if plan is not None:
+            return plan
+        s, me = self.schedule, self.comm.rank
+        bounds = [int(b) for b in s.chunk_bounds(elements)]
+        sent = recv = 0
+        plan = []
+        for _, transfers in sorted(s.by_step().items()):
+            ops = []
+            for t in transfers:
+                if me not in (t.src, t.dst):
+                    continue
+                spans = _spans(t.chunks, bounds)
+                size = sum(b - a for a, b in spans)
+                if size == 0:
+                    continue
+                if t.src == me:
+                    ops.append(("send", t.dst, spans, size, t.op))
+                    sent += size * 4
+                else:
+                    ops.append(("recv", t.src, spans, size, t.op))
+                    recv += size * 4
+            if ops:
+                plan.append(ops)
+        self._plans[elements] = (plan, sent, recv)
+        return self._plans[elements]
+
+    def _check_sizes(self, tensor, what):
+        import torch
+        dist = self.dist
+        me = torch.tensor([tensor.numel(), _dtype_code(tensor.dtype)], dtype=torch.int64,
+                          device=tensor.device)
+        allv = [torch.empty_like(me) for _ in range(self.comm.world)]
+        dist.all_gather(allv, me, group=self.group)
+        vals = [tuple(int(x) for x in v.cpu()) for v in allv]
+        if len(set(vals)) != 1:
+            raise FabricError(f"rank {self.comm.rank}: ranks disagree on {what} "
+                              f"#{self.comm._seq}: " + "; ".join(
+                                  f"rank {r}: {n} elements dtype {_DTYPE_NAMES.get(d, d)}"
+                                  for r, (n, d) in enumerate(vals)), code="SIZE_MISMATCH")
+
+    def dense(self, tensor, seq):
+        import torch
+        dist = self.dist
+        if not tensor.is_floating_point():
+            raise DriverError(f"allreduce needs a floating-point tensor, got {tensor.dtype}")
+        if self.verify:
+            self._check_sizes(tensor, "all-reduce")
+        flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
+        plan, sent, recv = self._plan(flat.numel())
+        for ops in plan:
+            p2p, pending = [], []
+            for kind, peer, spans, size, op in ops:
+                if kind == "send":
+                    buf = flat[spans[0][0]:spans[0][1]] if len(spans) == 1 else \
+                        torch.cat([flat[a:b] for a, b in spans])
+                    p2p.append(dist.P2POp(dist.isend, buf, self._peer[peer], self.group))
+                else:
+                    buf = torch.empty(size, dtype=flat.dtype, device=flat.device)
+                    p2p.append(dist.P2POp(dist.irecv, buf, self._peer[peer], self.group))
+                    pending.append((buf, spans, op))
+            for req in dist.batch_isend_irecv(p2p):
+                req.wait()
+            # apply in ascending rx_port order (= list order), local value first operand
+            for buf, spans, op in pending:
+                off = 0
+                for a, b in spans:
+                    seg = buf[off:off + (b - a)]
+                    off += b - a
+                    if op == 1:                   # Op.REDUCE
+                        flat[a:b].add_(seg)
+                    else:                         # Op.GATHER
+                        flat[a:b].copy_(seg)
+        if flat.data_ptr() != tensor.data_ptr():
+            tensor.copy_(flat.view(tensor.shape))
+        return sent, recv
+
+    def sparse(self, tensor, residual, scheme, density, seed, seq):
+        import torch
+        dist = self.dist
+        if scheme != "topka":
+            raise DriverError(f"backend 'torch' runs sparse scheme 'topka' natively; "
+                              f"{scheme!r} runs on the 'model' and 'rtl' backends (NIC-side)")
+        if tensor.dtype != torch.float32:
+            raise DriverError(f"sparse all-reduce needs float32, got {tensor.dtype}")
+        if self.verify:
+            self._check_sizes(tensor, "sparse all-reduce")
+        flat = tensor.reshape(-1)
+        acc = flat.clone() if residual is None else flat + residual.reshape(-1)
+        n = acc.numel()
+        k = max(1, int(round(density * n)))
+        # exact top-k by magnitude, ties by ascending index (stable descending sort)
+        # exact top-k by magnitude, ties by ascending index (stable descending sort); zeros
+        # are never selected (treenic.sparse.select.topk): they travel as padding (value 0
+        # adds nothing) so every rank all-gathers exactly k pairs.
+        order = torch.sort(acc.abs(), descending=True, stable=True).indices[:k]
+        idx = torch.sort(order).values
+        vals = acc[idx]
+        new_res = acc.clone()
+        new_res[idx[vals != 0]] = 0
+        idx32 = idx.to(torch.int32)                 # u32 index + f32 value: 8 bytes a pair
+        all_idx = [torch.empty_like(idx32) for _ in range(self.comm.world)]
+        all_val = [torch.empty_like(vals) for _ in range(self.comm.world)]
+        dist.all_gather(all_idx, idx32, group=self.group)
+        dist.all_gather(all_val, vals, group=self.group)
+        out = torch.zeros_like(acc)
+        for i, v in zip(all_idx, all_val):          # ascending rank, left operand first
+            i = i.long()
+            out[i] = out[i] + v
+        tensor.copy_(out.view(tensor.shape))
+        moved = 8 * k * (self.comm.world - 1)       # what the all-gather moves per rank
+        return new_res.view(tensor.shape), moved, moved, self.comm.world - 1
+
+    def status(self):
+        return {"engine": "torch.distributed P2P",
+                "transport": self.dist.get_backend(self.group)}
+
+    def close(self):
+        pass
+
+
+_DTYPE_NAMES = {1: "float32", 2: "float64", 3: "float16", 4: "bfloat16"}
+
+
+def _dtype_code(dtype) -> int:
+    import torch
+    return {torch.float32: 1, torch.float64: 2, torch.float16: 3, torch.bfloat16: 4}.get(dtype, 0)
+
+
+def _spans(chunks, bounds):
+    """Merge a transfer's chunks into contiguous element ranges (in chunk order)."""
+    spans = []
+    for c in chunks:
+        a, b = bounds[c], bounds[c + 1]
+        if spans and spans[-1][1] == a:
+            spans[-1] = (spans[-1][0], b)
+        else:
+            spans.append((a, b))
+    return spans

@@ -1,0 +1,261 @@
+"""Fabric engines and the rendezvous that joins N ranks into one collective.
+
+A *fabric engine* simulates the N NICs and their links for one loaded schedule::
+
+    engine.run(buffers)           # (N, E) float32 -> ((N, E) float32 result, cycles | None)
+    engine.run_sparse(scheme, accs, density, seed) -> treenic.sparse.SparseResult
+
+* :class:`GoldenEngine` — the golden executor (:func:`treenic.schedule.execute.execute`) for
+  dense schedules and the :mod:`treenic.sparse` golden models for sparse schemes. It does not
+  model time: ``cycles`` is ``None``.
+* :class:`RTLEngine` — the Verilated NIC fabric. **Hook-up point:** it imports
+  :data:`RTL_MODULE` and calls its ``open_fabric(schedule)``, which must return an object
+  with ``run(buffers) -> (buffers, cycles)`` (same contract as above) and optionally
+  ``run_sparse``. Until that module exists the constructor raises
+  :class:`~treenic.driver.errors.RTLFabricUnavailable` with the reason; nothing fakes it.
+
+:class:`Rendezvous` matches the k-th collective of every rank (by sequence number), checks
+that all ranks asked for the same thing (mode, element count, sparse parameters), runs the
+engine once and hands each rank its row. The in-process :class:`LocalFabric` (threads) and
+the fabric server (one connection thread per rank) both use it.
+"""
+from __future__ import annotations
+
+import importlib
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..schedule.execute import execute
+from ..schedule.ir import Schedule
+from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailable
+
+#: Module the RTL engine loads; it must provide ``open_fabric(schedule)``.
+RTL_MODULE = "treenic.hdl.cosim"
+
+ENGINES = ("golden", "rtl")
+
+
+def link_bytes(schedule: Schedule, elements: int, itemsize: int = 4):
+    """Bytes each node sends / receives on its links for one collective of ``elements``."""
+    sent = np.zeros(schedule.n, np.int64)
+    recv = np.zeros(schedule.n, np.int64)
+    for t in schedule.transfers:
+        b = schedule.bytes_of(t, elements, itemsize)
+        sent[t.src] += b
+        recv[t.dst] += b
+    return sent, recv
+
+
+def run_sparse_model(scheme: str, accs: np.ndarray, density: float, seed: int):
+    from ..sparse import base as sparse_base
+    workers, elements = accs.shape
+    algo = sparse_base.make(scheme, workers=workers, elements=elements, density=density,
+                            seed=seed)
+    return algo.step(np.ascontiguousarray(accs, dtype=np.float32))
+
+
+class GoldenEngine:
+    name = "golden"
+    description = "golden executor (treenic.schedule.execute) + treenic.sparse golden models"
+
+    def __init__(self, schedule: Schedule):
+        self.schedule = schedule
+
+    def run(self, buffers: np.ndarray):
+        return execute(self.schedule, buffers), None
+
+    def run_sparse(self, scheme: str, accs: np.ndarray, density: float, seed: int):
+        return run_sparse_model(scheme, accs, density, seed)
+
+
+class RTLEngine:
+    name = "rtl"
+
+    def __init__(self, schedule: Schedule):
+        self.schedule = schedule
+        try:
+            mod = importlib.import_module(RTL_MODULE)
+        except ImportError as e:
+            raise RTLFabricUnavailable(
+                f"RTL fabric engine unavailable: {RTL_MODULE} cannot be imported ({e}); the "
+                "Verilated NIC fabric has not been built in this checkout") from None
+        open_fabric = getattr(mod, "open_fabric", None)
+        if open_fabric is None:
+            raise RTLFabricUnavailable(f"RTL fabric engine unavailable: {RTL_MODULE} has no "
+                                       "open_fabric(schedule)")
+        self.sim = open_fabric(schedule)          # may raise RTLFabricUnavailable itself
+        self.description = getattr(self.sim, "description", f"RTL fabric ({RTL_MODULE})")
+
+    def run(self, buffers: np.ndarray):
+        out, cycles = self.sim.run(buffers)
+        out = np.asarray(out)
+        if out.shape != buffers.shape or out.dtype != np.float32:
+            raise FabricError(f"RTL fabric returned {out.dtype}{out.shape}, expected "
+                              f"float32{buffers.shape}")
+        return out, (None if cycles is None else int(cycles))
+
+    def run_sparse(self, scheme, accs, density, seed):
+        fn = getattr(self.sim, "run_sparse", None)
+        if fn is None:
+            raise FabricError(f"the RTL fabric ({RTL_MODULE}) does not implement sparse "
+                              f"all-reduce yet (scheme {scheme!r})")
+        return fn(scheme, accs, density, seed)
+
+
+def make_engine(name: str, schedule: Schedule):
+    if name == "golden":
+        return GoldenEngine(schedule)
+    if name == "rtl":
+        return RTLEngine(schedule)
+    raise DriverError(f"unknown fabric engine {name!r}; known: {', '.join(ENGINES)}")
+
+
+def rtl_unavailable_reason(schedule: Schedule) -> str | None:
+    """None when the RTL engine can be opened for ``schedule``, else the reason it cannot."""
+    try:
+        RTLEngine(schedule)
+    except RTLFabricUnavailable as e:
+        return str(e)
+    return None
+
+
+# ---- rendezvous ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Request:
+    """What one rank asks for in one collective."""
+    mode: str                          # "dense" | "sparse"
+    data: np.ndarray                   # (E,) float32: gradient (dense) or grad+residual
+    scheme: str = ""
+    density: float = 0.0
+    seed: int = 0
+
+    def signature(self):
+        return (self.mode, int(self.data.shape[0]), self.scheme, float(self.density),
+                int(self.seed))
+
+
+@dataclass
+class Outcome:
+    result: np.ndarray
+    residual: np.ndarray | None
+    sent: int                         # bytes this rank's NIC sent on its links
+    received: int
+    steps: int
+    cycles: int | None
+
+
+@dataclass
+class _Record:
+    requests: dict = field(default_factory=dict)
+    outcomes: list | None = None
+    error: Exception | None = None
+    collected: int = 0
+    created: float = field(default_factory=time.monotonic)
+
+
+class Rendezvous:
+    """Joins the k-th collective of ``world`` ranks; thread-safe, every wait bounded."""
+
+    def __init__(self, world: int, engine, schedule: Schedule, timeout: float = 60.0):
+        self.world = world
+        self.engine = engine
+        self.schedule = schedule
+        self.timeout = float(timeout)
+        self._cv = threading.Condition()
+        self._records: dict[int, _Record] = {}
+        self.completed = 0
+        self._link_bytes_cache: dict[int, tuple] = {}
+
+    def busy(self) -> bool:
+        with self._cv:
+            return any(r.outcomes is None and r.error is None for r in self._records.values())
+
+    def reload(self, engine, schedule):
+        with self._cv:
+            if any(r.outcomes is None and r.error is None for r in self._records.values()):
+                raise FabricError("cannot load a new schedule while a collective is in flight")
+            self.engine, self.schedule = engine, schedule
+            self._link_bytes_cache.clear()
+
+    def submit(self, seq: int, rank: int, req: Request, timeout: float | None = None) -> Outcome:
+        timeout = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            rec = self._records.setdefault(seq, _Record())
+            if rank in rec.requests:
+                raise FabricError(f"rank {rank} started collective #{seq} twice")
+            if rec.error is None and rec.outcomes is None:
+                rec.requests[rank] = req
+                if len(rec.requests) == self.world:
+                    self._run(seq, rec)
+                    self._cv.notify_all()
+            while rec.outcomes is None and rec.error is None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = sorted(set(range(self.world)) - set(rec.requests))
+                    rec.error = FabricTimeout(
+                        f"collective #{seq}: rank {rank} waited {timeout:.1f}s at START; "
+                        f"rank(s) {missing} never started it")
+                    self._cv.notify_all()
+                    break
+                self._cv.wait(left)
+            rec.collected += 1
+            if rec.collected >= self.world or (rec.error is not None
+                                                and rec.collected >= len(rec.requests)):
+                self._records.pop(seq, None)
+            if rec.error is not None:
+                raise rec.error
+            return rec.outcomes[rank]
+
+    def _run(self, seq: int, rec: _Record) -> None:
+        reqs = [rec.requests[r] for r in range(self.world)]
+        sigs = [q.signature() for q in reqs]
+        if len(set(sigs)) != 1:
+            desc = "; ".join(f"rank {r}: {s[0]} {s[1]} elements"
+                             + (f" {s[2]} density={s[3]} seed={s[4]}" if s[0] == "sparse" else "")
+                             for r, s in enumerate(sigs))
+            rec.error = FabricError(f"collective #{seq}: ranks disagree ({desc})",
+                                    code="SIZE_MISMATCH")
+            return
+        try:
+            data = np.stack([q.data for q in reqs])
+            req = reqs[0]
+            if req.mode == "dense":
+                out, cycles = self.engine.run(data)
+                e = data.shape[1]
+                if e not in self._link_bytes_cache:
+                    self._link_bytes_cache[e] = link_bytes(self.schedule, e)
+                sent, recv = self._link_bytes_cache[e]
+                rec.outcomes = [Outcome(out[r], None, int(sent[r]), int(recv[r]),
+                                        self.schedule.steps, cycles) for r in range(self.world)]
+            else:
+                res = self.engine.run_sparse(req.scheme, data, req.density, req.seed)
+                sent, recv = res.bytes_sent_per_worker(), res.bytes_received_per_worker()
+                rec.outcomes = [Outcome(np.asarray(res.result[r], np.float32),
+                                        np.asarray(res.residuals[r], np.float32),
+                                        int(sent[r]), int(recv[r]), res.steps, None)
+                                for r in range(self.world)]
+            self.completed += 1
+        except Exception as e:        # engine failure: every rank gets the same error
+            rec.error = FabricError(f"collective #{seq}: fabric engine "
+                                    f"{getattr(self.engine, 'name', '?')} failed: "
+                                    f"{type(e).__name__}: {e}", code="ENGINE")
+
+
+class LocalFabric:
+    """In-process shared fabric for ``world`` ranks living in threads of one process
+    (backend ``model`` without torch.distributed). Create one, pass it to every rank's
+    :func:`~treenic.driver.open_nic` as ``fabric=``."""
+
+    def __init__(self, schedule: Schedule, engine: str = "golden", timeout: float = 30.0):
+        self.schedule = schedule
+        self.engine = make_engine(engine, schedule)
+        self.rendezvous = Rendezvous(schedule.n, self.engine, schedule, timeout)
+
+    @property
+    def world(self) -> int:
+        return self.schedule.n

@@ -1,0 +1,248 @@
+"""treenic host protocol: what a training process speaks to its NIC.
+
+The same protocol is spoken to the simulated fabric server (:mod:`treenic.driver.server`, one
+process simulating N NICs and their links, reached over loopback TCP) and to a board over
+Ethernet. Each training process (rank) opens one connection to "its" NIC.
+
+Framing (all integers little-endian)
+------------------------------------
+
+====== ==== ==================================================================
+offset size field
+====== ==== ==================================================================
+0      4    magic ``b"TNIC"``
+4      1    protocol version (:data:`PROTOCOL_VERSION`, currently 1)
+5      1    message type (:class:`Msg`)
+6      2    flags (bit 0: reply; other bits reserved, must be 0)
+8      4    tag: request id chosen by the client; the reply echoes it
+12     4    payload length ``L`` (at most :data:`MAX_PAYLOAD`)
+16     L    payload (layout per message type, below)
+16+L   4    CRC-32 (IEEE 802.3, ``zlib.crc32``) of bytes ``0 .. 16+L-1``
+====== ==== ==================================================================
+
+Every request gets exactly one reply: the matching ``*_ACK``/data message, or ``ERROR``.
+After ``BAD_MAGIC``, ``VERSION_MISMATCH`` (frame header) or ``FRAME_TOO_LARGE`` the receiver
+cannot trust the framing any more: it replies ``ERROR`` and closes the connection. After any
+other error the connection stays usable and nothing changed on the NIC.
+
+Messages (request → reply; payload layouts as :mod:`struct` formats)
+--------------------------------------------------------------------
+
+``HELLO`` 0x01 → ``HELLO_ACK`` 0x81
+    request ``<HHHH`` protocol version, rank, world size, reserved(0) + UTF-8 client name.
+    reply ``<HHHH`` protocol version, nodes simulated, engine id (0 golden, 1 rtl), reserved
+    + UTF-8 engine description. Must be the first message of a connection (else
+    ``NOT_READY``); the world must equal the fabric's node count; a rank is held by at most
+    one connection.
+``LOAD_CONFIG`` 0x02 → ``CONFIG_ACK`` 0x82
+    request ``<II`` image kind (1: treenic-schedule JSON, :meth:`Schedule.dumps`), CRC-32 of
+    the image + image bytes. reply ``<IIII`` config id (the image CRC-32), nodes, steps,
+    chunks. Every rank loads the same image (else ``CONFIG_MISMATCH``); a new image replaces
+    the old one only when no collective is in flight.
+``WRITE_BUFFER`` 0x03 → ``WRITE_ACK`` 0x83
+    request ``<IBBHQ`` collective sequence number (from 1, +1 per collective), dtype code
+    (1: float32 — the only type the reduction unit implements, ARCHITECTURE §5), buffer id
+    (0: gradient), reserved, element count + ``count * 4`` bytes of little-endian data.
+    reply ``<IQ`` sequence, count.
+``START`` 0x04 → ``COMPLETE`` 0x84
+    request ``<IBBHdQ`` sequence, mode (0: dense schedule, 1: sparse), reserved, name length
+    ``n``, density (float64, sparse only), seed (sparse only) + ``n`` bytes UTF-8 sparse
+    scheme name (``treenic.sparse`` registry). The NIC starts once all ranks have written
+    and started collective ``sequence``; the reply is sent when it finished.
+    reply ``<IIQQQ`` sequence, steps, cycles (:data:`CYCLES_UNKNOWN` when the engine does
+    not model time), bytes this NIC sent on its links, bytes it received on its links.
+``READ_BUFFER`` 0x05 → ``BUFFER_DATA`` 0x85
+    request ``<IB`` sequence, buffer id (0: result, 1: residual — sparse only).
+    reply ``<IBBHQ`` + data, the ``WRITE_BUFFER`` layout. A collective is retired once every
+    rank has read its result (and residual, for sparse).
+``STATUS`` 0x06 → ``STATUS_REPLY`` 0x86
+    request empty. reply ``<IIQQQQQQ`` state (0 idle, 1 collective in flight, 2 error),
+    loaded config id (0: none), collectives completed, host bytes received, host bytes sent,
+    link bytes sent, link bytes received (this rank's NIC), cycles total (this NIC).
+``BYE`` 0x07 → ``BYE_ACK`` 0x87
+    request empty; the server closes the connection after the reply.
+``ERROR`` 0x7F (reply only)
+    ``<HH`` error code (:class:`ErrorCode`), reserved + UTF-8 message naming the problem.
+
+Versioning: the version byte changes whenever a layout changes. A server answers a frame of
+another version with ``ERROR VERSION_MISMATCH`` (payload names both versions) in *its own*
+framing, which every version keeps (magic, version, type at the same offsets).
+"""
+from __future__ import annotations
+
+import socket
+import struct
+import zlib
+from enum import IntEnum
+
+MAGIC = b"TNIC"
+PROTOCOL_VERSION = 1
+HEADER = struct.Struct("<4sBBHII")
+CRC = struct.Struct("<I")
+MAX_PAYLOAD = 1 << 30            # 1 GiB: 256 M float32 elements per buffer
+FLAG_REPLY = 0x1
+CYCLES_UNKNOWN = (1 << 64) - 1
+
+DTYPE_FLOAT32 = 1
+BUF_GRADIENT = 0
+BUF_RESULT = 0
+BUF_RESIDUAL = 1
+MODE_DENSE = 0
+MODE_SPARSE = 1
+IMAGE_SCHEDULE_JSON = 1
+ENGINE_IDS = {"golden": 0, "rtl": 1}
+
+
+class Msg(IntEnum):
+    HELLO = 0x01
+    LOAD_CONFIG = 0x02
+    WRITE_BUFFER = 0x03
+    START = 0x04
+    READ_BUFFER = 0x05
+    STATUS = 0x06
+    BYE = 0x07
+    HELLO_ACK = 0x81
+    CONFIG_ACK = 0x82
+    WRITE_ACK = 0x83
+    COMPLETE = 0x84
+    BUFFER_DATA = 0x85
+    STATUS_REPLY = 0x86
+    BYE_ACK = 0x87
+    ERROR = 0x7F
+
+
+class ErrorCode(IntEnum):
+    BAD_MAGIC = 1          # framing lost: connection closed
+    VERSION_MISMATCH = 2   # header or HELLO version differs
+    BAD_CRC = 3
+    FRAME_TOO_LARGE = 4    # framing lost: connection closed
+    UNKNOWN_TYPE = 5
+    BAD_PAYLOAD = 6        # payload too short/long for its type, bad field
+    NOT_READY = 7          # HELLO missing, or no config loaded
+    BAD_RANK = 8           # rank outside 0..world-1 or already connected
+    WORLD_MISMATCH = 9
+    CONFIG_MISMATCH = 10
+    BAD_CONFIG = 11        # image does not parse / wrong node count / CRC
+    UNSUPPORTED_DTYPE = 12
+    SIZE_MISMATCH = 13     # ranks wrote buffers of different sizes
+    SEQUENCE = 14          # unknown / out-of-order collective sequence number
+    ABORTED = 15           # collective aborted because of another rank's error
+    TIMEOUT = 16           # server gave up waiting for the other ranks
+    ENGINE = 17            # the fabric engine failed
+    INTERNAL = 18
+
+
+REQUEST_REPLY = {Msg.HELLO: Msg.HELLO_ACK, Msg.LOAD_CONFIG: Msg.CONFIG_ACK,
+                 Msg.WRITE_BUFFER: Msg.WRITE_ACK, Msg.START: Msg.COMPLETE,
+                 Msg.READ_BUFFER: Msg.BUFFER_DATA, Msg.STATUS: Msg.STATUS_REPLY,
+                 Msg.BYE: Msg.BYE_ACK}
+
+# payload layouts
+HELLO = struct.Struct("<HHHH")
+HELLO_ACK = struct.Struct("<HHHH")
+LOAD_CONFIG = struct.Struct("<II")
+CONFIG_ACK = struct.Struct("<IIII")
+BUFFER = struct.Struct("<IBBHQ")          # WRITE_BUFFER and BUFFER_DATA
+WRITE_ACK = struct.Struct("<IQ")
+START = struct.Struct("<IBBHdQ")
+COMPLETE = struct.Struct("<IIQQQ")
+READ_BUFFER = struct.Struct("<IB")
+STATUS_REPLY = struct.Struct("<IIQQQQQQ")
+ERROR = struct.Struct("<HH")
+
+
+class ProtocolError(Exception):
+    """A frame that violates the protocol (raised by the decoder, carries an ErrorCode)."""
+
+    def __init__(self, code: ErrorCode, message: str, fatal: bool = False):
+        super().__init__(f"{code.name}: {message}")
+        self.code = ErrorCode(code)
+        self.message = message
+        self.fatal = fatal            # framing lost: the connection must be closed
+
+
+class ConnectionClosed(Exception):
+    """The peer closed the connection (EOF before a complete frame)."""
+
+
+def encode(msg: int, payload: bytes = b"", tag: int = 0, *, reply: bool = False,
+           version: int = PROTOCOL_VERSION) -> bytes:
+    if len(payload) > MAX_PAYLOAD:
+        raise ProtocolError(ErrorCode.FRAME_TOO_LARGE,
+                            f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD}")
+    head = HEADER.pack(MAGIC, version, int(msg), FLAG_REPLY if reply else 0,
+                       tag & 0xFFFFFFFF, len(payload))
+    crc = zlib.crc32(payload, zlib.crc32(head))
+    return b"".join((head, payload, CRC.pack(crc)))
+
+
+def _recv_exact(sock: socket.socket, n: int, *, started: bool = False) -> bytes:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionClosed("connection closed by peer"
+                                   + (" in the middle of a frame" if got or started else ""))
+        got += k
+    return bytes(buf)
+
+
+def read_frame(sock: socket.socket):
+    """Read one frame: returns ``(msg_type, tag, flags, payload)``.
+
+    Raises :class:`ProtocolError` (``fatal`` when the framing can no longer be trusted),
+    :class:`ConnectionClosed` on EOF and ``socket.timeout`` from the socket.
+    """
+    head = _recv_exact(sock, HEADER.size)
+    magic, version, msg, flags, tag, length = HEADER.unpack(head)
+    if magic != MAGIC:
+        raise ProtocolError(ErrorCode.BAD_MAGIC, f"bad magic {magic!r} (expected {MAGIC!r})",
+                            fatal=True)
+    if version != PROTOCOL_VERSION:
+        raise ProtocolError(ErrorCode.VERSION_MISMATCH,
+                            f"frame has protocol version {version}, this end speaks "
+                            f"{PROTOCOL_VERSION}", fatal=True)
+    if length > MAX_PAYLOAD:
+        raise ProtocolError(ErrorCode.FRAME_TOO_LARGE,
+                            f"payload length {length} exceeds {MAX_PAYLOAD}", fatal=True)
+    payload = _recv_exact(sock, length, started=True)
+    (crc,) = CRC.unpack(_recv_exact(sock, CRC.size, started=True))
+    want = zlib.crc32(payload, zlib.crc32(head))
+    if crc != want:
+        raise ProtocolError(ErrorCode.BAD_CRC,
+                            f"CRC-32 mismatch on {_type_name(msg)} frame "
+                            f"(got {crc:#010x}, computed {want:#010x})")
+    return msg, tag, flags, payload
+
+
+def _type_name(msg: int) -> str:
+    try:
+        return Msg(msg).name
+    except ValueError:
+        return f"type {msg:#04x}"
+
+
+def unpack(layout: struct.Struct, payload: bytes, what: str, *, exact: bool = True):
+    """Unpack the fixed part of ``payload``; returns ``(fields, rest)`` or raises BAD_PAYLOAD."""
+    if len(payload) < layout.size or (exact and len(payload) != layout.size):
+        raise ProtocolError(ErrorCode.BAD_PAYLOAD,
+                            f"{what} payload is {len(payload)} bytes, expected "
+                            f"{'' if exact else 'at least '}{layout.size}")
+    return layout.unpack_from(payload), payload[layout.size:]
+
+
+def error_payload(code: ErrorCode, message: str) -> bytes:
+    return ERROR.pack(int(code), 0) + message.encode("utf-8", "replace")[:65536]
+
+
+def decode_error(payload: bytes) -> tuple[ErrorCode | int, str]:
+    if len(payload) < ERROR.size:
+        return ErrorCode.INTERNAL, f"malformed ERROR payload ({len(payload)} bytes)"
+    code, _ = ERROR.unpack_from(payload)
+    try:
+        code = ErrorCode(code)
+    except ValueError:
+        pass
+    return code, payload[ERROR.size:].decode("utf-8", "replace")

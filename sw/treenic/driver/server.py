@@ -1,0 +1,407 @@
+"""Fabric server: one process simulating N NICs and their links (backend ``rtl``).
+
+Each training process connects to it over loopback TCP and speaks the host protocol of
+:mod:`treenic.driver.protocol` — the protocol a board speaks over Ethernet. The fabric engine
+is pluggable (:mod:`treenic.driver.fabric`): ``rtl`` (Verilated NIC fabric, when built) or
+``golden`` (golden executor).
+
+Run it by hand::
+
+    python -m treenic.driver.server --nodes 4 --engine golden --port 0
+
+It prints ``LISTENING <host> <port> <engine>`` on its first stdout line and serves until
+killed or until ``--idle-exit`` seconds pass without a connection. Robustness rules: a bad
+frame, a wrong version, a wrong size or dtype gets an ``ERROR`` reply naming the problem and
+changes nothing; a connection thread never takes the server down; every wait is bounded.
+"""
+from __future__ import annotations
+
+import argparse
+import socket
+import subprocess
+import sys
+import threading
+import time
+import zlib
+
+import numpy as np
+
+from ..schedule.ir import Schedule, ScheduleError
+from . import protocol as P
+from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailable
+from .fabric import Request, Rendezvous, make_engine
+
+LOOPBACK = ("127.0.0.1", "::1", "localhost")
+
+
+class _Reply(Exception):
+    """Internal: abort handling of one request with an ERROR reply."""
+
+    def __init__(self, code: P.ErrorCode, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+class FabricServer:
+    def __init__(self, nodes: int, engine: str = "golden", host: str = "127.0.0.1",
+                 port: int = 0, collective_timeout: float = 60.0, idle_timeout: float = 600.0):
+        if host not in LOOPBACK:
+            raise DriverError(f"the fabric server binds loopback only, not {host!r}")
+        if nodes < 2:
+            raise DriverError(f"a fabric needs at least 2 nodes, got {nodes}")
+        self.nodes = nodes
+        self.engine_name = engine
+        self.collective_timeout = collective_timeout
+        self.idle_timeout = idle_timeout
+        self.lock = threading.Lock()
+        self.config_id = 0
+        self.config_image = b""
+        self.schedule: Schedule | None = None
+        self.rendezvous: Rendezvous | None = None
+        self.engine = None
+        self.engine_error: str | None = None
+        self.ranks: dict[int, object] = {}
+        self.nic = [dict(host_rx=0, host_tx=0, link_tx=0, link_rx=0, cycles=0, collectives=0)
+                    for _ in range(nodes)]
+        self.errors = 0
+        fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.sock = socket.socket(fam, socket.SOCK_STREAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.sock.bind((host, port))
+        self.sock.listen(64)
+        self.address = self.sock.getsockname()[:2]
+        self._stop = threading.Event()
+        self.last_activity = time.monotonic()
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def serve_forever(self, idle_exit: float | None = None) -> None:
+        self.sock.settimeout(0.5)
+        while not self._stop.is_set():
+            if idle_exit and not self.ranks and time.monotonic() - self.last_activity > idle_exit:
+                break
+            try:
+                conn, _ = self.sock.accept()
+            except socket.timeout:
+                continue
+            except OSError:
+                break
+            self.last_activity = time.monotonic()
+            threading.Thread(target=self._serve_conn, args=(conn,), daemon=True).start()
+        self.sock.close()
+
+    def start_thread(self) -> threading.Thread:
+        t = threading.Thread(target=self.serve_forever, daemon=True)
+        t.start()
+        return t
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    # ---- one connection -------------------------------------------------------------------
+    def _serve_conn(self, conn: socket.socket) -> None:
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        conn.settimeout(self.idle_timeout)
+        ctx = {"rank": None, "staged": {}, "done": {}}
+        try:
+            while not self._stop.is_set():
+                try:
+                    msg, tag, flags, payload = P.read_frame(conn)
+                except P.ProtocolError as e:
+                    self._send(conn, P.Msg.ERROR, P.error_payload(e.code, e.message), 0)
+                    if e.fatal:
+                        return
+                    continue
+                self.last_activity = time.monotonic()
+                if msg == P.Msg.BYE:
+                    self._send(conn, P.Msg.BYE_ACK, b"", tag)
+                    return
+                try:
+                    rmsg, rpayload = self._handle(ctx, msg, payload)
+                except _Reply as e:
+                    self.errors += 1
+                    rmsg, rpayload = P.Msg.ERROR, P.error_payload(e.code, e.message)
+                except Exception as e:        # never let a request take the server down
+                    self.errors += 1
+                    rmsg, rpayload = P.Msg.ERROR, P.error_payload(
+                        P.ErrorCode.INTERNAL, f"{type(e).__name__}: {e}")
+                self._send(conn, rmsg, rpayload, tag)
+        except (P.ConnectionClosed, socket.timeout, OSError):
+            pass
+        finally:
+            with self.lock:
+                if ctx["rank"] is not None and self.ranks.get(ctx["rank"]) is ctx:
+                    del self.ranks[ctx["rank"]]
+            try:
+                conn.close()
+            except OSError:
+                pass
+
+    def _send(self, conn, msg, payload, tag) -> None:
+        frame = P.encode(msg, payload, tag, reply=True)
+        conn.sendall(frame)
+
+    def _handle(self, ctx, msg, payload):
+        try:
+            msg = P.Msg(msg)
+        except ValueError:
+            raise _Reply(P.ErrorCode.UNKNOWN_TYPE, f"unknown message type {msg:#04x}") from None
+        if msg not in P.REQUEST_REPLY:
+            raise _Reply(P.ErrorCode.UNKNOWN_TYPE, f"{msg.name} is not a request")
+        try:
+            if msg == P.Msg.HELLO:
+                return self._hello(ctx, payload)
+            if ctx["rank"] is None:
+                raise _Reply(P.ErrorCode.NOT_READY, f"{msg.name} before HELLO")
+            rank = ctx["rank"]
+            nic = self.nic[rank]
+            nic["host_rx"] += len(payload) + P.HEADER.size + P.CRC.size
+            if msg == P.Msg.LOAD_CONFIG:
+                return self._load_config(payload)
+            if msg == P.Msg.WRITE_BUFFER:
+                return self._write(ctx, payload)
+            if msg == P.Msg.START:
+                return self._start(ctx, payload)
+            if msg == P.Msg.READ_BUFFER:
+                return self._read(ctx, payload)
+            if msg == P.Msg.STATUS:
+                return self._status(ctx, payload)
+        except P.ProtocolError as e:
+            raise _Reply(e.code, e.message) from None
+        raise _Reply(P.ErrorCode.UNKNOWN_TYPE, f"unhandled {msg.name}")
+
+    def _hello(self, ctx, payload):
+        (version, rank, world, _), name = P.unpack(P.HELLO, payload, "HELLO", exact=False)
+        if version != P.PROTOCOL_VERSION:
+            raise _Reply(P.ErrorCode.VERSION_MISMATCH,
+                         f"client speaks protocol version {version}, server speaks "
+                         f"{P.PROTOCOL_VERSION}")
+        if world != self.nodes:
+            raise _Reply(P.ErrorCode.WORLD_MISMATCH,
+                         f"client world size {world} != {self.nodes} NICs in this fabric")
+        if not 0 <= rank < world:
+            raise _Reply(P.ErrorCode.BAD_RANK, f"rank {rank} outside 0..{world - 1}")
+        with self.lock:
+            if ctx["rank"] is not None:
+                raise _Reply(P.ErrorCode.BAD_RANK, f"connection already bound to rank "
+                                                   f"{ctx['rank']}")
+            if rank in self.ranks:
+                raise _Reply(P.ErrorCode.BAD_RANK, f"rank {rank} is already connected")
+            self.ranks[rank] = ctx
+            ctx["rank"] = rank
+            ctx["name"] = name.decode("utf-8", "replace")
+        desc = (self.engine.description if self.engine is not None
+                else f"engine {self.engine_name} (no config loaded)")
+        return P.Msg.HELLO_ACK, P.HELLO_ACK.pack(P.PROTOCOL_VERSION, self.nodes,
+                                                 P.ENGINE_IDS[self.engine_name], 0) + \
+            desc.encode()
+
+    def _load_config(self, payload):
+        (kind, crc), image = P.unpack(P.LOAD_CONFIG, payload, "LOAD_CONFIG", exact=False)
+        if kind != P.IMAGE_SCHEDULE_JSON:
+            raise _Reply(P.ErrorCode.BAD_CONFIG, f"unknown config image kind {kind}")
+        if zlib.crc32(image) != crc:
+            raise _Reply(P.ErrorCode.BAD_CONFIG, f"config image CRC-32 {zlib.crc32(image):#010x}"
+                                                 f" != declared {crc:#010x}")
+        with self.lock:
+            if self.config_id == crc and self.config_image == image:
+                s = self.schedule
+                return P.Msg.CONFIG_ACK, P.CONFIG_ACK.pack(crc, s.n, s.steps, s.num_chunks)
+            if self.rendezvous is not None and self.rendezvous.busy():
+                raise _Reply(P.ErrorCode.CONFIG_MISMATCH,
+                             f"config {crc:#010x} differs from the loaded {self.config_id:#010x}"
+                             " and a collective is in flight")
+            try:
+                schedule = Schedule.loads(image.decode("utf-8"))
+            except (ScheduleError, UnicodeDecodeError, ValueError) as e:
+                raise _Reply(P.ErrorCode.BAD_CONFIG, f"config image rejected: {e}") from None
+            if schedule.n != self.nodes:
+                raise _Reply(P.ErrorCode.BAD_CONFIG, f"schedule is for {schedule.n} nodes, "
+                                                     f"fabric has {self.nodes}")
+            try:
+                engine = make_engine(self.engine_name, schedule)
+            except RTLFabricUnavailable as e:
+                raise _Reply(P.ErrorCode.ENGINE, str(e)) from None
+            if self.rendezvous is None:
+                self.rendezvous = Rendezvous(self.nodes, engine, schedule,
+                                             self.collective_timeout)
+            else:
+                try:
+                    self.rendezvous.reload(engine, schedule)
+                except FabricError as e:
+                    raise _Reply(P.ErrorCode.CONFIG_MISMATCH, str(e)) from None
+            self.engine, self.schedule = engine, schedule
+            self.config_id, self.config_image = crc, image
+        return P.Msg.CONFIG_ACK, P.CONFIG_ACK.pack(crc, schedule.n, schedule.steps,
+                                                   schedule.num_chunks)
+
+    def _write(self, ctx, payload):
+        (seq, dtype, buf_id, _, count), data = P.unpack(P.BUFFER, payload, "WRITE_BUFFER",
+                                                        exact=False)
+        if dtype != P.DTYPE_FLOAT32:
+            raise _Reply(P.ErrorCode.UNSUPPORTED_DTYPE,
+                         f"dtype code {dtype} not supported: the reduction unit implements "
+                         f"binary32 only (code {P.DTYPE_FLOAT32})")
+        if buf_id != P.BUF_GRADIENT:
+            raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"unknown buffer id {buf_id}")
+        if len(data) != count * 4:
+            raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"WRITE_BUFFER declares {count} float32 "
+                                                  f"elements but carries {len(data)} bytes")
+        if seq in ctx["staged"] or seq in ctx["done"]:
+            raise _Reply(P.ErrorCode.SEQUENCE, f"collective #{seq} already written by rank "
+                                               f"{ctx['rank']}")
+        if len(ctx["staged"]) >= 4:
+            raise _Reply(P.ErrorCode.SEQUENCE, "more than 4 collectives staged without START")
+        ctx["staged"][seq] = np.frombuffer(data, dtype="<f4").astype(np.float32, copy=False)
+        return P.Msg.WRITE_ACK, P.WRITE_ACK.pack(seq, count)
+
+    def _start(self, ctx, payload):
+        (seq, mode, _, nlen, density, seed), rest = P.unpack(P.START, payload, "START",
+                                                             exact=False)
+        if len(rest) != nlen:
+            raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"START name length {nlen} but {len(rest)} "
+                                                  "bytes follow")
+        if self.rendezvous is None:
+            raise _Reply(P.ErrorCode.NOT_READY, "START before LOAD_CONFIG")
+        data = ctx["staged"].pop(seq, None)
+        if data is None:
+            raise _Reply(P.ErrorCode.SEQUENCE, f"START of collective #{seq} without its "
+                                               "WRITE_BUFFER")
+        rank = ctx["rank"]
+        if mode == P.MODE_DENSE:
+            req = Request("dense", data)
+        elif mode == P.MODE_SPARSE:
+            if not 0.0 < density <= 1.0:
+                raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"density {density} outside (0, 1]")
+            req = Request("sparse", data, rest.decode("utf-8", "replace"), density, seed)
+        else:
+            raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"unknown START mode {mode}")
+        try:
+            out = self.rendezvous.submit(seq, rank, req)
+        except FabricTimeout as e:
+            raise _Reply(P.ErrorCode.TIMEOUT, str(e)) from None
+        except FabricError as e:
+            code = {"SIZE_MISMATCH": P.ErrorCode.SIZE_MISMATCH,
+                    "ENGINE": P.ErrorCode.ENGINE}.get(e.code, P.ErrorCode.ABORTED)
+            raise _Reply(code, str(e)) from None
+        ctx["done"][seq] = out
+        while len(ctx["done"]) > 4:                       # bounded: drop the oldest unread
+            ctx["done"].pop(next(iter(ctx["done"])))
+        nic = self.nic[rank]
+        nic["link_tx"] += out.sent
+        nic["link_rx"] += out.received
+        nic["cycles"] += out.cycles or 0
+        nic["collectives"] += 1
+        cycles = P.CYCLES_UNKNOWN if out.cycles is None else out.cycles
+        return P.Msg.COMPLETE, P.COMPLETE.pack(seq, out.steps, cycles, out.sent, out.received)
+
+    def _read(self, ctx, payload):
+        (seq, which), _ = P.unpack(P.READ_BUFFER, payload, "READ_BUFFER")
+        out = ctx["done"].get(seq)
+        if out is None:
+            raise _Reply(P.ErrorCode.SEQUENCE, f"collective #{seq} has no result for rank "
+                                               f"{ctx['rank']} (not started or already read)")
+        if which == P.BUF_RESULT:
+            arr = out.result
+            out.result = None
+        elif which == P.BUF_RESIDUAL:
+            if out.residual is None:
+                raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"collective #{seq} was dense: no "
+                                                      "residual")
+            arr = out.residual
+            out.residual = None
+        else:
+            raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"unknown buffer id {which}")
+        if arr is None:
+            raise _Reply(P.ErrorCode.SEQUENCE, f"buffer {which} of collective #{seq} already "
+                                               "read")
+        if out.result is None and out.residual is None:
+            del ctx["done"][seq]
+        data = np.ascontiguousarray(arr, dtype="<f4").tobytes()
+        self.nic[ctx["rank"]]["host_tx"] += len(data) + P.BUFFER.size
+        return P.Msg.BUFFER_DATA, P.BUFFER.pack(seq, P.DTYPE_FLOAT32, which, 0,
+                                                arr.shape[0]) + data
+
+    def _status(self, ctx, payload):
+        if payload:
+            raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"STATUS takes no payload, got "
+                                                  f"{len(payload)} bytes")
+        nic = self.nic[ctx["rank"]]
+        busy = self.rendezvous is not None and self.rendezvous.busy()
+        return P.Msg.STATUS_REPLY, P.STATUS_REPLY.pack(
+            1 if busy else 0, self.config_id, nic["collectives"], nic["host_rx"],
+            nic["host_tx"], nic["link_tx"], nic["link_rx"], nic["cycles"])
+
+
+# ---- a server in its own process ----------------------------------------------------------
+
+class ServerProcess:
+    """A fabric server subprocess (``python -m treenic.driver.server``)."""
+
+    def __init__(self, nodes: int, engine: str = "golden", *, collective_timeout: float = 60.0,
+                 idle_exit: float = 600.0, startup_timeout: float = 30.0):
+        cmd = [sys.executable, "-m", "treenic.driver.server", "--nodes", str(nodes),
+               "--engine", engine, "--port", "0", "--collective-timeout",
+               str(collective_timeout), "--idle-exit", str(idle_exit)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+        line = _readline_with_timeout(self.proc, startup_timeout)
+        parts = line.split()
+        if len(parts) < 3 or parts[0] != "LISTENING":
+            err = ""
+            if self.proc.poll() is not None:
+                err = self.proc.stderr.read()[-2000:]
+            self.stop()
+            raise DriverError(f"fabric server did not start: {line!r} {err}")
+        self.address = (parts[1], int(parts[2]))
+        self.engine = engine
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+        for f in (self.proc.stdout, self.proc.stderr):
+            if f:
+                f.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.stop()
+
+
+def _readline_with_timeout(proc, timeout: float) -> str:
+    out = []
+    t = threading.Thread(target=lambda: out.append(proc.stdout.readline()), daemon=True)
+    t.start()
+    t.join(timeout)
+    return out[0].strip() if out else ""
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m treenic.driver.server",
+                                 description="treenic fabric server (N simulated NICs)")
+    ap.add_argument("--nodes", type=int, required=True)
+    ap.add_argument("--engine", choices=("golden", "rtl"), default="golden")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=int, default=0)
+    ap.add_argument("--collective-timeout", type=float, default=60.0)
+    ap.add_argument("--idle-exit", type=float, default=600.0,
+                    help="exit after this many seconds without any client (0: never)")
+    a = ap.parse_args(argv)
+    server = FabricServer(a.nodes, a.engine, a.host, a.port, a.collective_timeout)
+    print(f"LISTENING {server.address[0]} {server.address[1]} {a.engine}", flush=True)
+    server.serve_forever(idle_exit=a.idle_exit or None)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
