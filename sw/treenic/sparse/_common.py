@@ -34,13 +34,15 @@ def topk_1d(v: np.ndarray, m: int) -> np.ndarray:
     return topk(np.ascontiguousarray(v, dtype=np.float32), int(m))
 
 
-def topk_rows(values: np.ndarray, m: int) -> tuple[np.ndarray, np.ndarray]:
+def topk_rows(values: np.ndarray, m) -> tuple[np.ndarray, np.ndarray]:
     """Row-wise exact top-m of a 2-D float32 array as a ragged (CSR) selection:
-    ``(ptr, idx)`` with row r's ascending column indices in ``idx[ptr[r]:ptr[r+1]]``."""
+    ``(ptr, idx)`` with row r's ascending column indices in ``idx[ptr[r]:ptr[r+1]]``.
+    ``m`` is one budget for all rows or one per row."""
     values = np.asarray(values)
     if values.ndim != 2:
         raise SparseError(f"topk_rows needs a 2-D array, got shape {values.shape}")
-    parts = [topk_1d(row, m) for row in values]
+    ms = np.broadcast_to(np.asarray(m, np.int64), (values.shape[0],))
+    parts = [topk_1d(row, int(mi)) for row, mi in zip(values, ms)]
     ptr = np.zeros(len(parts) + 1, np.int64)
     ptr[1:] = np.cumsum([p.size for p in parts])
     idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
@@ -157,19 +159,25 @@ class Cost:
 # ---- invariants --------------------------------------------------------------------------
 
 def mass_invariant(out_sum: np.ndarray, new_res: np.ndarray, grads: np.ndarray,
-                   old_res: np.ndarray) -> tuple[bool, float]:
+                   old_res: np.ndarray, chunk: int = 1 << 15) -> tuple[bool, float]:
     """``out_sum + Σ R_new == Σ (g + R_old)`` element-wise, checked in float64 against the
     float32 rounding bound ``(2P + 8)·eps32·Σ_w(|g_w| + |R_old_w|)`` (every value in the
     models is a float32 sum of at most P + log2-depth inputs, each rounding at most eps/2
-    relative). Returns (holds, worst |defect| / bound)."""
-    p = grads.shape[0]
-    lhs = out_sum.astype(np.float64) + new_res.sum(axis=0, dtype=np.float64)
-    rhs = grads.sum(axis=0, dtype=np.float64) + old_res.sum(axis=0, dtype=np.float64)
-    scale = np.abs(grads).sum(axis=0, dtype=np.float64) + np.abs(old_res).sum(axis=0, dtype=np.float64)
-    bound = (2 * p + 8) * F32_EPS * scale
-    defect = np.abs(lhs - rhs)
-    ok = bool(np.all(defect <= bound))
-    worst = float(np.max(defect / np.maximum(bound, np.finfo(np.float64).tiny)))
+    relative). Column chunks keep the float64 partial sums in cache. Returns
+    (holds, worst |defect| / bound)."""
+    p, n = grads.shape
+    ok, worst = True, 0.0
+    tiny = np.finfo(np.float64).tiny
+    for c in range(0, n, chunk):
+        sl = slice(c, min(n, c + chunk))
+        g64 = grads[:, sl].astype(np.float64)
+        r64 = old_res[:, sl].astype(np.float64)
+        rhs = g64.sum(axis=0) + r64.sum(axis=0)
+        bound = (2 * p + 8) * F32_EPS * (np.abs(g64).sum(axis=0) + np.abs(r64).sum(axis=0))
+        lhs = out_sum[sl].astype(np.float64) + new_res[:, sl].sum(axis=0, dtype=np.float64)
+        defect = np.abs(lhs - rhs)
+        ok &= bool(np.all(defect <= bound))
+        worst = max(worst, float(np.max(defect / np.maximum(bound, tiny), initial=0.0)))
     return ok, worst
 
 
@@ -207,7 +215,8 @@ class ErrorFeedbackModel:
     info, invariants)`` where ``acc = grads + residuals`` (float32, P × N), ``out_sum`` is the
     non-averaged reduced vector every worker ends with, ``new_res`` the residuals for the next
     iteration. ``SparseResult.result`` rows are ``out_sum`` (or ``out_sum / P`` in float32 with
-    option ``average=True``). The mass invariant is added by this class when the subclass
+    option ``average=True``), returned as a read-only broadcast view (every worker of these
+    models ends with the same vector). The mass invariant is added by this class when the subclass
     declares ``CONSERVES_MASS`` (or returns it from ``_conserves_mass()``)."""
 
     name = "?"
@@ -259,5 +268,6 @@ class ErrorFeedbackModel:
                     invariants=inv)
         self.residuals = new_res
         self.iteration += 1
-        return SparseResult(self.name, np.broadcast_to(out, (self.workers, self.elements)).copy(),
+        # Every worker provably ends with the same vector: rows are a read-only broadcast.
+        return SparseResult(self.name, np.broadcast_to(out, (self.workers, self.elements)),
                             new_res, sent, recv, info)
