@@ -104,19 +104,23 @@ def compare_rows(topology: str, elements: int, seed: int = 0) -> list[dict]:
 def print_compare(rows, topology, elements) -> None:
     from rich.console import Console
     from rich.table import Table
-    t = Table(title=f"dense all-reduce of {elements} float32 ({elements * 4 / 2**20:.2f} MiB) "
-                    f"per node on {topology}")
-    for col in ("algorithm", "steps", "link conflicts", "bit-exact", "max |err| vs fp64",
-                "α–β (µs)", "contention (µs)"):
-        t.add_column(col, justify="right" if col != "algorithm" else "left")
+    t = Table(title=f"dense all-reduce, {elements * 4 / 2**20:.2f} MiB float32 per node, "
+                    f"{topology}")
+    for col in ("algorithm", "steps", "conflicts", "bit-exact", "|err| vs fp64", "α–β µs",
+                "contention µs"):
+        t.add_column(col, justify="left" if col == "algorithm" else "right")
+    skipped = []
     for r in rows:
         if "skipped" in r:
-            t.add_row(r["algorithm"], "-", "-", "-", "-", "-", f"n/a: {r['skipped'][:40]}")
+            skipped.append(f"{r['algorithm']}: {r['skipped']}")
             continue
         t.add_row(r["algorithm"], str(r["steps"]), str(r["link_conflicts"]),
-                  "yes" if r["bit_exact"] else "NO", f"{r['max_abs_err_vs_fp64']:.2e}",
+                  "yes" if r["bit_exact"] else "NO", f"{r['max_abs_err_vs_fp64']:.1e}",
                   f"{r['alpha_beta_seconds'] * 1e6:.1f}", f"{r['contention_seconds'] * 1e6:.1f}")
-    Console().print(t)
+    console = Console(width=max(100, Console().width))
+    console.print(t)
+    for line in skipped:
+        console.print(f"  not applicable — {line}")
 
 
 def cmd_compare(args) -> int:
