@@ -145,7 +145,7 @@ def cmd_demo(args) -> int:
     print_compare(rows, DEFAULT_TOPOLOGY, args.elements)
     train = _optional("treenic.train")
     if train is not None and not args.schedules_only:
-        return train.demo_main(args)
+        return train.main(args)
     return 0
 
 
@@ -193,7 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--elements", type=int, default=1 << 16)
     d.add_argument("--schedules-only", action="store_true")
     if train is not None:
-        train.add_arguments(d, demo=True)
+        train.add_arguments(d)
+        # the demo trains dense and sparse side by side (bytes on the wire, accuracy)
+        d.set_defaults(density=0.01)
     d.set_defaults(func=cmd_demo)
     return p
 
