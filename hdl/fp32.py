@@ -44,7 +44,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 __all__ = ["FP32Adder", "fp32_add_golden", "fp32_add_exact", "CANONICAL_NAN",
-           "f32_to_bits", "bits_to_f32", "LATENCY"]
+           "f32_to_bits", "bits_to_f32", "LATENCY", "DIRECTED_CASES", "random_operand_pairs"]
 
 CANONICAL_NAN = 0x7FC00000
 LATENCY = 4
@@ -122,16 +122,77 @@ def fp32_add_exact(a: int, b: int) -> int:
 
 
 # ----------------------------------------------------------------------------------
+# test vectors (shared by the Amaranth-sim tests, the cocotb bench and the cosim run)
+
+_PZ, _NZ, _INF, _NINF = 0x00000000, 0x80000000, 0x7F800000, 0xFF800000
+DIRECTED_CASES: list[tuple[int, int]] = [
+    (_PZ, _NZ), (_NZ, _NZ), (_PZ, _PZ), (_NZ, _PZ),            # signed zeros
+    (0x3F800000, 0xBF800000), (0xC0490FDB, 0x40490FDB),        # x + -x = +0
+    (0x00000001, 0x00000001), (0x00000001, 0x80000001),        # subnormal in/out
+    (0x007FFFFF, 0x00000001), (0x007FFFFF, 0x007FFFFF),        # subnormal -> normal
+    (0x00800000, 0x80000001), (0x00800001, 0x80800000),        # normal -> subnormal
+    (0x00400000, 0x00400000), (0x80123456, 0x00654321), (0x00000003, 0x80000002),
+    (0x7F7FFFFF, 0x7F7FFFFF), (0x7F7FFFFF, 0x73800000),        # overflow to inf
+    (0x7F7FFFFF, 0x73000000), (0x7F7FFFFF, 0x737FFFFF),        # tie at max: stays / rounds
+    (0xFF7FFFFF, 0xFF7FFFFF), (0x7F7FFFFF, 0xF3800000),
+    (_INF, 0x3F800000), (_INF, _NINF), (_NINF, _NINF), (_INF, _INF), (_NINF, 0x7F7FFFFF),
+    (0x7FC00000, 0x3F800000), (0x7F800001, _INF), (0xFFFFFFFF, _PZ), (0x3F800000, 0xFFC00001),
+    (0x3F800000, 0x33800000),               # 1 + 2^-24: tie, even -> 1
+    (0x3F800001, 0x33800000),               # tie, odd -> up
+    (0x3F800000, 0x33800001),               # just above tie -> up
+    (0x3F800000, 0x337FFFFF),               # just below tie -> down
+    (0x4B800000, 0xBF800000),               # 2^24 - 1 exact
+    (0x3F800000, 0xB3800000), (0x3F800000, 0xB3000000),       # cancellation, borrow
+    (0x3FFFFFFF, 0xBFFFFFFE), (0x4B7FFFFF, 0x3F000000),       # renormalisation, tie up
+    (0x3F800000, 0x00000001), (0x7F000000, 0x7F000000),
+]
+
+
+def random_operand_pairs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """*n* operand pairs (uint32 bit arrays) mixing: uniform bit patterns, near
+    cancellation (``b ~ -a``), close exponents (alignment/rounding ties), tiny values
+    (subnormal inputs/outputs), huge values (overflow) and specials."""
+    rng = np.random.default_rng(seed)
+    u32 = lambda k, hi=2**32: rng.integers(0, hi, k, dtype=np.uint64).astype(np.uint32)
+    a, b = u32(n), u32(n)
+    kind = rng.integers(0, 6, n)
+    # 1: b = -a with a few low bits flipped (massive cancellation)
+    k = kind == 1
+    flip = u32(k.sum(), 1 << 8) * (rng.random(k.sum()) < 0.75).astype(np.uint32)
+    b[k] = a[k] ^ np.uint32(0x80000000) ^ flip
+    # 2: exponent difference 0..30 (alignment, sticky, ties)
+    k = kind == 2
+    ea = (a[k] >> 23) & 0xFF
+    d = u32(k.sum(), 31)
+    eb = np.clip(ea.astype(np.int64) - d, 0, 254).astype(np.uint32)
+    b[k] = (b[k] & np.uint32(0x807FFFFF)) | (eb << 23)
+    # 3: tiny magnitudes (exponent field 0..3): subnormal in/out
+    k = kind == 3
+    a[k] = (a[k] & np.uint32(0x807FFFFF)) | (u32(k.sum(), 4) << 23)
+    b[k] = (b[k] & np.uint32(0x807FFFFF)) | (u32(k.sum(), 4) << 23)
+    # 4: huge magnitudes (exponent 252..255): overflow, inf, NaN
+    k = kind == 4
+    a[k] = (a[k] & np.uint32(0x807FFFFF)) | ((252 + u32(k.sum(), 4)) << 23)
+    b[k] = (b[k] & np.uint32(0x807FFFFF)) | ((252 + u32(k.sum(), 4)) << 23)
+    # 5: short mantissas (many exact ties after alignment)
+    k = kind == 5
+    a[k] &= np.uint32(0xFFFF0000)
+    b[k] = (b[k] & np.uint32(0xFF800000)) | (u32(k.sum(), 4) << 21)
+    return a, b
+
+
+# ----------------------------------------------------------------------------------
 # RTL
 
 def _lzc(m: Module, value: Signal, width: int) -> Signal:
     """Leading-zero count of ``value`` (``width`` bits); ``width`` if zero."""
     cnt = Signal(range(width + 1))
-    # priority encoder from the LSB upwards so the MSB-most one wins
-    m.d.comb += cnt.eq(width)
+    # a Mux chain (continuous assignments) rather than an if-ladder process: Icarus
+    # never runs an ``always @*`` block whose inputs stay constant from time 0
+    expr = Const(width, cnt.shape())
     for i in range(width):
-        with m.If(value[i]):
-            m.d.comb += cnt.eq(width - 1 - i)
+        expr = Mux(value[i], width - 1 - i, expr)
+    m.d.comb += cnt.eq(expr)
     return cnt
 
 
@@ -273,12 +334,10 @@ class FP32Adder(wiring.Component):
         ]
         hidden = mr[23] | mr[24]
         packed = Signal(32)
-        with m.If(s3_nan):
-            m.d.comb += packed.eq(CANONICAL_NAN)
-        with m.Elif(s3_inf | (e_r >= 255)):
-            m.d.comb += packed.eq(Cat(Const(0, 23), Const(0xFF, 8), s3_sign))
-        with m.Else():
-            m.d.comb += packed.eq(Cat(frac, Mux(hidden, e_r[:8], 0), s3_sign))
+        m.d.comb += packed.eq(
+            Mux(s3_nan, CANONICAL_NAN,
+                Mux(s3_inf | (e_r >= 255), Cat(Const(0, 23), Const(0xFF, 8), s3_sign),
+                    Cat(frac, Mux(hidden, e_r[:8], 0), s3_sign))))
         with m.If(en[4]):
             m.d.sync += [self.o.payload.sum.eq(packed), self.o.payload.tag.eq(s3_tag)]
         m.d.comb += self.o.valid.eq(v[4])

@@ -3,29 +3,11 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from treenic.hdl.fp32 import (CANONICAL_NAN, LATENCY, FP32Adder, fp32_add_exact,
-                              fp32_add_golden)
+from treenic.hdl.fp32 import (CANONICAL_NAN, DIRECTED_CASES, LATENCY, FP32Adder,
+                              fp32_add_exact, fp32_add_golden, random_operand_pairs)
 
-# directed corner cases (bits)
-PZ, NZ = 0x00000000, 0x80000000
-INF, NINF = 0x7F800000, 0xFF800000
-MAXF, MINSUB, MINNORM = 0x7F7FFFFF, 0x00000001, 0x00800000
-DIRECTED = [
-    (PZ, NZ), (NZ, NZ), (PZ, PZ), (NZ, PZ),
-    (0x3F800000, 0xBF800000),               # 1 + -1 = +0
-    (MINSUB, MINSUB), (MINSUB, 0x80000001), (0x007FFFFF, MINSUB),   # subnormal -> normal
-    (MINNORM, 0x80000001),                  # normal -> subnormal
-    (0x00400000, 0x00400000), (0x80123456, 0x00654321),
-    (MAXF, MAXF), (MAXF, 0x73800000), (MAXF, 0x73000000), (0xFF7FFFFF, 0xFF7FFFFF),
-    (INF, 0x3F800000), (INF, NINF), (NINF, NINF), (INF, INF), (0x7FC00000, 0x3F800000),
-    (0x7F800001, INF), (0xFFFFFFFF, PZ),
-    (0x3F800000, 0x33800000),               # 1 + 2^-24: tie, even -> 1
-    (0x3F800001, 0x33800000),               # tie, odd -> up
-    (0x3F800000, 0x33800001),               # just above tie -> up
-    (0x4B800000, 0xBF800000),               # 2^24 - 1 -> exact
-    (0x3F800000, 0xB3800000),               # 1 - 2^-24, cancellation
-    (0x3FFFFFFF, 0xBFFFFFFE), (0x00000003, 0x80000002),
-]
+PZ, NZ, INF, NINF = 0x00000000, 0x80000000, 0x7F800000, 0xFF800000
+DIRECTED = DIRECTED_CASES
 
 
 def test_exact_model_matches_numpy_directed():
@@ -34,11 +16,7 @@ def test_exact_model_matches_numpy_directed():
 
 
 def test_exact_model_matches_numpy_random():
-    rng = np.random.default_rng(7)
-    a = rng.integers(0, 2**32, 3000, dtype=np.uint64).astype(np.uint32)
-    # close exponents for cancellation / ties
-    b = (a ^ rng.integers(0, 2**26, 3000, dtype=np.uint64).astype(np.uint32)) ^ np.uint32(0x80000000)
-    b[::2] = rng.integers(0, 2**32, 1500, dtype=np.uint64).astype(np.uint32)
+    a, b = random_operand_pairs(3000, seed=7)
     g = fp32_add_golden(a, b)
     for x, y, r in zip(a.tolist(), b.tolist(), g.tolist()):
         assert fp32_add_exact(x, y) == r, (hex(x), hex(y))
@@ -98,10 +76,7 @@ def test_rtl_directed():
 
 
 def test_rtl_random_with_stalls_and_backpressure():
-    rng = np.random.default_rng(3)
-    a = rng.integers(0, 2**32, 600, dtype=np.uint64).astype(np.uint32)
-    b = rng.integers(0, 2**32, 600, dtype=np.uint64).astype(np.uint32)
-    b[::3] = a[::3] ^ np.uint32(0x80000000) ^ rng.integers(0, 64, 200).astype(np.uint32)
+    a, b = random_operand_pairs(600, seed=3)
     ops = list(zip(a.tolist(), b.tolist()))
     got, _ = _run(ops, stall_in=0.3, stall_out=0.4)
     assert [g for g, _ in got] == fp32_add_golden(a, b).tolist()
@@ -114,3 +89,13 @@ def test_rtl_full_throughput():
     assert len(got) == 200
     # one result per cycle after the pipeline fills
     assert cycles <= 200 + LATENCY + 2
+
+
+def test_random_vectors_cover_corner_classes():
+    a, b = random_operand_pairs(20000, seed=0)
+    r = fp32_add_golden(a, b)
+    exp = (r >> 23) & 0xFF
+    assert np.count_nonzero((exp == 0) & ((r & 0x7FFFFF) != 0)) > 100   # subnormal out
+    assert np.count_nonzero((r & 0x7FFFFFFF) == 0) > 20                  # exact zeros
+    assert np.count_nonzero(r == 0x7F800000) + np.count_nonzero(r == 0xFF800000) > 100
+    assert np.count_nonzero(r == CANONICAL_NAN) > 100
