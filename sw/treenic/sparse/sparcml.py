@@ -178,19 +178,21 @@ class SparCML:
 
 
 def cost(workers, elements, density, alpha, beta, *, dense_switch=True,
-         switch_density=VALUE_BYTES / PAIR_BYTES) -> dict:
+         switch_density=VALUE_BYTES / PAIR_BYTES, union_density=None) -> dict:
     """α–β time of one SparCML all-reduce, assuming independent random selections (no
     systematic overlap): the union of g workers' selections has density
     ``u(g) = 1 - (1 - d)^g``. Round i of the log2 P' core rounds sends one message of the
     2^(i-1)-worker union: ``min(8 u N, 4 N)`` bytes with the switch, ``8 u N`` without. Non-powers
     of two add a fold-in step (a single worker's 8 d N) and a fold-out step (the full union).
-    Latency: one α per step. (Zen paper Eq. 2 with γ measured on independent unions.)"""
+    Latency: one α per step. ``union_density(g)`` (a callable) replaces the independence
+    assumption, e.g. ``lambda g: d`` for full overlap or ``lambda g: g * d`` for disjoint
+    selections; it is Zen's Eq. 2 with ``d_G^g = union_density(g)``."""
     check_params(workers, elements, density)
     P, N, d = workers, elements, float(density)
     core = 1 << (P.bit_length() - 1)
 
     def msg(union_workers):
-        u = 1 - (1 - d) ** union_workers
+        u = (1 - (1 - d) ** union_workers) if union_density is None else float(union_density(union_workers))
         sparse = PAIR_BYTES * u * N
         return min(sparse, VALUE_BYTES * N) if dense_switch and u > switch_density else sparse
 

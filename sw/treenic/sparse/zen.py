@@ -469,20 +469,29 @@ class Zen:
         return SparseResult(self.name, result, self.residuals.copy(), sent, received, info)
 
 
-def cost(workers, elements, density, alpha, beta, *, aggregated_density=None) -> dict:
+def cost(workers, elements, density, alpha, beta, *, aggregated_density=None,
+         pull_format="bitmap") -> dict:
     """α–β time of one Zen all-reduce (balanced hashing assumed, notes/zen.md §2.4).
 
     Latency: each phase is an all-to-all of n - 1 messages per node through one port:
     ``2 (n - 1) α``. Bandwidth (bytes through the busiest port, times β): Push
-    ``(n-1)/n · 8 d N``, Pull ``(n-1)/n · (4 d_agg N + N/8)`` (values + the node's share of
-    the N-bit hash bitmaps). ``aggregated_density`` d_agg defaults to independent random
-    selections, ``1 - (1 - d)^n``. Normalised by the dense size 4N the bandwidth term is the
-    paper's ``(n-1)/n (2d + d^n + 1/32)``."""
+    ``(n-1)/n · 8 d N``; Pull with the hash bitmap ``(n-1)/n · (4 d_agg N + N/8)`` (values + the
+    other servers' share of the N-bit bitmaps), with COO (``pull_format="coo"``, Balanced
+    Parallelism of Eq. 1) ``(n-1)/n · 8 d_agg N``. ``aggregated_density`` d_agg defaults to
+    independent random selections, ``1 - (1 - d)^n``. Normalised by the dense size 4N the
+    bandwidth term is ``(n-1)/n (2d + d^n + 1/32)`` (bitmap) or ``2 (n-1)/n (d + d^n)`` (COO)."""
     check_params(workers, elements, density)
+    if pull_format not in ("bitmap", "coo"):
+        raise SparseError(f"pull_format must be 'bitmap' or 'coo', got {pull_format!r}")
     n, N, d = workers, elements, float(density)
     d_agg = 1 - (1 - d) ** n if aggregated_density is None else float(aggregated_density)
+    if not (0.0 <= d_agg <= 1.0):
+        raise SparseError(f"aggregated_density must be in [0, 1], got {aggregated_density}")
     push = (n - 1) / n * PAIR_BYTES * d * N
-    pull = (n - 1) / n * (VALUE_BYTES * d_agg * N + N / 8)
+    if pull_format == "bitmap":
+        pull = (n - 1) / n * (VALUE_BYTES * d_agg * N + N / 8)
+    else:
+        pull = (n - 1) / n * PAIR_BYTES * d_agg * N
     latency = 2 * (n - 1) * alpha
     bandwidth = (push + pull) * beta
     return {"latency": latency, "bandwidth": bandwidth, "total": latency + bandwidth,
