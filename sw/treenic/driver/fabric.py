@@ -32,8 +32,9 @@ from ..schedule.execute import execute
 from ..schedule.ir import Schedule
 from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailable
 
-#: Module the RTL engine loads; it must provide ``open_fabric(schedule)``.
-RTL_MODULE = "treenic.hdl.cosim"
+#: Module the RTL engine loads; it must provide ``open_fabric(schedule)`` (N Verilated NIC
+#: cores wired by links, built with :mod:`treenic.hdl.cosim`).
+RTL_MODULE = "treenic.hdl.fabric"
 
 ENGINES = ("golden", "rtl")
 

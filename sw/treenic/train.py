@@ -1,0 +1,324 @@
+"""Training demo: data-parallel MLP on scikit-learn's bundled digits, gradients all-reduced by
+treenic through a DDP communication hook.
+
+``run(backend="rtl", algorithm="multitree", ...)`` spawns ``workers`` processes (gloo on
+loopback), trains a 64-64-10 MLP with DDP + :func:`treenic.ddp.treenic_hook` and returns a
+summary dict (per-epoch loss/accuracy, bytes each worker put on the network links for the
+dense and the sparse phases, wall time, plot path). Backends:
+
+* ``rtl`` — fabric server process with the Verilated RTL engine. When the RTL fabric cannot
+  be opened the demo prints a notice and falls back to ``model`` (golden executor); the
+  summary says so (``backend``, ``requested_backend``, ``fallback``). ``engine="golden"``
+  runs the server path with the golden engine instead (host protocol exercised end to end).
+* ``model`` — golden executor (each process gathers the buckets and executes the schedule).
+* ``torch`` — the schedule over torch.distributed point-to-point.
+* ``ddp`` — reference: DDP's own all-reduce (no treenic hook).
+
+``density`` (e.g. 0.01) switches to sparse all-reduce (``scheme``, default ``topka``) after
+``warmup_iters`` dense iterations. CLI: ``treenic train --backend ... [--json]`` via
+:func:`add_arguments` / :func:`main`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+BACKENDS = ("rtl", "model", "torch", "ddp")
+
+
+def _load_data(seed: int):
+    import numpy as np
+    from sklearn.datasets import load_digits
+    d = load_digits()
+    x = (d.data / 16.0).astype(np.float32)
+    y = d.target.astype(np.int64)
+    perm = np.random.default_rng(seed).permutation(len(y))
+    n_test = len(y) // 5
+    te, tr = perm[:n_test], perm[n_test:]
+    return x[tr], y[tr], x[te], y[te]
+
+
+def _train_one(rank, world, cfg, server_address):
+    """One training run inside an initialised process group; returns this rank's summary."""
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from .ddp import TreenicHookState, treenic_hook
+    from .driver import open_nic
+
+    xtr, ytr, xte, yte = _load_data(cfg["seed"])
+    xtr, ytr = torch.from_numpy(xtr[rank::world]), torch.from_numpy(ytr[rank::world])
+    xte, yte = torch.from_numpy(xte), torch.from_numpy(yte)
+    torch.manual_seed(cfg["seed"])
+    net = torch.nn.Sequential(torch.nn.Linear(64, cfg["hidden"]), torch.nn.ReLU(),
+                              torch.nn.Linear(cfg["hidden"], 10))
+    model = DDP(net)
+    state, comm = None, None
+    if cfg["backend"] != "ddp":
+        opts = {"address": tuple(server_address), "timeout": cfg["timeout"]} \
+            if cfg["backend"] == "rtl" else {}
+        comm = open_nic(cfg["backend"], rank, world, cfg["topology"], cfg["algorithm"], **opts)
+        state = TreenicHookState(comm, scheme=cfg["scheme"] if cfg["density"] else None,
+                                 density=cfg["density"] or 0.01,
+                                 warmup_iters=cfg["warmup_iters"], seed=cfg["seed"])
+        model.register_comm_hook(state, treenic_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    gen = torch.Generator().manual_seed(cfg["seed"] + rank)
+    bs = cfg["batch_size"]
+    # the same number of steps on every rank (shards differ by at most one sample)
+    steps = min(len(ytr), len(xtr)) // bs
+    n_min = torch.tensor([steps])
+    dist.all_reduce(n_min, op=dist.ReduceOp.MIN)
+    steps = int(n_min)
+    epochs = []
+    bar = None
+    if rank == 0 and cfg["progress"]:
+        from tqdm import tqdm
+        bar = tqdm(total=cfg["epochs"] * steps, desc=f"{cfg['label']}", unit="step",
+                   leave=False, file=sys.stderr)
+    t0 = time.perf_counter()
+    for epoch in range(cfg["epochs"]):
+        model.train()
+        perm = torch.randperm(len(ytr), generator=gen)
+        total, count = torch.zeros(1, dtype=torch.float64), 0
+        dense0 = state.dense_bytes if state else 0
+        sparse0 = state.sparse_bytes if state else 0
+        for s in range(steps):
+            idx = perm[s * bs:(s + 1) * bs]
+            opt.zero_grad()
+            loss = loss_fn(model(xtr[idx]), ytr[idx])
+            loss.backward()
+            opt.step()
+            total += loss.detach().double()
+            count += 1
+            if bar is not None:
+                bar.update(1)
+        dist.all_reduce(total)                                   # reporting only
+        model.eval()
+        with torch.no_grad():
+            acc = float((model(xte).argmax(1) == yte).float().mean())
+        epochs.append({"epoch": epoch + 1, "loss": float(total) / (count * world),
+                       "accuracy": acc,
+                       "dense_bytes": (state.dense_bytes - dense0) if state else None,
+                       "sparse_bytes": (state.sparse_bytes - sparse0) if state else None})
+        if bar is not None:
+            bar.set_postfix(loss=f"{epochs[-1]['loss']:.3f}", acc=f"{acc:.3f}")
+    if bar is not None:
+        bar.close()
+    seconds = time.perf_counter() - t0
+    params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy().copy()
+    out = {"epochs": epochs, "seconds": seconds, "params": params,
+           "steps_per_epoch": steps}
+    if state is not None:
+        c = comm.counters
+        out.update(bytes_sent=c.bytes_sent, bytes_received=c.bytes_received,
+                   host_bytes_sent=c.host_bytes_sent, cycles=c.cycles,
+                   dense_bytes=state.dense_bytes, sparse_bytes=state.sparse_bytes,
+                   dense_calls=state.dense_calls, sparse_calls=state.sparse_calls,
+                   engine=comm.status().get("engine"))
+        comm.close()
+    return out
+
+
+def _world_worker(rank, world, cfgs, server_address):
+    return [_train_one(rank, world, cfg, server_address) for cfg in cfgs]
+
+
+def _config(backend="rtl", algorithm="multitree", topology=None, density=None, workers=4,
+            epochs=8, scheme="topka", warmup_iters=20, lr=0.05, batch_size=16, hidden=64,
+            seed=0, timeout=30.0, progress=True, engine="rtl", label=None):
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
+    if density is not None and not 0.0 < float(density) <= 1.0:
+        raise ValueError(f"density must be in (0, 1], got {density}")
+    topology = topology or f"ring:{workers}"
+    return dict(backend=backend, algorithm=algorithm, topology=topology,
+                density=float(density) if density else None, workers=workers, epochs=epochs,
+                scheme=scheme, warmup_iters=warmup_iters, lr=lr, batch_size=batch_size,
+                hidden=hidden, seed=seed, timeout=timeout, progress=progress, engine=engine,
+                label=label or f"{backend}/{algorithm}" + (f"/{scheme}@{density}"
+                                                           if density else ""))
+
+
+def run_many(configs: list[dict], *, timeout: float = 600.0, log=print) -> list[dict]:
+    """Run several training configs (same worker count) in one spawned world."""
+    from .driver.fabric import rtl_unavailable_reason
+    from .driver.launch import run_world
+    from .driver.server import ServerProcess
+    from .driver.core import schedule_for
+
+    workers = configs[0]["workers"]
+    if any(c["workers"] != workers for c in configs):
+        raise ValueError("run_many: every config needs the same worker count")
+    server, engine = None, None
+    for c in configs:
+        c["requested_backend"], c["fallback"] = c["backend"], None
+        if c["backend"] == "rtl":
+            if c["engine"] == "rtl":
+                reason = rtl_unavailable_reason(schedule_for(c["algorithm"], c["topology"],
+                                                             workers))
+                if reason:
+                    log(f"NOTICE: {reason}.\nNOTICE: falling back from backend 'rtl' to "
+                        "'model' (golden executor): results are the golden model's, not "
+                        "the RTL's.")
+                    c["backend"], c["fallback"] = "model", reason
+                    c["label"] = "model (rtl unavailable)/" + c["label"].split("/", 1)[1]
+                    continue
+            if engine not in (None, c["engine"]):
+                raise ValueError("run_many: one fabric server engine per call")
+            engine = c["engine"]
+    try:
+        if engine is not None:
+            server = ServerProcess(workers, engine, collective_timeout=60.0, idle_exit=120.0)
+        addr = server.address if server else None
+        t0 = time.perf_counter()
+        per_rank = run_world(_world_worker, workers, configs, addr, timeout=timeout)
+        wall = time.perf_counter() - t0
+    finally:
+        if server is not None:
+            server.stop()
+    return [_summarise(cfg, [r[i] for r in per_rank], wall) for i, cfg in enumerate(configs)]
+
+
+def _summarise(cfg, ranks, wall):
+    import numpy as np
+    r0 = ranks[0]
+    s = {k: cfg[k] for k in ("backend", "requested_backend", "fallback", "algorithm",
+                             "topology", "workers", "density", "epochs", "warmup_iters",
+                             "label")}
+    s["scheme"] = cfg["scheme"] if cfg["density"] else None
+    s["losses"] = [e["loss"] for e in r0["epochs"]]
+    s["accuracies"] = [e["accuracy"] for e in r0["epochs"]]
+    s["final_accuracy"] = s["accuracies"][-1]
+    s["final_loss"] = s["losses"][-1]
+    s["train_seconds"] = r0["seconds"]
+    s["world_wall_seconds"] = wall
+    s["steps_per_epoch"] = r0["steps_per_epoch"]
+    s["params_identical_across_ranks"] = bool(all(
+        np.array_equal(r["params"].view(np.uint32), r0["params"].view(np.uint32))
+        for r in ranks))
+    s["params"] = r0["params"]
+    if "bytes_sent" in r0:
+        s["engine"] = r0["engine"]
+        s["bytes_sent_per_worker"] = [int(r["bytes_sent"]) for r in ranks]
+        s["dense_bytes_per_worker"] = [int(r["dense_bytes"]) for r in ranks]
+        s["sparse_bytes_per_worker"] = [int(r["sparse_bytes"]) for r in ranks]
+        s["dense_calls"] = r0["dense_calls"]
+        s["sparse_calls"] = r0["sparse_calls"]
+        s["host_bytes_sent_per_worker"] = [int(r["host_bytes_sent"]) for r in ranks]
+        s["cycles"] = r0["cycles"] or None
+        d = s["dense_bytes_per_worker"][0] / max(1, r0["dense_calls"])
+        sp = s["sparse_bytes_per_worker"][0] / max(1, r0["sparse_calls"])
+        s["bytes_per_dense_call"] = d if r0["dense_calls"] else None
+        s["bytes_per_sparse_call"] = sp if r0["sparse_calls"] else None
+        s["epoch_bytes"] = [{"dense": e["dense_bytes"], "sparse": e["sparse_bytes"]}
+                            for e in r0["epochs"]]
+    else:
+        s["engine"] = "torch DDP all_reduce"
+        s["bytes_sent_per_worker"] = None
+    return s
+
+
+def plot(summaries: list[dict], path: Path) -> Path:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(1, 3, figsize=(14, 4))
+    for s in summaries:
+        ep = range(1, len(s["losses"]) + 1)
+        ax[0].plot(ep, s["losses"], marker="o", label=s["label"])
+        ax[1].plot(ep, s["accuracies"], marker="o", label=s["label"])
+        if s.get("epoch_bytes"):
+            tot = [((e["dense"] or 0) + (e["sparse"] or 0)) / 1e3 for e in s["epoch_bytes"]]
+            ax[2].plot(ep, tot, marker="o", label=s["label"])
+    ax[0].set(title="training loss", xlabel="epoch")
+    ax[1].set(title="test accuracy", xlabel="epoch")
+    ax[2].set(title="bytes sent per worker per epoch (kB)", xlabel="epoch", yscale="log")
+    for a in ax:
+        a.grid(alpha=0.3)
+        a.legend(fontsize=7)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run(backend="rtl", algorithm="multitree", topology=None, density=None, workers=4,
+        epochs=8, *, scheme="topka", warmup_iters=20, lr=0.05, batch_size=16, seed=0,
+        engine="rtl", compare_dense=True, out_dir="build/demo", progress=True,
+        log=print) -> dict:
+    """Train, print per-epoch loss/accuracy and traffic, save a plot; returns the summary.
+
+    With ``density`` and ``compare_dense`` a dense run of the same backend is trained in the
+    same world so the summary (``dense_reference``) and the plot compare the two."""
+    cfg = _config(backend, algorithm, topology, density, workers, epochs, scheme,
+                  warmup_iters, lr, batch_size, seed=seed, progress=progress, engine=engine)
+    cfgs = [cfg]
+    if density and compare_dense:
+        cfgs.append(_config(backend, algorithm, topology, None, workers, epochs, scheme,
+                            warmup_iters, lr, batch_size, seed=seed, progress=progress,
+                            engine=engine))
+    summaries = run_many(cfgs, log=log)
+    main_s = summaries[0]
+    for s in summaries:
+        s.pop("params", None)
+    if len(summaries) > 1:
+        main_s["dense_reference"] = {k: summaries[1][k] for k in (
+            "final_accuracy", "final_loss", "bytes_sent_per_worker", "bytes_per_dense_call",
+            "losses", "accuracies")}
+    path = plot(summaries, Path(out_dir) / f"train_{main_s['backend']}_{algorithm}"
+                f"{'_sparse' if density else ''}.png")
+    main_s["plot"] = str(path)
+    for s in summaries:
+        log(f"== {s['label']} (backend {s['backend']}, engine {s.get('engine')}, "
+            f"{s['topology']}, {workers} workers)")
+        for e, (l, a) in enumerate(zip(s["losses"], s["accuracies"]), 1):
+            log(f"   epoch {e:2d}  loss {l:.4f}  test accuracy {a:.4f}")
+        if s.get("bytes_sent_per_worker"):
+            log(f"   bytes on the wire per worker: {s['bytes_sent_per_worker']}"
+                + (f"; per dense step {s['bytes_per_dense_call']:.0f}"
+                   if s.get("bytes_per_dense_call") else "")
+                + (f"; per sparse step {s['bytes_per_sparse_call']:.0f}"
+                   if s.get("bytes_per_sparse_call") else ""))
+    log(f"plot: {path}")
+    return main_s
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--backend", choices=BACKENDS, default="rtl")
+    parser.add_argument("--algorithm", default="multitree")
+    parser.add_argument("--topology", default=None, help="default ring:<workers>")
+    parser.add_argument("--density", type=float, default=None,
+                        help="sparse all-reduce at this density after the warm-up")
+    parser.add_argument("--scheme", default="topka", help="sparse scheme (treenic.sparse)")
+    parser.add_argument("--warmup-iters", type=int, default=20)
+    parser.add_argument("--workers", type=int, default=4)
+    parser.add_argument("--epochs", type=int, default=8)
+    parser.add_argument("--engine", choices=("rtl", "golden"), default="rtl",
+                        help="fabric server engine for --backend rtl")
+    parser.add_argument("--out", default="build/demo")
+    parser.add_argument("--json", action="store_true", help="print the summary as JSON")
+
+
+def main(args) -> int:
+    log = (lambda *a, **k: print(*a, file=sys.stderr, **k)) if args.json else print
+    s = run(args.backend, args.algorithm, args.topology, args.density, args.workers,
+            args.epochs, scheme=args.scheme, warmup_iters=args.warmup_iters,
+            engine=args.engine, out_dir=args.out, progress=not args.json, log=log)
+    if args.json:
+        print(json.dumps(s, indent=1, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m treenic.train")
+    add_arguments(p)
+    sys.exit(main(p.parse_args()))
