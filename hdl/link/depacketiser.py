@@ -2,19 +2,20 @@
 
 Receive path::
 
-    rx.flit ──► per-VC input FIFO (depth = credits) ──► VC arbiter ──► checker ──► fragment
-                  │ pop returns a credit (rx.credit)       (lock per     (per-VC     buffer
-                  ▼                                        sub-packet)   context)    (commit /
-              OVERFLOW if full                                                       rollback)
-                                                     hdr FIFO ──► hdr   len FIFO ──► data
+    rx.flit ──► per-VC input FIFO ──► round-robin ──► checker ──────► fragment buffer
+                (depth = credits)     VC arbiter      (per-VC         (one region per VC:
+                  │ pop returns a credit (rx.credit)   context)        commit / rollback)
+                  ▼                                                        │
+              OVERFLOW if full               hdr FIFO ──► hdr     len FIFO ──► reader ──► data
 
 * One message context per VC (IDLE / ACTIVE / DISCARD, header, words done, words in the
-  open fragment), so sub-packets of different VCs may interleave; the arbiter (VC 0 has
-  priority) only switches VC between fragments.
-* Payload words are written speculatively into the fragment buffer and become visible to
-  the output only when the fragment (sub-packet, or packet in packet mode) ends correctly
-  (**commit**); any error drops them (**rollback**).  Nothing of a malformed fragment
-  reaches ``data``.
+  open fragment) and one buffer region per VC, so the arbiter may switch VC on every flit:
+  flits of different VCs interleave freely and a VC stuck mid-message (e.g. a lost tail)
+  never blocks the others.
+* Payload words are written speculatively into the VC's buffer region and become visible
+  to the output only when the fragment (sub-packet, or packet in packet mode) ends
+  correctly (**commit**: its header and length are queued, in commit order); any error
+  drops them (**rollback**).  Nothing of a malformed fragment reaches ``data``.
 * Both modes are accepted at once: the type's bit 2 tells normal packets from all-reduce
   sub-packets.  Semantics (error causes, what is dropped) are exactly
   :func:`treenic.hdl.link.model.depacketise`; see there.
@@ -103,7 +104,7 @@ class Depacketiser(wiring.Component):
         fifos = []
         overflow = Signal()
         for v in range(V):
-            f = fifo.SyncFIFOBuffered(width=fmt.flit.size, depth=self.credits)
+            f = fifo.SyncFIFO(width=fmt.flit.size, depth=self.credits)
             m.submodules[f"vc{v}_fifo"] = f
             fifos.append(f)
             m.d.comb += [f.w_data.eq(rx.flit.as_value()),
@@ -114,47 +115,54 @@ class Depacketiser(wiring.Component):
             with m.If(rx.valid & (rx.flit.vc >= V)):
                 m.d.comb += overflow.eq(1)
 
-        # ---------------------------------------------------------------- arbiter
-        locked = Signal()
-        lock_vc = Signal(fmt.vc_bits)
-        sel = Signal(fmt.vc_bits)
-        with m.If(locked):
-            m.d.comb += sel.eq(lock_vc)
-        with m.Else():
-            for v in reversed(range(V)):
-                with m.If(fifos[v].r_rdy):
-                    m.d.comb += sel.eq(v)
-        cur_valid = Signal()
-        cur = Signal(fmt.flit)
-        for v in range(V):
-            with m.If(sel == v):
-                m.d.comb += [cur_valid.eq(fifos[v].r_rdy), cur.eq(fifos[v].r_data)]
-
         # ---------------------------------------------------------------- fragment buffer
+        # one circular region of D flits per VC: speculative write pointer, committed end,
+        # read pointer
         D = self.buf_flits
         abits = ceil_log2(D)
-        m.submodules.buf = buf = memory.Memory(shape=fmt.width, depth=D, init=[])
+        m.submodules.buf = buf = memory.Memory(shape=fmt.width, depth=D * V, init=[])
         wp = buf.write_port()
         rp = buf.read_port()
-        wptr = Signal(abits + 1)     # speculative write pointer
-        cptr = Signal(abits + 1)     # committed end
-        rptr = Signal(abits + 1)     # read pointer
-        used = Signal(abits + 1)
-        m.d.comb += used.eq(wptr - rptr)
+        wptr = [Signal(abits + 1, name=f"wptr{v}") for v in range(V)]
+        cptr = [Signal(abits + 1, name=f"cptr{v}") for v in range(V)]
+        rptr = [Signal(abits + 1, name=f"rptr{v}") for v in range(V)]
+        space = Signal(V)
+        for v in range(V):
+            m.d.comb += space[v].eq((wptr[v] - rptr[v])[:abits + 1] < D)
 
         fragw = ceil_log2(self.max_frag + 1)
         m.submodules.hdr_fifo = hdr_fifo = fifo.SyncFIFOBuffered(
             width=fmt.header.size, depth=self.desc_depth)
         m.submodules.len_fifo = len_fifo = fifo.SyncFIFOBuffered(
-            width=fragw, depth=self.desc_depth)
+            width=fragw + fmt.vc_bits, depth=self.desc_depth)
         m.d.comb += [self.hdr.valid.eq(hdr_fifo.r_rdy),
                      self.hdr.payload.eq(hdr_fifo.r_data),
                      hdr_fifo.r_en.eq(self.hdr.ready)]
 
-        room = Signal()
-        m.d.comb += room.eq((used < D) & hdr_fifo.w_rdy & len_fifo.w_rdy)
+        # ---------------------------------------------------------------- arbiter
+        # round robin over the VCs that have a flit and buffer space; may switch VC on
+        # every flit (a VC stuck in a message never blocks the others)
+        elig = Signal(V)
+        for v in range(V):
+            m.d.comb += elig[v].eq(fifos[v].r_rdy & space[v])
+        last_vc = Signal(fmt.vc_bits)
+        sel = Signal(fmt.vc_bits)
+        for v in range(V):
+            with m.If(last_vc == v):
+                for off in reversed(range(1, V + 1)):
+                    cand = (v + off) % V
+                    with m.If(elig[cand]):
+                        m.d.comb += sel.eq(cand)
+        cur_valid = Signal()
+        cur = Signal(fmt.flit)
+        for v in range(V):
+            with m.If(sel == v):
+                m.d.comb += [cur_valid.eq(elig[v]), cur.eq(fifos[v].r_data)]
+
         go = Signal()
-        m.d.comb += go.eq(cur_valid & room)
+        m.d.comb += go.eq(cur_valid & hdr_fifo.w_rdy & len_fifo.w_rdy)
+        with m.If(go):
+            m.d.sync += last_vc.eq(sel)
         credit = Signal(V)
         for v in range(V):
             m.d.comb += fifos[v].r_en.eq(go & (sel == v))
@@ -288,40 +296,50 @@ class Depacketiser(wiring.Component):
                 m.d.comb += [e_seq.eq(1), rollback.eq(1),
                              n_st.eq(Mux(is_tailtype, IDLE, DISCARD))]
 
-        # lock the arbiter onto a VC while it has uncommitted words in the buffer
-        with m.If(go):
-            m.d.sync += [locked.eq((n_st == ACTIVE) & (n_sb != 0)), lock_vc.eq(sel)]
-
         # buffer pointers and descriptors
-        m.d.comb += [wp.addr.eq(wptr[:abits]), wp.data.eq(d), wp.en.eq(go & wr)]
-        with m.If(go & rollback):
-            m.d.sync += wptr.eq(cptr)
-        with m.Elif(go & wr):
-            m.d.sync += wptr.eq(wptr + 1)
-            with m.If(commit):
-                m.d.sync += cptr.eq(wptr + 1)
+        c_wptr = Signal(abits + 1)
+        for v in range(V):
+            with m.If(sel == v):
+                m.d.comb += c_wptr.eq(wptr[v])
+                with m.If(go & rollback):
+                    m.d.sync += wptr[v].eq(cptr[v])
+                with m.Elif(go & wr):
+                    m.d.sync += wptr[v].eq(wptr[v] + 1)
+                    with m.If(commit):
+                        m.d.sync += cptr[v].eq(wptr[v] + 1)
+        m.d.comb += [wp.addr.eq(Cat(c_wptr[:abits], sel)), wp.data.eq(d),
+                     wp.en.eq(go & wr)]
         m.d.comb += [hdr_fifo.w_data.eq(commit_hd), hdr_fifo.w_en.eq(go & commit),
-                     len_fifo.w_data.eq(frag_len),
+                     len_fifo.w_data.eq(Cat(frag_len, sel)),
                      len_fifo.w_en.eq(go & commit & (frag_len != 0))]
 
         # ---------------------------------------------------------------- read side
         words_left = Signal(fragw)
+        rvc = Signal(fmt.vc_bits)
+        c_rptr = Signal(abits + 1)
+        for v in range(V):
+            with m.If(rvc == v):
+                m.d.comb += c_rptr.eq(rptr[v])
         ov = Signal()
         olast = Signal()
         can_adv = Signal()
         issue = Signal()
         m.d.comb += [can_adv.eq(~ov | self.data.ready),
                      issue.eq(can_adv & (words_left != 0)),
-                     rp.addr.eq(rptr[:abits]), rp.en.eq(issue)]
+                     rp.addr.eq(Cat(c_rptr[:abits], rvc)), rp.en.eq(issue)]
         with m.If(can_adv):
             m.d.sync += ov.eq(issue)
         with m.If(issue):
-            m.d.sync += [rptr.eq(rptr + 1), olast.eq(words_left <= W)]
+            m.d.sync += olast.eq(words_left <= W)
+            for v in range(V):
+                with m.If(rvc == v):
+                    m.d.sync += rptr[v].eq(rptr[v] + 1)
         need = Signal()
         m.d.comb += need.eq((words_left == 0) | (issue & (words_left <= W)))
         m.d.comb += len_fifo.r_en.eq(need)
         with m.If(need & len_fifo.r_rdy):
-            m.d.sync += words_left.eq(len_fifo.r_data)
+            m.d.sync += [words_left.eq(len_fifo.r_data[:fragw]),
+                         rvc.eq(len_fifo.r_data[fragw:])]
         with m.Elif(issue):
             m.d.sync += words_left.eq(Mux(words_left <= W, 0, words_left - W))
         m.d.comb += [self.data.valid.eq(ov), self.data.payload.data.eq(rp.data),

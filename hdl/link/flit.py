@@ -186,11 +186,14 @@ class FlitFormat:
         ftype = int(FlitType(ftype).value)
         if not 0 <= vc < self.vcs:
             raise ValueError(f"vc {vc} out of range")
-        return self._pack(self.flit, {"data": data_bits, "type": ftype, "vc": vc})
+        if not 0 <= data_bits < (1 << self.width):
+            raise ValueError("flit data does not fit the flit width")
+        return data_bits | (ftype << self.width) | (vc << (self.width + 3))
 
     def split_flit(self, f):
-        d = self._unpack(self.flit, f)
-        return FlitType(d["type"]), d["vc"], d["data"]
+        w = self.width
+        return (FlitType((f >> w) & 7), (f >> (w + 3)) & ((1 << self.vc_bits) - 1),
+                f & ((1 << w) - 1))
 
     def pack_sub_head(self, **fields):
         return self._pack(self.sub_head, fields)

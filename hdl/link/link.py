@@ -62,7 +62,7 @@ class LinkModel(wiring.Component):
             vn, fn = Signal(name=f"fv{n}"), Signal(fmt.flit.size, name=f"ff{n}")
             m.d.sync += [vn.eq(v), fn.eq(f)]
             v, f = vn, fn
-        m.submodules.q = q = fifo.SyncFIFOBuffered(width=fmt.flit.size, depth=self.depth)
+        m.submodules.q = q = fifo.SyncFIFO(width=fmt.flit.size, depth=self.depth)
         m.d.comb += [q.w_data.eq(f), q.w_en.eq(v)]
         with m.If(v & ~q.w_rdy):
             m.d.sync += self.overflow.eq(1)

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 
 from .flit import ErrorCause, FlitFormat, FlitType, Op, WORD_BITS
 
-__all__ = ["packetise", "depacketise", "Fragment", "efficiency", "link_stats",
-           "efficiency_report", "MESSAGE", "PACKET", "DEFAULT_SUB_WORDS"]
+__all__ = ["packetise", "depacketise", "mutate_flits", "Fragment", "efficiency", "link_stats",
+           "efficiency_report", "format_report", "MESSAGE", "PACKET", "DEFAULT_SUB_WORDS"]
 
 MESSAGE = "message"
 PACKET = "packet"
@@ -236,6 +236,47 @@ def depacketise(flits, fmt: FlitFormat | None = None, *, sub_words: int = DEFAUL
         if not accepted:
             errs["dropped"] += 1
     return frags, errs
+
+
+def mutate_flits(flits, rng, fmt: FlitFormat | None = None, n: int = 1):
+    """Fault injection for benches: apply ``n`` random corruptions to a flit list (drop a
+    flit, duplicate one, change a flit's type, corrupt a head's flow/op/length, insert an
+    orphan body).  The golden :func:`depacketise` defines what the receiver must make of
+    the result."""
+    fmt = fmt or FlitFormat()
+    flits = list(flits)
+    W = fmt.width
+    for _ in range(n):
+        if not flits:
+            break
+        i = rng.randrange(len(flits))
+        t, vc, d = fmt.split_flit(flits[i])
+        kind = rng.randrange(6)
+        if kind == 0:
+            del flits[i]
+        elif kind == 1:
+            flits.insert(i, flits[i])
+        elif kind == 2:
+            flits[i] = fmt.make_flit(rng.randrange(8), vc, d)
+        elif kind == 3:
+            flits.insert(i, fmt.make_flit(FlitType.SUB_BODY if rng.random() < 0.5
+                                          else FlitType.BODY, vc, rng.getrandbits(W)))
+        else:  # corrupt a head field (flow / op / length)
+            heads = [j for j, f in enumerate(flits) if fmt.split_flit(f)[0] in _HEAD_TYPES]
+            if not heads:
+                continue
+            j = rng.choice(heads)
+            t, vc, d = fmt.split_flit(flits[j])
+            lay = fmt.sub_head if t == FlitType.SUB_HEAD else fmt.pkt_head
+            h = fmt._unpack(lay, d)
+            if kind == 4:
+                h["op"] = rng.choice([0, 3])
+            else:
+                h["length"] = rng.choice([0, h["length"] + 1,
+                                          max(h["length"] - 2, 0), fmt.max_packet_words + 1])
+                h["length"] &= (1 << lay["length"].width) - 1
+            flits[j] = fmt.make_flit(t, vc, fmt._pack(lay, h))
+    return flits
 
 
 def link_stats(flits, fmt: FlitFormat | None = None):
