@@ -1,7 +1,9 @@
 """Link layer: flit format, golden models, and Amaranth-simulator tests of the packetiser,
 depacketiser and packetiser -> link -> depacketiser against the golden models."""
 
+import gc
 import random
+import traceback
 
 import pytest
 from amaranth.hdl import Module
@@ -227,14 +229,26 @@ def test_lfsr_model_and_link_params():
 
 # ------------------------------------------------------------------------ RTL helpers
 
-def run_sim(dut, benches, cycles, processes=()):
+def _run(sim, until=None):
+    # re-raise testbench failures with a short traceback (pytest's formatter chokes on
+    # the simulator's deep coroutine stacks)
+    try:
+        sim.run() if until is None else sim.run_until(until)
+    except Exception as e:
+        tb = traceback.format_exc(limit=-4)
+        raise AssertionError(f"{type(e).__name__}: {e}\n{tb}") from None
+    finally:
+        # finalise unfinished testbench coroutines now, not inside pytest's reporting
+        del sim
+        gc.collect()
+
+
+def run_sim(dut, benches, cycles):
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     for b in benches:
         sim.add_testbench(b)
-    for p in processes:
-        sim.add_process(p)
-    sim.run_until(1e-8 * cycles)
+    _run(sim, 1e-8 * cycles)
 
 
 async def send_messages(ctx, p, msgs, rng, p_idle=0.3, fmt=FMT):
@@ -483,7 +497,7 @@ def test_depacketiser_malformed_only_reaches_no_output():
     sim.add_clock(1e-8)
     sim.add_testbench(tb_in)
     sim.add_testbench(tb_watch, background=True)
-    sim.run()
+    _run(sim)
     assert not seen
 
 
