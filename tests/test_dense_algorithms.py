@@ -62,7 +62,8 @@ def test_checkers_and_bit_exact(name, spec, rng):
 
 # ---- step counts --------------------------------------------------------------------------
 
-@pytest.mark.parametrize("spec", ["ring:2", "ring:8", "ring:7", "torus:4x8", "mesh:3x3", "fattree:16"])
+@pytest.mark.parametrize("spec", ["ring:2", "ring:8", "ring:7", "torus:4x8", "mesh:3x3",
+                                  "fattree:16"])
 def test_ring_steps(spec):
     s = build("ring", spec)
     assert (s.reduce_steps, s.gather_steps) == (s.n - 1, s.n - 1)
@@ -116,7 +117,8 @@ def test_ring_bytes_closed_form(spec):
 
 @pytest.mark.parametrize("spec", ["switch:8", "torus:4x4", "torus:4x8", "bigraph:4x8"])
 def test_halving_doubling_bytes_closed_form(spec):
-    for name in ("halving-doubling", "hdrm") if spec.startswith("bigraph") else ("halving-doubling",):
+    names = ("halving-doubling", "hdrm") if spec.startswith("bigraph") else ("halving-doubling",)
+    for name in names:
         s = build(name, spec)
         n = s.n
         M = 4 * n * 1000

@@ -14,8 +14,8 @@ Core (both variants), on ``p = 2^k`` *ranks* ``v = 0..p-1`` with ``p`` chunks:
 Distances follow Thakur, Rabenseifner & Gropp (2005): ``p/2`` first in the halving,
 ``1`` first in the doubling, so rank ``v`` ends the reduce-scatter owning chunk ``v`` (MPICH's
 code walks the halving from distance 1 with a permuted block map: the same bytes per step,
-other partners). A transfer carries the chunk range it sends (``p/2, p/4, …`` chunks, then ``1, 2, …``);
-``flow`` is the first chunk id of that range. For ``N = 2^k``: ``2·log2 N`` steps and
+other partners). A transfer carries the chunk range it sends (``p/2, p/4, …`` chunks, then
+``1, 2, …``); ``flow`` is the first chunk id of that range. For ``N = 2^k``: ``2·log2 N`` steps and
 ``2(N−1)/N·M`` bytes sent per node (the α–β closed form ``2k·α + 2(N−1)/N·M·β``).
 
 **Any node count** (:func:`build`, ranks = node ids): with ``p = 2^⌊log2 N⌋`` and
