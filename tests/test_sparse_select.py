@@ -9,7 +9,7 @@ from hypothesis import given, settings, strategies as st
 from treenic.sparse.base import SparseError
 from treenic.sparse.redsync import RedSync, bruck_received, cost, pack, unpack
 from treenic.sparse.select import (TRIM_RATIOS, ThresholdReuse, binary_search_histogram,
-                                   block_topk, counts_above, exact_mean_abs, exact_sum,
+                                   block_topk, counts_above, counts_by_histogram, exact_mean_abs, exact_sum,
                                    float_to_key, magnitude_keys, quantize_mean, radix_topk,
                                    redsync_threshold, sign_for_step, signed_keys,
                                    threshold_binary_search, topk, topk_reference, trimmed_topk)
@@ -130,7 +130,9 @@ def test_threshold_ratios_and_arithmetic():
 def test_counts_above_one_pass_equals_brute_force(x, thresholds):
     keys = magnitude_keys(x)
     thr = [float_to_key(t) for t in thresholds]
-    assert counts_above(keys, thr).tolist() == [int(np.count_nonzero(keys > t)) for t in thr]
+    brute = [int(np.count_nonzero(keys > t)) for t in thr]
+    assert counts_above(keys, thr).tolist() == brute
+    assert counts_by_histogram(keys, thr).tolist() == brute
 
 
 # ---- trimmed top-k ----------------------------------------------------------------------

@@ -40,8 +40,10 @@ def select_rows(V: np.ndarray, k: int, mode: str) -> list[np.ndarray]:
     return [radix_topk(magnitude_keys(row), k).indices for row in V]
 
 
-def mask_residuals(V: np.ndarray, selections: list[np.ndarray]) -> np.ndarray:
-    residuals = V.copy()
+def mask_residuals(V: np.ndarray, selections: list[np.ndarray], in_place: bool = False) -> np.ndarray:
+    """V with every worker's selected entries set to 0 (residual masking); ``in_place`` reuses
+    V's storage (callers gather the sent values first)."""
+    residuals = V if in_place else V.copy()
     for w, sel in enumerate(selections):
         residuals[w, sel] = 0.0
     return residuals

@@ -111,7 +111,7 @@ class OmniReduce:
                     if w != j:
                         log.send(j, w, int(per_aggregator[j]))
 
-        self.residuals = mask_residuals(V, selections)
+        self.residuals = mask_residuals(V, selections, in_place=True)
         sent, received = log.arrays()
         invariants = {
             "mass_conservation": mass_conserved(grads, old, result_row, self.residuals),

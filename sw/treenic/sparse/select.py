@@ -222,16 +222,25 @@ def redsync_threshold(base, top, ratio: float) -> np.uint32:
 
 
 def counts_above(keys: np.ndarray, threshold_keys) -> np.ndarray:
-    """``C[j] = #{key > threshold_keys[j]}`` for every threshold, in **one pass** over the keys:
-    each key's bin is the number of (sorted) thresholds strictly below it, the bins are
-    histogrammed, and suffix sums give the counts. This is the multi-comparator counter bank of
-    a streaming unit (notes/redsync.md §7.1 point 5, §7.3)."""
+    """``C[j] = #{key > threshold_keys[j]}`` for every threshold: what a streaming unit's bank
+    of comparators and counters (one per threshold) holds after **one pass** over the keys
+    (notes/redsync.md §7.1 point 5, §7.3). Up to 32 thresholds numpy counts per threshold;
+    larger banks go through :func:`counts_by_histogram`; both give identical counts."""
+    thr = np.asarray(threshold_keys, np.uint32)
+    if thr.size > 32:
+        return counts_by_histogram(keys, thr)
+    return np.array([np.count_nonzero(keys > t) for t in thr], np.int64)
+
+
+def counts_by_histogram(keys: np.ndarray, threshold_keys) -> np.ndarray:
+    """The histogram form of :func:`counts_above`: each key's bin is the number of (sorted)
+    thresholds strictly below it (a comparator tree), the bins are histogrammed and suffix
+    sums give every count: ``key > sorted_thr[j]  <=>  bin > j``."""
     thr = np.asarray(threshold_keys, np.uint32)
     order = np.argsort(thr, kind="stable")
     sorted_thr = thr[order]
     bins = np.searchsorted(sorted_thr, keys, side="left")   # #{thr < key}
     hist = np.bincount(bins, minlength=thr.size + 1)
-    # key > sorted_thr[j]  <=>  bin > j
     above_sorted = np.cumsum(hist[::-1])[::-1][1:]
     out = np.empty(thr.size, np.int64)
     out[order] = above_sorted

@@ -154,7 +154,7 @@ class SparCML:
 
         final = vec[0]
         result_row = final.to_dense(N)
-        self.residuals = mask_residuals(V, selections)
+        self.residuals = mask_residuals(V, selections, in_place=True)
         touched = np.zeros(N, bool)
         for sel in selections:
             touched[sel] = True

@@ -437,7 +437,12 @@ class Zen:
                 if w != j:
                     log.send(j, w, bitmap_bytes(U[j].size) + VALUE_BYTES * vals.size)
 
-        self.residuals = mask_residuals(V, selections)
+        dense = None
+        if self.select == "nonzero":                   # lossless: the plain rank-order sum
+            dense = np.zeros(N, np.float32)
+            for w in range(P):
+                dense += V[w]
+        self.residuals = mask_residuals(V, selections, in_place=True)
         result = np.broadcast_to(result_row, (P, N)).copy()
         invariants = {
             "lossless_hashing": bool(lossless),
@@ -448,10 +453,7 @@ class Zen:
             "identical_results": True,                     # every worker decodes the same bitmaps
             "mass_conservation": mass_conserved(grads, old, result_row, self.residuals),
         }
-        if self.select == "nonzero":
-            dense = np.zeros(N, np.float32)
-            for w in range(P):
-                dense += V[w]
+        if dense is not None:
             invariants["matches_dense_sum"] = bool(np.array_equal(dense, result_row))
         sent, received = log.arrays()
         info = {
