@@ -111,7 +111,10 @@ def _write_back(tensor, values: np.ndarray):
         tensor.reshape(-1)[...] = values
     else:
         import torch
-        src = torch.from_numpy(np.ascontiguousarray(values)).view(tensor.shape)
+        values = np.ascontiguousarray(values)
+        if not values.flags.writeable:
+            values = values.copy()
+        src = torch.from_numpy(values).view(tensor.shape)
         tensor.copy_(src)
     return tensor
 
@@ -488,7 +491,8 @@ class _TorchBackend:
         if self.verify:
             self._check_sizes(tensor, "sparse all-reduce")
         flat = tensor.reshape(-1)
-        acc = flat.clone() if residual is None else flat + residual.reshape(-1)
+        # acc = g + R (R = 0 at first: -0.0 + 0.0 = +0.0, as the golden models compute)
+        acc = flat + (0.0 if residual is None else residual.reshape(-1))
         n = acc.numel()
         k = max(1, int(round(density * n)))
         # exact top-k by magnitude, ties by ascending index (stable descending sort)

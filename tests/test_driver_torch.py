@@ -1,0 +1,106 @@
+"""Multi-process driver tests: 4 spawned processes (gloo, loopback) run the same collectives
+through the ``torch``, ``model`` and ``rtl`` (fabric server) backends; every result must be
+bit-identical to the golden executor / golden sparse model. One world for everything (each
+spawn of 4 torch processes costs seconds)."""
+import numpy as np
+import pytest
+
+from treenic import algorithms
+from treenic.driver.launch import run_world
+from treenic.driver.server import ServerProcess
+from treenic.schedule.execute import execute
+
+WORLD = 4
+CASES = [("ring", "ring:4"), ("multitree", "ring:4"), ("multitree", "torus:2x2"),
+         ("multitree", "switch:4")]
+SIZES = [1, 5, 4099]                    # fewer elements than chunks; non-divisible; larger
+
+
+def data(seed, n):
+    g = np.random.default_rng(seed).standard_normal((WORLD, n)).astype(np.float32)
+    if n >= 3:
+        g[:, :3] = np.float32([1e-40, -0.0, 1e38])    # subnormals, signed zero, large
+    return g
+
+
+def _world(rank, world, address):
+    import torch
+    from treenic.driver import FabricError, open_nic
+    out = {}
+    for backend, opts in (("torch", {}), ("model", {}), ("rtl", {"address": address})):
+        for alg, topo in CASES:
+            comm = open_nic(backend, rank, world, topo, alg, **opts)
+            for n in SIZES:
+                t = torch.from_numpy(data(n, n)[rank].copy())
+                if n == 4099:                                   # a strided view works too
+                    t = torch.from_numpy(np.repeat(t.numpy(), 2))[::2]
+                    assert not t.is_contiguous()
+                comm.allreduce(t)
+                out[(backend, alg, topo, n)] = t.numpy().copy()
+            if alg == "ring":
+                # sparse TopkA with error feedback, two iterations
+                res = None
+                for it in range(2):
+                    g = torch.from_numpy(data(100 + it, 3000)[rank].copy())
+                    o = comm.sparse_allreduce(g, 0.02, scheme="topka", residual=res)
+                    res = o.residual
+                    out[(backend, "topka", it)] = (g.numpy().copy(), res.numpy().copy(),
+                                                   o.bytes_sent)
+                # ranks disagreeing on the size: every rank gets an error naming them
+                try:
+                    comm.allreduce(torch.zeros(10 + (rank == 1)))
+                    out[(backend, "mismatch")] = None
+                except FabricError as e:
+                    out[(backend, "mismatch")] = str(e)
+                out[(backend, "status")] = comm.status()
+            comm.close()
+    return out
+
+
+@pytest.fixture(scope="module")
+def world_results():
+    with ServerProcess(WORLD, "golden", collective_timeout=20) as srv:
+        return run_world(_world, WORLD, srv.address, timeout=240)
+
+
+@pytest.mark.parametrize("backend", ["torch", "model", "rtl"])
+def test_dense_bit_exact_across_backends(world_results, backend):
+    for alg, topo in CASES:
+        s = algorithms.build(alg, topo)
+        for n in SIZES:
+            ref = execute(s, data(n, n))
+            for r in range(WORLD):
+                got = world_results[r][(backend, alg, topo, n)]
+                assert np.array_equal(got.view(np.uint32), ref[r].view(np.uint32)), \
+                    (backend, alg, topo, n, r)
+
+
+@pytest.mark.parametrize("backend", ["torch", "model", "rtl"])
+def test_topka_matches_golden_model(world_results, backend):
+    from treenic.sparse.base import make
+    model = make("topka", workers=WORLD, elements=3000, density=0.02, seed=0)
+    for it in range(2):
+        ref = model.step(data(100 + it, 3000))
+        for r in range(WORLD):
+            res, resid, sent = world_results[r][(backend, "topka", it)]
+            assert np.array_equal(res.view(np.uint32), ref.result[r].view(np.uint32))
+            assert np.array_equal(resid.view(np.uint32), ref.residuals[r].view(np.uint32))
+            # each rank ships only its own k pairs (8 bytes each) to the 3 others
+            assert sent == 8 * 60 * (WORLD - 1)
+
+
+@pytest.mark.parametrize("backend", ["torch", "model", "rtl"])
+def test_size_mismatch_reported_on_every_rank(world_results, backend):
+    for r in range(WORLD):
+        msg = world_results[r][(backend, "mismatch")]
+        assert msg is not None and "rank 1: " in msg and "11" in msg, msg
+
+
+def test_counters(world_results):
+    st = world_results[0][("torch", "status")]
+    c = st["counters"]
+    assert st["backend"] == "torch" and st["transport"] == "gloo"
+    assert c["collectives"] == len(SIZES) and c["sparse_collectives"] == 2
+    rt = world_results[0][("rtl", "status")]
+    assert rt["nic"]["collectives"] == len(SIZES) + 2
+    assert rt["counters"]["host_bytes_sent"] > rt["counters"]["bytes_sent"] / 4
