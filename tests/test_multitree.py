@@ -98,3 +98,20 @@ def test_reduce_scatter_is_reversed_all_gather():
     red = {(t.flow, t.dst, t.src, total - t.step + 1) for t in s.transfers if t.op == Op.REDUCE}
     gat = {(t.flow, t.src, t.dst, t.step - total) for t in s.transfers if t.op == Op.GATHER}
     assert red == gat
+
+
+def test_priority_auto_helps_switch_networks_and_keeps_algorithm1_on_tori():
+    assert build("multitree", "torus:4x4").meta["priority"] == "root"
+    auto = build("multitree", "bigraph:4x8")
+    plain = build("multitree", "bigraph:4x8", priority="root")
+    assert auto.meta["priority"] == "remaining"
+    assert auto.gather_steps < plain.gather_steps and auto.gather_steps <= 33   # bound 31
+    assert check.check_all(auto)["link_conflicts"] == 0
+
+
+def test_bad_options_rejected():
+    from treenic.schedule.ir import ScheduleError
+    with pytest.raises(ScheduleError, match="priority"):
+        build("multitree", "ring:4", priority="tallest")
+    with pytest.raises(ScheduleError, match="unsupported option"):
+        build("ring", "ring:4", bogus=1)

@@ -22,12 +22,20 @@ ALGORITHMS: dict[str, str] = {
 }
 
 
-def build(name: str, topology: Topology | str) -> Schedule:
+def build(name: str, topology: Topology | str, **options) -> Schedule:
+    """Compile ``topology`` with algorithm ``name``; ``options`` go to the algorithm's builder
+    (e.g. ``priority=`` for multitree, ``pipeline=`` for dbtree)."""
     if name not in ALGORITHMS:
         raise ScheduleError(f"unknown algorithm {name!r}; known: {', '.join(ALGORITHMS)}")
     topo = parse(topology) if not isinstance(topology, Topology) else topology
     module, fn = ALGORITHMS[name].split(":")
     t0 = time.perf_counter()
-    schedule = getattr(importlib.import_module(module), fn)(topo)
+    builder = getattr(importlib.import_module(module), fn)
+    try:
+        schedule = builder(topo, **options)
+    except TypeError as e:
+        if options and "unexpected keyword" in str(e):
+            raise ScheduleError(f"{name}: unsupported option(s) {sorted(options)}") from None
+        raise
     schedule.build_seconds = time.perf_counter() - t0
     return schedule

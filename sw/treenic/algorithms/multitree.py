@@ -11,8 +11,13 @@ reduce-scatter is its reverse (Algorithm 1, lines 15–18)::
 
 Tie-breaks the paper leaves open (documented choices):
 
-* trees take turns in ascending root id; a tree that is complete, or that cannot add a node
-  in the current step, is skipped until the next step;
+* trees take turns in ascending root id (``priority="root"``, Algorithm 1); a tree that is
+  complete, or that cannot add a node in the current step, is skipped until the next step.
+  The paper notes that on asymmetric or irregular networks trees with more left to build can
+  go first; ``priority="remaining"`` does that (turn order by nodes still to add, then root
+  id, fixed per step). ``priority="auto"`` (default) uses ``root`` on rings, tori and meshes
+  and ``remaining`` on switch-based and irregular networks, where it closes most of the gap
+  to the lower bound (BiGraph 4x8: 39 → 32 all-gather steps, bound 31; ``make bench``);
 * parent candidates ``p`` are the tree's nodes added in *earlier* steps, examined in the order
   they joined the tree (breadth-first, line 9);
 * a parent's candidate children are its neighbours in port order: on tori and meshes the
@@ -33,7 +38,9 @@ from __future__ import annotations
 
 from collections import deque
 
-from ..schedule.ir import Op, Schedule, Transfer
+from ..schedule.ir import Op, Schedule, ScheduleError, Transfer
+
+PRIORITIES = ("auto", "root", "remaining")
 from ..topology import Topology, is_switch
 
 
@@ -77,16 +84,34 @@ def _find_child_switched(topo, p, in_tree, links, attached):
     return None
 
 
-def build_trees(topo: Topology) -> tuple[list[list[tuple]], int]:
+def _turn_order(remaining, priority):
+    if priority == "root":
+        return range(len(remaining))
+    return sorted(range(len(remaining)), key=lambda r: (-remaining[r], r))
+
+
+def resolve_priority(topo: Topology, priority: str = "auto") -> str:
+    """``auto``: Algorithm 1's root-id alternation on rings, tori and meshes; on switch-based
+    and irregular networks the paper's suggested refinement (§III-C): trees with more nodes
+    still to add take their turn first (ties by root id)."""
+    if priority not in PRIORITIES:
+        raise ScheduleError(f"multitree priority must be one of {PRIORITIES}, got {priority!r}")
+    if priority != "auto":
+        return priority
+    return "root" if topo.kind in ("ring", "torus", "mesh") else "remaining"
+
+
+def build_trees(topo: Topology, priority: str = "auto") -> tuple[list[list[tuple]], int]:
     """All-gather trees of Algorithm 1: per root, the allocations ``(path, step)`` in the
     order they were made (``path[0]`` the parent, ``path[-1]`` the child, switches between);
     and the total step count T."""
+    priority = resolve_priority(topo, priority)
     if topo.is_direct:
-        return _build_direct(topo)
-    return _build_switched(topo)
+        return _build_direct(topo, priority)
+    return _build_switched(topo, priority)
 
 
-def _build_direct(topo: Topology):
+def _build_direct(topo: Topology, priority: str):
     n = topo.n
     nbr = [topo.neighbours(v) for v in range(n)]
     # capacity per (node, neighbour slot); parallel links give capacity > 1
@@ -108,7 +133,7 @@ def _build_direct(topo: Topology):
         eligible = [[p for p in alive[r] if outside[r][p]] if remaining[r] else [] for r in range(n)]
         alive = eligible
         cursor = [0] * n
-        active = [r for r in range(n) if remaining[r]]
+        active = [r for r in _turn_order(remaining, priority) if remaining[r]]
         joined = [[] for _ in range(n)]
         progress = False
         while active:
@@ -150,7 +175,7 @@ def _build_direct(topo: Topology):
     return edges, t
 
 
-def _build_switched(topo: Topology):
+def _build_switched(topo: Topology, priority: str):
     n = topo.n
     attached = {s: sorted(v for v in topo.neighbours(s) if not is_switch(v))
                 for s in topo.switches}
@@ -167,7 +192,7 @@ def _build_switched(topo: Topology):
         links.new_step()
         eligible = [list(members[r]) if remaining[r] else [] for r in range(n)]
         cursor = [0] * n
-        active = [r for r in range(n) if remaining[r]]
+        active = [r for r in _turn_order(remaining, priority) if remaining[r]]
         progress = False
         while active:
             still = []
@@ -196,8 +221,8 @@ def _build_switched(topo: Topology):
     return edges, t
 
 
-def build(topo: Topology) -> Schedule:
-    edges, total = build_trees(topo)
+def build(topo: Topology, priority: str = "auto") -> Schedule:
+    edges, total = build_trees(topo, priority)
     direct = topo.is_direct
     transfers = []
     for root, tree in enumerate(edges):
@@ -209,4 +234,5 @@ def build(topo: Topology) -> Schedule:
             transfers.append(Transfer(total + t, p, c, Op.GATHER, (root,), root, fwd))
     return Schedule("multitree", topo, num_chunks=topo.n, transfers=transfers,
                     reduce_steps=total, gather_steps=total,
-                    meta={"trees": "one per root; flow f = chunk f = tree rooted at node f"})
+                    meta={"trees": "one per root; flow f = chunk f = tree rooted at node f",
+                          "priority": resolve_priority(topo, priority)})

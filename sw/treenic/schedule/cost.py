@@ -1,8 +1,10 @@
 """Timing models for a schedule, computed from the Schedule IR (never re-derived).
 
 * :func:`alpha_beta` — the classic α–β model: each step costs one latency α plus the largest
-  number of bytes any node sends in that step times β = 1/bandwidth. Topology-blind: it is
-  what the algorithms' textbook formulas count (Ring: 2(N−1)·α + 2(N−1)/N·M·β).
+  number of bytes any node sends in that step times β = 1/bandwidth. Topology-blind and
+  single-ported: a node's sends in one step are charged as if serialised on one link, which is
+  what the algorithms' textbook formulas count (Ring: 2(N−1)·α + 2(N−1)/N·M·β) — and why it
+  under-rates MultiTree, whose nodes drive all their links at once.
 * :func:`contention` — per step, the most-loaded directed link's bytes ÷ its bandwidth (all
   transfers routed on deterministic shortest paths share it), plus the longest route's hops ×
   link latency. This is the model under which DBTree and 2D-Ring pay for their mismatch with
