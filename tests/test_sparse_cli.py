@@ -97,3 +97,19 @@ def test_main_cli_wiring(capsys):
     rc = main.main(["sparse", "-a", "multitree-sparse", "-P", "4", "-N", "400", "-d", "0.05", "--json"])
     assert rc == 0
     assert json.loads(capsys.readouterr().out)["algorithm"] == "multitree-sparse"
+
+
+def test_sparse_bench_quick(tmp_path):
+    """``make bench`` section: plots, markdown and numbers measured from the models."""
+    from treenic.sparse import bench
+    res = bench.run(tmp_path, quick=True)
+    for f in ("volumes.png", "skew.png", "timing.png", "section.md"):
+        assert (tmp_path / f).stat().st_size > 0
+    assert set(res["timings"]) == set(REGISTRY)
+    sp = {r["P"]: r for r in res["volumes"]["spardl"]}
+    ta = {r["P"]: r for r in res["volumes"]["topka"]}
+    # measured, not copied: TopkA's all-gather volume is exactly 2(P-1)k words per worker
+    assert all(ta[p]["recv_words_per_k_max"] == 2 * (p - 1) for p in ta)
+    assert all(r["invariants_ok"] for rows in res["volumes"].values() for r in rows)
+    assert all(sp[p]["recv_words_per_k_max"] <= sp[p]["table_i_words_per_k"][1] + 1e-9 for p in sp)
+    assert "Volume vs P" in (tmp_path / "section.md").read_text()
