@@ -28,6 +28,7 @@ pass per H levels); :class:`ThresholdReuse` (RedSync's "sampled" search: reuse w
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -181,25 +182,24 @@ def topk(x, k: int, sign: int = 0) -> np.ndarray:
 def exact_sum(x) -> float:
     """Correctly rounded float64 of the *exact* sum of a float32 vector, independent of order.
 
-    Kulisch-style: every binary32 value is ``m * 2^(e-150)`` with a 24-bit integer mantissa m.
-    Mantissas are summed exactly per exponent (``bincount`` partial sums stay below 2^53 for
-    vectors under 2^29 elements), the 254 exponent buckets are combined in a Python integer
-    scaled by 2^149, and one correctly rounded division converts to float64.
+    Kulisch-style: values are bucketed by their binary32 exponent field e. Every value in
+    bucket e is an integer multiple of that bucket's ulp 2^(max(e,1)-150) below 2^24 ulps, so
+    with fewer than 2^29 elements every float64 partial sum inside a bucket is exact
+    (< 2^53 ulps) whatever order ``bincount`` adds in. The 254 bucket sums are then combined
+    in a Python integer counted in units of 2^-149 and converted with one correctly rounded
+    division. Hardware equivalent: a wide fixed-point accumulator (notes/redsync.md A9).
     """
     a = _as_f32(x)
     if a.size >= 1 << 29:
         raise SparseError("exact_sum supports fewer than 2^29 elements")
-    bits = a.view(np.uint32)
-    exponent = ((bits >> np.uint32(23)) & np.uint32(0xFF)).astype(np.int64)
+    exponent = ((a.view(np.uint32) >> np.uint32(23)) & np.uint32(0xFF)).astype(np.intp)
     if a.size and int(exponent.max()) == EXPONENT_ALL_ONES:
         raise SparseError("non-finite value (NaN or Inf) in input")
-    mantissa = (bits & np.uint32(0x7FFFFF)).astype(np.int64)
-    mantissa = np.where(exponent > 0, mantissa | (1 << 23), mantissa)
-    signed = np.where(bits >> np.uint32(31), -mantissa, mantissa).astype(np.float64)
-    per_exponent = np.bincount(exponent, weights=signed, minlength=256)
+    per_exponent = np.bincount(exponent, weights=a.astype(np.float64), minlength=256)
     total = 0
     for e in np.flatnonzero(per_exponent):
-        total += int(per_exponent[e]) << (max(int(e), 1) - 1)   # value = m * 2^(max(e,1)-150)
+        ulps = math.ldexp(float(per_exponent[e]), 150 - max(int(e), 1))   # exact integer
+        total += int(ulps) << (max(int(e), 1) - 1)
     return total / (1 << 149)
 
 
