@@ -14,7 +14,7 @@ from treenic.sparse.select import (TRIM_RATIOS, ThresholdReuse, binary_search_hi
                                    redsync_threshold, sign_for_step, signed_keys,
                                    threshold_binary_search, topk, topk_reference, trimmed_topk)
 
-FAST = settings(max_examples=40, deadline=None)
+FAST = settings(max_examples=60, deadline=None)
 
 
 @st.composite
@@ -205,6 +205,16 @@ def test_binary_search_converges_on_normal_data_like_the_notes():
     assert r.converged and 65 <= r.indices.size < 130 and 2 <= len(r.trace) <= 10
     h = binary_search_histogram(x, 65, depth=12, hist_bits=8)
     assert h.passes == 1
+
+
+def test_binary_search_plateau_needs_zero_lower_bound():
+    """A8: all magnitudes equal -> no key exceeds mean(|x|), the [mean, max] search cannot
+    select anything; with lower="zero" the band fill takes the first k by index."""
+    x = np.full(40, -0.5, np.float32)
+    r = threshold_binary_search(x, 5)
+    assert not r.converged and r.indices.size == 0
+    z = threshold_binary_search(x, 5, lower="zero")
+    assert not z.converged and z.indices.tolist() == [0, 1, 2, 3, 4]
 
 
 def test_search_rejects_bad_parameters():
