@@ -29,6 +29,9 @@ def test_merge_sorted_equals_base_merge_add(seed, na, nb):
     i1, v1 = merge_sorted(a, av, b, bv)
     i2, v2 = merge_add(a, av, b, bv)
     assert np.array_equal(i1, i2) and np.array_equal(v1.view(np.uint32), v2.view(np.uint32))
+    # recursive-doubling partners merge in opposite roles: the sums must be bit-identical
+    i3, v3 = merge_sorted(b, bv, a, av)
+    assert np.array_equal(i1, i3) and np.array_equal(v1.view(np.uint32), v3.view(np.uint32))
 
 
 # ---- lossless cases against the dense reference ----------------------------------------------

@@ -362,7 +362,7 @@ class Zen:
     seed, seed+1, ..., seed+k), ``paper_literal_regions`` (r1 = 2 nnz per partition instead of
     pow2ceil(2 nnz / n)), ``select``. ``info`` carries the imbalance ratios, densities,
     overflow count and ``invariants``: lossless hashing, partition correctness, bitmap round
-    trip, identical results, mass conservation (and ``matches_dense_sum`` for
+    trip, mass conservation (and ``matches_dense_sum`` for
     ``select="nonzero"``).
     """
 
@@ -450,7 +450,6 @@ class Zen:
             "no_overflow": all(m.overflow.size == 0 for m in memories),
             "bitmap_round_trip": bool(round_trip),
             "bitmap_bits_equal_elements": sum(u.size for u in U) == N,
-            "identical_results": True,                     # every worker decodes the same bitmaps
             "mass_conservation": mass_conserved(grads, old, result_row, self.residuals),
         }
         if dense is not None:
