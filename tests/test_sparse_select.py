@@ -199,6 +199,17 @@ def test_histogram_replay_equals_sequential_search(x, k, depth, hist_bits, stric
     assert hist.passes <= max(1, -(-len(seq.trace) // hist_bits)) + (1 if not seq.converged else 0)
 
 
+def test_reproduces_notes_section_11_normal_row():
+    """notes/redsync.md §11 (their numpy prototype, M = 2^20, k = 1048, normal data):
+    trimmed counts 32, 973, 13923 (candidates 1.3 % of M); binary search B = 12: 4 steps,
+    L/k = 1.62. The same draw reproduces them with this independent implementation."""
+    x = np.random.default_rng(0).standard_normal(1 << 20).astype(np.float32)
+    t = trimmed_topk(x, 1048)
+    assert t.counts[:t.step + 1].tolist() == [32, 973, 13923]
+    b = threshold_binary_search(x, 1048, depth=12)
+    assert b.converged and len(b.trace) == 4 and round(b.indices.size / 1048, 2) == 1.62
+
+
 def test_binary_search_converges_on_normal_data_like_the_notes():
     x = np.random.default_rng(7).standard_normal(1 << 16).astype(np.float32)
     r = threshold_binary_search(x, 65, depth=12)

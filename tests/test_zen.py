@@ -110,6 +110,21 @@ def test_serial_rate_is_small_at_recommended_sizing():
     assert serial < 0.03 and mem.overflow.size == 0     # notes §3.3: 2.9 % at load 0.5, k = 3
 
 
+@pytest.mark.parametrize("load,k,percent", [(0.25, 1, 11.5), (0.5, 3, 2.9), (1.0, 4, 14.1)])
+def test_serial_spill_matches_notes_simulation(load, k, percent):
+    """notes/zen.md §3.3 [derived] table: uniform indices, n = 16, 200k items, sequential
+    insertion; the spill fraction is a property of Algorithm 1's semantics (std < 0.1 pp)."""
+    idx = np.random.default_rng(0).choice(2**31, 200_000, replace=False)
+    r1 = int(200_000 / 16 / load)
+    mem = hierarchical_hash(idx, 16, r1, r1, list(range(k + 1)))
+    assert mem.overflow.size == 0
+    assert abs(100 * np.count_nonzero(mem.slot >= r1) / idx.size - percent) < 0.4
+    if load == 1.0:                        # with the paper's r2 = r1/10 the serial region overflows
+        tight = hierarchical_hash(idx, 16, r1, r1 // 10, list(range(k + 1)))
+        assert tight.overflow.size > 0
+        assert np.array_equal(np.sort(np.concatenate(tight.pieces())), np.sort(idx))
+
+
 def test_hash_input_validation():
     with pytest.raises(SparseError, match="unique"):
         hierarchical_hash(np.array([1, 1]), 2, 4, 1, [0, 1])
