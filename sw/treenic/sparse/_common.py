@@ -170,10 +170,10 @@ def mass_invariant(out_sum: np.ndarray, new_res: np.ndarray, grads: np.ndarray,
     tiny = np.finfo(np.float64).tiny
     for c in range(0, n, chunk):
         sl = slice(c, min(n, c + chunk))
-        g64 = grads[:, sl].astype(np.float64)
-        r64 = old_res[:, sl].astype(np.float64)
-        rhs = g64.sum(axis=0) + r64.sum(axis=0)
-        bound = (2 * p + 8) * F32_EPS * (np.abs(g64).sum(axis=0) + np.abs(r64).sum(axis=0))
+        rhs = grads[:, sl].sum(axis=0, dtype=np.float64) + old_res[:, sl].sum(axis=0, dtype=np.float64)
+        # the bound's own float32 rounding (relative <= P·eps) is absorbed by the +8 slack
+        scale = np.abs(grads[:, sl]).sum(axis=0) + np.abs(old_res[:, sl]).sum(axis=0)
+        bound = (2 * p + 8) * F32_EPS * scale.astype(np.float64)
         lhs = out_sum[sl].astype(np.float64) + new_res[:, sl].sum(axis=0, dtype=np.float64)
         defect = np.abs(lhs - rhs)
         ok &= bool(np.all(defect <= bound))

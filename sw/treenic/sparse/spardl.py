@@ -282,19 +282,28 @@ class SparDL(ErrorFeedbackModel):
         srs_entries_max = 0
 
         def sparsify(ws, bs, m):
-            """Top-m of blocks A[ws[i], bs[i]]; returns (ptr, idx, vals) and records ξ."""
-            X = A[ws, bs]                                      # (rows, C) copy
-            ptr, idx = topk_rows(X, m)
-            rows = ragged_rows(ptr)
-            vals = X[rows, idx]
-            flat = (ws[rows] * Pt + bs[rows]) * C + idx
-            if eager:
-                X[rows, idx] = 0                              # X = before − kept (exact)
-                XI[ws, bs] += X
-                A[ws, bs] = 0
-                Aflat[flat] = vals
-            else:
-                Aflat[flat] = 0                               # A[w, b] is now ξ[w, b]
+            """Top-m of blocks A[ws[i], bs[i]] (in place, no gather copy); returns the CSR
+            selection (ptr, idx, vals) and records the discard ξ."""
+            ms = np.broadcast_to(np.asarray(m, np.int64), ws.shape)
+            parts, vparts = [], []
+            for w, b, mi in zip(ws.tolist(), bs.tolist(), ms.tolist()):
+                blk = A[w, b]                                  # contiguous view
+                idx = topk_1d(blk, mi)
+                vals = blk[idx]
+                if eager:
+                    disc = blk.copy()
+                    disc[idx] = 0                              # before − kept (exact)
+                    XI[w, b] += disc
+                    blk[:] = 0
+                    blk[idx] = vals
+                else:
+                    blk[idx] = 0                               # A[w, b] is now ξ[w, b]
+                parts.append(idx)
+                vparts.append(vals)
+            ptr = np.zeros(len(parts) + 1, np.int64)
+            ptr[1:] = np.cumsum([q.size for q in parts])
+            idx = np.concatenate(parts) if parts else np.zeros(0, np.int64)
+            vals = np.concatenate(vparts) if vparts else np.zeros(0, np.float32)
             return ptr, idx, vals
 
         # ---- SRS --------------------------------------------------------------------------
