@@ -189,3 +189,17 @@ def test_omnireduce_bad_options():
         omnireduce.OmniReduce(4, 100, 0.1, block_id_bytes=-1)
     with pytest.raises(SparseError, match="workers"):
         omnireduce.OmniReduce(1, 100, 0.1)
+
+
+@pytest.mark.parametrize("name", ["sparcml", "omnireduce", "zen"])
+def test_results_are_read_only_and_flag_is_validated(name):
+    algo = make(name, workers=3, elements=50, density=0.1)
+    res = algo.step(np.ones((3, 50), np.float32))
+    with pytest.raises(ValueError):
+        res.result[0, 0] = 1.0
+    with pytest.raises(ValueError):
+        res.residuals[0, 0] = 1.0
+    quiet = make(name, workers=3, elements=50, density=0.1, check_invariants=False)
+    assert "mass_conservation" not in quiet.step(np.ones((3, 50), np.float32)).info["invariants"]
+    with pytest.raises(SparseError, match="check_invariants"):
+        make(name, workers=3, elements=50, density=0.1, check_invariants="yes")

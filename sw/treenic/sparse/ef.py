@@ -69,6 +69,20 @@ def mass_conserved(grads: np.ndarray, old_residuals: np.ndarray, result_row: np.
     return bool(np.all(np.abs(lhs - rhs) <= tol))
 
 
+def read_only(a: np.ndarray) -> np.ndarray:
+    """A read-only view: results and residual states are handed out without copies (the
+    models never write into an array after returning it; callers copy if they need to)."""
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def check_flag(name: str, value) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise SparseError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def union_density(selections: list[np.ndarray], elements: int) -> float:
     """Density of the union of the workers' selections (d_G^n of the Zen paper)."""
     if not selections:

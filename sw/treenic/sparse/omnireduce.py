@@ -24,8 +24,8 @@ from __future__ import annotations
 import numpy as np
 
 from .base import VALUE_BYTES, SparseError, SparseResult, TrafficLog, check_params
-from .ef import (accumulate, check_select_mode, mask_residuals, mass_conserved, select_rows,
-                 union_density)
+from .ef import (accumulate, check_flag, check_select_mode, mask_residuals, mass_conserved,
+                 read_only, select_rows, union_density)
 
 
 def block_ranges(elements: int, workers: int, block: int) -> np.ndarray:
@@ -42,7 +42,9 @@ class OmniReduce:
     Per step: ``V_w = residual_w + g_w``; select (``topk``: exact top-k by magnitude, ties by
     ascending index; ``nonzero``: every non-zero, the lossless case); residual = V with the
     selection zeroed; then Push / aggregate / Pull as in the module docstring. Options:
-    ``block`` (elements per block, default 256), ``block_id_bytes`` (default 4), ``select``.
+    ``block`` (elements per block, default 256), ``block_id_bytes`` (default 4), ``select``,
+    ``check_invariants`` (False skips the full-size mass check). ``result`` and ``residuals``
+    are read-only views.
     ``info``: non-zero block counts, per-aggregator ingress, push imbalance (max / mean ingress),
     ``invariants`` (mass conservation, the blocks sent are exactly the non-zero blocks).
     """
@@ -50,7 +52,7 @@ class OmniReduce:
     name = "omnireduce"
 
     def __init__(self, workers, elements, density, seed=0, *, block=256, block_id_bytes=4,
-                 select="topk"):
+                 select="topk", check_invariants=True):
         self.k = check_params(workers, elements, density)
         if not isinstance(block, (int, np.integer)) or block < 1:
             raise SparseError(f"block must be a positive integer, got {block!r}")
@@ -59,6 +61,7 @@ class OmniReduce:
         self.workers, self.elements, self.density = int(workers), int(elements), float(density)
         self.block, self.block_id_bytes = int(block), int(block_id_bytes)
         self.select = check_select_mode(select)
+        self.check_invariants = check_flag("check_invariants", check_invariants)
         self.residuals = np.zeros((workers, elements), np.float32)
         self.ranges = block_ranges(self.elements, self.workers, self.block)
         self.nblocks = int(self.ranges[-1, 1])
@@ -114,9 +117,10 @@ class OmniReduce:
         self.residuals = mask_residuals(V, selections, in_place=True)
         sent, received = log.arrays()
         invariants = {
-            "mass_conservation": mass_conserved(grads, old, result_row, self.residuals),
             "sent_blocks_are_nonzero_blocks": bool(sent_blocks_nonzero),
         }
+        if self.check_invariants:
+            invariants["mass_conservation"] = mass_conserved(grads, old, result_row, self.residuals)
         info = {
             "k": self.k,
             "selected": [int(s.size) for s in selections],
@@ -128,8 +132,8 @@ class OmniReduce:
             "push_imbalance": float(ingress.max() / ingress.mean()) if ingress.sum() else 0.0,
             "invariants": invariants,
         }
-        result = np.broadcast_to(result_row, (P, N)).copy()
-        return SparseResult(self.name, result, self.residuals.copy(), sent, received, info)
+        return SparseResult(self.name, read_only(np.broadcast_to(result_row, (P, N))),
+                            read_only(self.residuals), sent, received, info)
 
 
 def cost(workers, elements, density, alpha, beta, *, block=256, block_id_bytes=4) -> dict:

@@ -22,7 +22,7 @@ import math
 import numpy as np
 
 from .base import INDEX_BYTES, VALUE_BYTES, SparseError, SparseResult, TrafficLog, check_params
-from .ef import accumulate, mass_conserved, union_density
+from .ef import accumulate, check_flag, mass_conserved, read_only, union_density
 from .select import (ThresholdReuse, binary_search_histogram, quantize_mean, sign_for_step,
                      threshold_binary_search, topk, trimmed_topk)
 
@@ -99,6 +99,10 @@ class RedSync:
     the shared contract wins). The momentum correction of Alg. 4 and local clipping belong to
     the training loop, not to this synchronisation model.
 
+    ``check_invariants=False`` skips the full-size checks (error-feedback exactness, mass
+    conservation) for benchmarking. ``result`` (one broadcast row) and ``residuals`` are
+    read-only views.
+
     ``info["invariants"]``: message round trip, allgather completeness, error-feedback
     exactness (sent value == V before masking, bitwise), mass conservation (non-quantized sum
     mode), signed-mode sign rule (quantized), binary-search window (converged searches).
@@ -108,7 +112,7 @@ class RedSync:
 
     def __init__(self, workers, elements, density, seed=0, *, selection="trimmed",
                  quantize=False, depth=16, hist_bits=8, strict=False, lower="mean",
-                 reuse_interval=5, cap_factor=4, average=False, q_error_feedback=False):
+                 reuse_interval=5, cap_factor=4, average=False, q_error_feedback=False, check_invariants=True):
         self.k = check_params(workers, elements, density)
         if selection not in SELECTIONS:
             raise SparseError(f"selection must be one of {SELECTIONS}, got {selection!r}")
@@ -123,6 +127,7 @@ class RedSync:
         self.selection, self.quantize = selection, bool(quantize)
         self.depth, self.hist_bits, self.strict, self.lower = depth, hist_bits, bool(strict), lower
         self.average, self.q_error_feedback = bool(average), bool(q_error_feedback)
+        self.check_invariants = check_flag("check_invariants", check_invariants)
         self.residuals = np.zeros((workers, elements), np.float32)
         self.steps_done = 0
         self.reusers = ([ThresholdReuse(self.k, interval=reuse_interval, depth=depth,
@@ -196,14 +201,15 @@ class RedSync:
         if self.average:
             result_row *= np.float32(1.0 / P)
 
-        residuals = V.copy()
+        keep_v = self.check_invariants and not self.quantize       # V_before for §10.4
+        residuals = V.copy() if keep_v else V
         ef_exact = True
         for w, sel in enumerate(selections):
             if self.q_error_feedback and means[w] is not None:
                 residuals[w, sel] = V[w, sel] - means[w]
             else:
                 residuals[w, sel] = 0.0
-            if not self.quantize:
+            if not self.quantize and self.check_invariants:
                 # notes §10.4: V_before[i] == (i sent ? sent value : V_after[i]), bitwise
                 idx, vals = unpack(messages[w], False)
                 rebuilt = residuals[w].copy()
@@ -218,9 +224,9 @@ class RedSync:
             "allgather_complete": allgather_complete,
             
         }
-        if not self.quantize:
+        if not self.quantize and self.check_invariants:
             invariants["error_feedback_exact"] = bool(ef_exact)
-        if not self.quantize and not self.average:
+        if not self.quantize and not self.average and self.check_invariants:
             invariants["mass_conservation"] = mass_conserved(grads, old, result_row, residuals)
         if self.quantize:
             invariants["signed_selection"] = bool(sign_ok)
@@ -236,8 +242,8 @@ class RedSync:
             "search_probes": [len(s.trace) for s in searches],
             "invariants": invariants,
         }
-        result = np.broadcast_to(result_row, (P, N)).copy()
-        return SparseResult(self.name, result, residuals.copy(), sent_arr, recv_arr, info)
+        return SparseResult(self.name, read_only(np.broadcast_to(result_row, (P, N))),
+                            read_only(residuals), sent_arr, recv_arr, info)
 
 
 def cost(workers, elements, density, alpha, beta, *, quantized=False, c_dec=0.0,

@@ -26,8 +26,8 @@ import numpy as np
 
 from .base import (PAIR_BYTES, VALUE_BYTES, SparseError, SparseResult, TrafficLog,
                    check_params)
-from .ef import (accumulate, check_select_mode, mask_residuals, mass_conserved, select_rows,
-                 union_density)
+from .ef import (accumulate, check_flag, check_select_mode, mask_residuals, mass_conserved,
+                 read_only, select_rows, union_density)
 
 
 class _Vec:
@@ -92,7 +92,8 @@ class SparCML:
     the selected (index, value) streams as described in the module docstring.
     ``sent``/``received`` have one row per communication step (rounds, plus fold-in/fold-out
     for non-powers of two). Options: ``select``, ``dense_switch`` (default True),
-    ``switch_density`` (default 0.5, the COO/dense break-even).
+    ``switch_density`` (default 0.5, the COO/dense break-even), ``check_invariants`` (False
+    skips the full-size mass check). ``result`` and ``residuals`` are read-only views.
     ``info["invariants"]``: mass conservation, support = union of selections (while sparse),
     every message in the cheaper-by-rule format.
     """
@@ -100,7 +101,7 @@ class SparCML:
     name = "sparcml"
 
     def __init__(self, workers, elements, density, seed=0, *, select="topk", dense_switch=True,
-                 switch_density=VALUE_BYTES / PAIR_BYTES):
+                 switch_density=VALUE_BYTES / PAIR_BYTES, check_invariants=True):
         self.k = check_params(workers, elements, density)
         if not (0.0 < float(switch_density) <= 1.0):
             raise SparseError(f"switch_density must be in (0, 1], got {switch_density}")
@@ -108,6 +109,7 @@ class SparCML:
         self.select = check_select_mode(select)
         self.dense_switch = bool(dense_switch)
         self.switch_density = float(switch_density)
+        self.check_invariants = check_flag("check_invariants", check_invariants)
         self.residuals = np.zeros((workers, elements), np.float32)
 
     def step(self, grads) -> SparseResult:
@@ -161,10 +163,11 @@ class SparCML:
         for sel in selections:
             touched[sel] = True
         invariants = {
-            "mass_conservation": mass_conserved(grads, old, result_row, self.residuals),
             "support_is_union": bool(final.is_dense or np.array_equal(final.idx, np.flatnonzero(touched))),
             "message_formats": bool(formats_ok),
         }
+        if self.check_invariants:
+            invariants["mass_conservation"] = mass_conserved(grads, old, result_row, self.residuals)
         sent, received = log.arrays()
         info = {
             "k": self.k,
@@ -174,8 +177,8 @@ class SparCML:
             "core_ranks": core,
             "invariants": invariants,
         }
-        result = np.broadcast_to(result_row, (P, N)).copy()
-        return SparseResult(self.name, result, self.residuals.copy(), sent, received, info)
+        return SparseResult(self.name, read_only(np.broadcast_to(result_row, (P, N))),
+                            read_only(self.residuals), sent, received, info)
 
 
 def cost(workers, elements, density, alpha, beta, *, dense_switch=True,

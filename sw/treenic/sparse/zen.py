@@ -25,7 +25,7 @@ import numpy as np
 from .base import (INDEX_BYTES, PAIR_BYTES, VALUE_BYTES, SparseError, SparseResult,
                    TrafficLog, check_params)
 from .ef import (accumulate, check_select_mode, mask_residuals, mass_conserved,
-                 select_rows, union_density)
+                 read_only, check_flag, select_rows, union_density)
 
 EMPTY = np.uint32(0xFFFFFFFF)          # slot sentinel: index 0 is a valid key (A4)
 MAX_KEY = 0xFFFFFFFE                    # largest hashable index (EMPTY is reserved)
@@ -360,7 +360,9 @@ class Zen:
 
     Options: ``k_hashes`` (k of Algorithm 1, default 3), ``seeds`` (s0..sk; default
     seed, seed+1, ..., seed+k), ``paper_literal_regions`` (r1 = 2 nnz per partition instead of
-    pow2ceil(2 nnz / n)), ``select``. ``info`` carries the imbalance ratios, densities,
+    pow2ceil(2 nnz / n)), ``select``, ``check_invariants`` (False skips the full-size mass check,
+    for benchmarking). ``result`` (one broadcast row) and ``residuals`` are read-only views.
+    ``info`` carries the imbalance ratios, densities,
     overflow count and ``invariants``: lossless hashing, partition correctness, bitmap round
     trip, mass conservation (and ``matches_dense_sum`` for
     ``select="nonzero"``).
@@ -369,7 +371,7 @@ class Zen:
     name = "zen"
 
     def __init__(self, workers, elements, density, seed=0, *, k_hashes=3, seeds=None,
-                 select="topk", paper_literal_regions=False):
+                 select="topk", paper_literal_regions=False, check_invariants=True):
         self.k = check_params(workers, elements, density)
         if elements - 1 > MAX_KEY:
             raise SparseError(f"Zen hashes uint32 indices: at most {MAX_KEY + 1} elements")
@@ -383,6 +385,7 @@ class Zen:
         self.workers, self.elements, self.density = int(workers), int(elements), float(density)
         self.seeds, self.select = seeds, check_select_mode(select)
         self.paper_literal_regions = bool(paper_literal_regions)
+        self.check_invariants = check_flag("check_invariants", check_invariants)
         self.residuals = np.zeros((workers, elements), np.float32)
         self._U = None
 
@@ -443,15 +446,15 @@ class Zen:
             for w in range(P):
                 dense += V[w]
         self.residuals = mask_residuals(V, selections, in_place=True)
-        result = np.broadcast_to(result_row, (P, N)).copy()
         invariants = {
             "lossless_hashing": bool(lossless),
             "partition_correct": bool(partition_ok),
             "no_overflow": all(m.overflow.size == 0 for m in memories),
             "bitmap_round_trip": bool(round_trip),
             "bitmap_bits_equal_elements": sum(u.size for u in U) == N,
-            "mass_conservation": mass_conserved(grads, old, result_row, self.residuals),
         }
+        if self.check_invariants:
+            invariants["mass_conservation"] = mass_conserved(grads, old, result_row, self.residuals)
         if dense is not None:
             invariants["matches_dense_sum"] = bool(np.array_equal(dense, result_row))
         sent, received = log.arrays()
@@ -467,7 +470,8 @@ class Zen:
             "hash_levels": max(m.levels for m in memories),
             "invariants": invariants,
         }
-        return SparseResult(self.name, result, self.residuals.copy(), sent, received, info)
+        return SparseResult(self.name, read_only(np.broadcast_to(result_row, (P, N))),
+                            read_only(self.residuals), sent, received, info)
 
 
 def cost(workers, elements, density, alpha, beta, *, aggregated_density=None,
