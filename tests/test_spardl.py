@@ -347,3 +347,22 @@ def test_bad_gradients():
         a.step(np.zeros((4, 20), np.float64))
     with pytest.raises(SparseError, match="unknown sparse algorithm"):
         make("spardl2", workers=4, elements=20, density=0.5)
+
+
+def test_rsag_paper_share_overcounts_for_d8():
+    """notes §6.1: the paper's 1/2 share equals the exact 1/2^(j+1) only at j = 0; with
+    d = 8 a discard that later becomes final is credited too often and mass is not conserved
+    (the model then does not claim the invariant)."""
+    g = np.random.default_rng(0).integers(-8, 9, (8, 64)).astype(np.float32)
+    defects = {}
+    for share in ("exact", "paper"):
+        a = SparDL(8, 64, 0.125, teams=8, sag="r", rsag_share=share)
+        worst = 0.0
+        for _ in range(2):
+            old = a.residuals.astype(np.float64).sum(0)
+            r = a.step(g)
+            lhs = r.result[0] + r.residuals.astype(np.float64).sum(0)
+            worst = max(worst, np.abs(lhs - g.astype(np.float64).sum(0) - old).max())
+        defects[share] = (worst, "mass_conservation" in r.info["invariants"])
+    assert defects["exact"] == (0.0, True)
+    assert defects["paper"][0] > 0 and defects["paper"][1] is False

@@ -53,6 +53,11 @@ def test_topkdsa_equals_topka_numerically_and_switches_to_dense():
     ag_bytes = dense.received[4:].sum(0)
     assert np.all(ag_bytes == 4 * (500 - sizes))
     assert rs_bytes.sum() == dense.sent[:4].sum()
+    # reduce-scatter messages: pairs while sparse, the dense region once pairs cost more
+    assert rb.info["reduce_scatter_dense_messages"] == 0
+    full = TopkDSA(5, 500, 0.9).step(g)
+    assert full.info["reduce_scatter_dense_messages"] == 5 * 4
+    assert np.all(full.sent[:4] == 4 * 100)
 
 
 def test_gtopk_tree_and_residual_rule():
