@@ -11,12 +11,12 @@
 """
 from __future__ import annotations
 
-import math
+import time
 from dataclasses import dataclass
 
 import numpy as np
 
-from .base import PAIR_BYTES, SparseError, TrafficLog
+from .base import PAIR_BYTES, SparseError, SparseResult, TrafficLog, check_grads, check_params
 
 F32_EPS = float(np.finfo(np.float32).eps)
 
@@ -115,7 +115,8 @@ def log_binomial_bcast(log: TrafficLog, nbytes: int, root: int = 0) -> int:
 
 
 def ceil_log2(x: int) -> int:
-    return 0 if x <= 1 else math.ceil(math.log2(x))
+    """ceil(log2 x) for integers x >= 1, exact (0 for x = 1)."""
+    return 0 if x <= 1 else (int(x) - 1).bit_length()
 
 
 # ---- cost terms --------------------------------------------------------------------------
@@ -181,10 +182,6 @@ def mass_invariant(out_sum: np.ndarray, new_res: np.ndarray, grads: np.ndarray,
     return ok, worst
 
 
-def pairs_bytes(entries) -> np.ndarray:
-    return np.asarray(entries, np.int64) * PAIR_BYTES
-
-
 def check_options(name: str, options: dict, allowed: dict) -> dict:
     """Fill defaults, reject unknown option names and values outside ``allowed``:
     ``{name: (default, validator_or_choices)}``."""
@@ -238,7 +235,6 @@ class ErrorFeedbackModel:
 
     @staticmethod
     def _check_params(workers, elements, density) -> int:
-        from .base import check_params
         return check_params(workers, elements, density)
 
     def _setup(self) -> None:
@@ -247,9 +243,8 @@ class ErrorFeedbackModel:
     def _conserves_mass(self) -> bool:
         return self.CONSERVES_MASS
 
-    def step(self, grads):
-        from .base import SparseResult, check_grads
-        import time
+    def step(self, grads) -> SparseResult:
+        """One iteration on ``grads`` (P × N float32); updates the residual state."""
         g = check_grads(grads, self.workers, self.elements)
         t0 = time.perf_counter()
         acc = g + self.residuals

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from . import synthetic
-from .base import PAIR_BYTES, REGISTRY, make
+from .base import REGISTRY, make
 
 ALPHA = 5e-6            # s per message round (the lockstep model of section 2)
 LINK_BYTES_PER_S = 12.5e9   # 100 Gb/s

@@ -220,3 +220,8 @@ class MultiTreeSparse(ErrorFeedbackModel):
             for _, dst, c in row:
                 words[dst] += 2 * kb[c]
         return Cost(sched.steps, float(words.mean()), float(words.max()), alpha, beta)
+
+
+def cost(workers, elements, density, alpha=1.0, beta=1.0, topology=None) -> Cost:
+    """α–β terms of MultiTree-Sparse on ``topology`` (see :meth:`MultiTreeSparse.cost`)."""
+    return MultiTreeSparse.cost(workers, elements, density, alpha, beta, topology=topology)

@@ -146,3 +146,8 @@ class OkTopk(ErrorFeedbackModel):
         k = check_params(workers, elements, density)
         p = workers
         return Cost(2 * (p + math.log2(p)), 2 * (p - 1) / p * k, 6 * (p - 1) / p * k, alpha, beta)
+
+
+def cost(workers, elements, density, alpha=1.0, beta=1.0) -> Cost:
+    """Table I terms of Ok-Topk (see :meth:`OkTopk.cost`)."""
+    return OkTopk.cost(workers, elements, density, alpha, beta)

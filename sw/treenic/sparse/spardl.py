@@ -60,8 +60,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .base import PAIR_BYTES, SparseError, check_params, merge_add
-from ._common import (Cost, ErrorFeedbackModel, bruck_schedule, bruck_steps, ceil_log2,
-                      log_bruck, ragged_rows, topk_1d, topk_rows)
+from ._common import (Cost, ErrorFeedbackModel, bruck_schedule, ceil_log2, log_bruck,
+                      ragged_rows, topk_1d, topk_rows)
 
 __all__ = ["SparDL", "HController", "srs_bags", "srs_schedule", "srs_holdings",
            "check_theorem1", "bruck_complete", "bruck_schedule", "paper_view", "cost"]

@@ -42,7 +42,7 @@ import math
 
 import numpy as np
 
-from .base import PAIR_BYTES, VALUE_BYTES, check_params, merge_add
+from .base import PAIR_BYTES, VALUE_BYTES, SparseError, check_params, merge_add
 from ._common import (Cost, ErrorFeedbackModel, log_binomial_bcast, log_bruck_payloads,
                       ragged_rows, topk_1d, topk_rows)
 
@@ -205,3 +205,11 @@ class GTopk(ErrorFeedbackModel):
         k = check_params(workers, elements, density)
         lg = math.log2(workers)
         return Cost(2 * lg, 4 * lg * k, 4 * lg * k, alpha, beta)
+
+
+def cost(workers, elements, density, alpha=1.0, beta=1.0, algorithm="topka") -> Cost:
+    """Table I terms of ``algorithm`` ("topka" | "topkdsa" | "gtopk")."""
+    classes = {"topka": TopkA, "topkdsa": TopkDSA, "gtopk": GTopk}
+    if algorithm not in classes:
+        raise SparseError(f"cost: unknown algorithm {algorithm!r}; known: {', '.join(classes)}")
+    return classes[algorithm].cost(workers, elements, density, alpha, beta)
