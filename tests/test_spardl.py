@@ -345,6 +345,11 @@ def test_bad_gradients():
         a.step(np.zeros((4, 21), np.float32))
     with pytest.raises(SparseError, match="float32"):
         a.step(np.zeros((4, 20), np.float64))
+    g = np.ones((4, 20), np.float32)
+    g[1, 3] = np.nan
+    with pytest.raises(SparseError, match="NaN"):
+        a.step(g)
+    assert a.iteration == 0 and not a.residuals.any()        # nothing changed
     with pytest.raises(SparseError, match="unknown sparse algorithm"):
         make("spardl2", workers=4, elements=20, density=0.5)
 

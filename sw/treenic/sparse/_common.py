@@ -8,6 +8,10 @@
   multiples; one sparse entry = 2 words, index + value), with a [lo, hi] range.
 * :func:`mass_invariant` — the conservation check
   ``out_sum + Σ_w R_w_new == Σ_w (g_w + R_w_old)`` against a float64 reference.
+* :class:`ErrorFeedbackModel` — the skeleton of these models (parameter and option checks,
+  residual state, :class:`~treenic.sparse.base.SparseResult` assembly, invariants).
+
+Non-finite gradients are rejected before any state changes (:class:`~treenic.sparse.base.SparseError`).
 """
 from __future__ import annotations
 
@@ -16,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .base import PAIR_BYTES, SparseError, SparseResult, TrafficLog, check_grads, check_params
+from .base import SparseError, SparseResult, TrafficLog, check_grads, check_params
 
 F32_EPS = float(np.finfo(np.float32).eps)
 
@@ -246,6 +250,8 @@ class ErrorFeedbackModel:
     def step(self, grads) -> SparseResult:
         """One iteration on ``grads`` (P × N float32); updates the residual state."""
         g = check_grads(grads, self.workers, self.elements)
+        if not np.isfinite(g).all():
+            raise SparseError(f"{self.name}: gradients contain NaN or Inf")
         t0 = time.perf_counter()
         acc = g + self.residuals
         log = TrafficLog(self.workers)
