@@ -53,7 +53,7 @@ from amaranth.lib.wiring import In, Out
 from .fp32 import FP32Adder, LATENCY as ADDER_LATENCY, fp32_add_golden
 
 __all__ = ["ReduceEngine", "reduce_golden", "reduce_engine_golden", "reduction_order",
-           "element_layout", "command_layout"]
+           "element_layout", "command_layout", "random_reduce_traffic"]
 
 
 def element_layout(depth: int) -> data.StructLayout:
@@ -118,6 +118,37 @@ def reduce_engine_golden(commands: Sequence[tuple[int, Sequence[int]]],
             acc[idx] = fp32_add_golden(acc[idx], val)
         out.append(acc)
     return out
+
+
+def random_reduce_traffic(rng: np.random.Generator, ports: int, depth: int, n_cmds: int, *,
+                          allow_repeat: bool = True):
+    """Random test traffic: ``(commands, local, port_streams)`` for
+    :func:`reduce_engine_golden` and the benches.  Values are mostly N(0,1) float32
+    (similar magnitudes, so the fold order changes the rounding) mixed with corner-case
+    patterns; every message's indices are a random permutation of the chunk."""
+    from .fp32 import random_operand_pairs
+
+    def values(n):
+        v = rng.standard_normal(n).astype(np.float32).view(np.uint32)
+        a, _ = random_operand_pairs(n, seed=int(rng.integers(1 << 30)))
+        pick = rng.random(n) < 0.15
+        v[pick] = a[pick]
+        return v
+
+    commands, local, streams = [], [], {p: [] for p in range(ports)}
+    for _ in range(n_cmds):
+        size = int(rng.integers(1, depth + 1))
+        k = int(rng.integers(0, ports + 1))
+        order = [int(x) for x in rng.permutation(ports)[:k]]
+        if allow_repeat and k > 1 and rng.random() < 0.3:
+            order[-1] = order[0]          # parallel links: the same port twice
+        commands.append((size, order))
+        vals = values(size * (len(order) + 1))
+        local += [(int(i), int(vals[n])) for n, i in enumerate(rng.permutation(size))]
+        for q, p in enumerate(order):
+            perm = rng.permutation(size)
+            streams[p] += [(int(i), int(vals[size * (q + 1) + n])) for n, i in enumerate(perm)]
+    return commands, local, streams
 
 
 # ----------------------------------------------------------------------------------

@@ -34,6 +34,9 @@ Layout and conventions
   (``<toplevel>.fst`` for Icarus, ``dump.vcd``/``dump.fst`` for Verilator).
 * The Verilog file is rewritten only when its text changed, so Verilator's make-based
   build is reused between runs of an unchanged design (a second run costs ~1 s).
+* Icarus: :func:`icarus_fixups` is applied to the Verilog (Yosys' time-0 trigger for
+  ``always @*`` blocks does not fire on Icarus 11; without the fix, outputs of
+  combinational logic whose inputs stay constant from time 0 read as X).
 * Amaranth names ports ``<member>__<field>`` (e.g. ``a__payload``, ``a__valid``); the
   clock is ``clk`` and the (synchronous, active-high) reset ``rst``.
 * ``params`` (a JSON-serialisable dict) reaches the tb through the environment variable
@@ -54,6 +57,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import shutil
 import sys
 import xml.etree.ElementTree as ET
@@ -62,7 +66,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 __all__ = [
     "run_bench", "BenchFailure", "SimulatorMissing", "bench_params", "bench_seed",
-    "start_clock_and_reset", "elaborate_verilog", "sim_name", "simulator_available",
+    "start_clock_and_reset", "elaborate_verilog", "icarus_fixups", "sim_name", "simulator_available",
     "REPO_ROOT", "SIM_DIR",
 ]
 
@@ -100,17 +104,36 @@ def _skip_or_raise(reason: str):
     raise SimulatorMissing(reason)
 
 
+_YOSYS_TRIGGER = re.compile(r"^(\s*)reg (\\\$auto\$verilog_backend\S*) += 0;$", re.M)
+
+
+def icarus_fixups(text: str) -> str:
+    """Make Yosys' time-0 trigger work on Icarus.
+
+    Yosys' ``write_verilog`` puts ``if (\\$auto$verilog_backend...$1) begin end`` into
+    every ``always @*`` block and declares that reg ``= 0`` so that the blocks run once at
+    time 0.  Icarus 11 applies the declaration initialiser without an event, so a
+    combinational block whose inputs never change (e.g. an FSM's outputs while it sits
+    in its reset state) stays X forever.  Assigning the trigger from ``initial #0``
+    instead produces the X -> 0 event after all ``always`` blocks are waiting."""
+    return _YOSYS_TRIGGER.sub(lambda m: f"{m.group(1)}reg {m.group(2)} ;\n"
+                                        f"{m.group(1)}initial #0 {m.group(2)} = 1'b0;", text)
+
+
 def elaborate_verilog(component, out_dir: Path, toplevel: str, *,
-                      ports: Sequence | None = None) -> Path:
+                      ports: Sequence | None = None, sim: str | None = None) -> Path:
     """Convert *component* (an Amaranth ``Elaboratable``; a ``wiring.Component`` needs no
-    *ports*) to ``out_dir/<toplevel>.v``.  The file is left untouched when the text is
-    unchanged (keeps simulator builds cached).  Returns the path."""
+    *ports*) to ``out_dir/<toplevel>.v`` (with :func:`icarus_fixups` when *sim* is
+    ``"icarus"``).  The file is left untouched when the text is unchanged (keeps
+    simulator builds cached).  Returns the path."""
     from amaranth.back import verilog
 
     kwargs: dict[str, Any] = {"name": toplevel}
     if ports is not None:
         kwargs["ports"] = ports
     text = verilog.convert(component, **kwargs)
+    if sim == "icarus":
+        text = icarus_fixups(text)
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{toplevel}.v"
     if not path.exists() or path.read_text() != text:
@@ -200,7 +223,7 @@ def run_bench(
 
     if callable(component) and not hasattr(component, "elaborate"):
         component = component()
-    vfile = elaborate_verilog(component, out, top, ports=ports)
+    vfile = elaborate_verilog(component, out, top, ports=ports, sim=simn)
 
     env = {
         PARAMS_ENV: json.dumps(dict(params or {})),

@@ -3,9 +3,9 @@ import numpy as np
 import pytest
 from amaranth.sim import Simulator
 
-from treenic.hdl.fp32 import fp32_add_golden, random_operand_pairs
+from treenic.hdl.fp32 import fp32_add_golden
 from treenic.hdl.reduce import (ReduceEngine, reduce_engine_golden, reduce_golden,
-                                reduction_order)
+                                random_reduce_traffic, reduction_order)
 
 
 def test_reduction_order_sorts_by_step_then_port():
@@ -24,32 +24,8 @@ def test_engine_golden_validates_messages():
         reduce_engine_golden([(2, [0])], [(0, 1), (1, 2)], {0: [(0, 1), (0, 2)]})
 
 
-def gradient_like(rng, n):
-    """Mostly N(0,1) float32 (similar magnitudes: the fold order changes rounding),
-    some corner-case bit patterns (subnormals, zeros, inf/NaN)."""
-    v = rng.standard_normal(n).astype(np.float32).view(np.uint32)
-    a, _ = random_operand_pairs(n, seed=int(rng.integers(1 << 30)))
-    pick = rng.random(n) < 0.15
-    v[pick] = a[pick]
-    return v
-
-
 def make_traffic(rng, P, D, n_cmds, *, allow_repeat=True):
-    """Random commands, local stream and per-port streams (indices permuted)."""
-    commands, local, ports = [], [], {p: [] for p in range(P)}
-    for _ in range(n_cmds):
-        size = int(rng.integers(1, D + 1))
-        k = int(rng.integers(0, P + 1))
-        order = [int(x) for x in rng.permutation(P)[:k]]
-        if allow_repeat and k and rng.random() < 0.3:
-            order[-1] = order[0]       # parallel links: the same port twice
-        commands.append((size, order))
-        vals = gradient_like(rng, size * (len(order) + 1))
-        local += [(int(i), int(vals[n])) for n, i in enumerate(rng.permutation(size))]
-        for q, p in enumerate(order):
-            perm = rng.permutation(size)
-            ports[p] += [(int(i), int(vals[size * (q + 1) + n])) for n, i in enumerate(perm)]
-    return commands, local, ports
+    return random_reduce_traffic(rng, P, D, n_cmds, allow_repeat=allow_repeat)
 
 
 def run_engine(P, D, fifo_depth, commands, local, ports, *, seed=0, p_valid=0.6, p_ready=0.6,
