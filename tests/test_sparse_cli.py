@@ -113,3 +113,19 @@ def test_sparse_bench_quick(tmp_path):
     assert all(r["invariants_ok"] for rows in res["volumes"].values() for r in rows)
     assert all(sp[p]["recv_words_per_k_max"] <= sp[p]["table_i_words_per_k"][1] + 1e-9 for p in sp)
     assert "Volume vs P" in (tmp_path / "section.md").read_text()
+
+
+@pytest.mark.parametrize("name", ["topka", "topkdsa", "gtopk", "oktopk", "spardl", "multitree-sparse"])
+def test_results_and_state_are_read_only(name):
+    from treenic.sparse.base import make
+    algo = make(name, workers=4, elements=64, density=0.1)
+    res = algo.step(np.ones((4, 64), np.float32))
+    with pytest.raises(ValueError):
+        res.result[0, 0] = 1.0
+    with pytest.raises(ValueError):
+        res.residuals[0, 0] = 1.0
+    algo.step(np.ones((4, 64), np.float32))          # the next step still works
+    quiet = make(name, workers=4, elements=64, density=0.1, check_invariants=False)
+    assert "mass_conservation" not in quiet.step(np.ones((4, 64), np.float32)).info["invariants"]
+    with pytest.raises(SparseError, match="check_invariants"):
+        make(name, workers=4, elements=64, density=0.1, check_invariants="yes")

@@ -217,7 +217,7 @@ class ErrorFeedbackModel:
     non-averaged reduced vector every worker ends with, ``new_res`` the residuals for the next
     iteration. ``SparseResult.result`` rows are ``out_sum`` (or ``out_sum / P`` in float32 with
     option ``average=True``), returned as a read-only broadcast view (every worker of these
-    models ends with the same vector). The mass invariant is added by this class when the subclass
+    models ends with the same vector); ``residuals`` is the model's state, also read-only. The mass invariant is added by this class when the subclass
     declares ``CONSERVES_MASS`` (or returns it from ``_conserves_mass()``)."""
 
     name = "?"
@@ -267,6 +267,7 @@ class ErrorFeedbackModel:
         sent, recv = log.arrays()
         info.update(iteration=self.iteration, k=self.k, model_seconds=seconds,
                     invariants=inv)
+        new_res.flags.writeable = False     # the model's state: callers get a read-only view
         self.residuals = new_res
         self.iteration += 1
         # Every worker provably ends with the same vector: rows are a read-only broadcast.
