@@ -1,0 +1,604 @@
+"""The treenic NIC core: schedule management (MultiTree paper §IV-A, Fig. 6), DMA, link
+ports and in-NIC reduction.
+
+::
+
+           host bus (regs / table rows / buffer / step log)
+                │
+     ┌──────────┴────────────────────────────────────────────────────────────┐
+     │  schedule table (lib.memory) ─► scan (per-flow: expected child ports,  │
+     │      │                            gather parent port, chunk range)     │
+     │      ▼                                                                 │
+     │  head entry ─► issue logic ◄── timestep ctr, lockstep down-counter     │
+     │      │   (REDUCE: children arrived; GATHER: parent arrived / root)     │
+     │      ▼ start/size                                                      │
+     │  TX unit p: DMA (lanes reads/cycle) ─► FIFO ─► Packetiser ─► tx[p]     │
+     │                                                                        │
+     │  rx[p] ─► Depacketiser ─► RX unit p: checks (flow role, chunk range,   │
+     │        sequence) + order gate (§5: ascending (step, port) per element) │
+     │        ─► buffer read ─► FP32Adder × lanes ─► buffer write             │
+     │        ─► per-flow arrived bits (children / parent) ─► issue logic     │
+     │                                                                        │
+     │  gradient buffer: lib.memory, 32-bit words, lanes read ports per TX,   │
+     │  lanes read + write ports per RX, one host read + write port           │
+     └────────────────────────────────────────────────────────────────────────┘
+
+Semantics implemented (what the golden model :mod:`treenic.hdl.nic.model` states):
+
+* START scans the table once (one row per cycle): it validates every row (op, flow, range)
+  and extracts per-flow facts used by the receive side -- the REDUCE entries' child ports
+  (expected contributions), the GATHER entries' parent port and each flow's chunk range.
+  A table with a bad row is rejected (SCAN_FAILED), nothing is sent or written.
+* The head entry issues when ``step <= timestep`` and its dependencies hold: REDUCE --
+  every child port's contribution for the flow is written back; GATHER -- root, or the
+  parent's data is written back; NOP -- loads the lockstep counter.  REDUCE sends the
+  chunk to the parent port (root: retires), GATHER to every child port at once (each TX
+  unit runs its own DMA over the same chunk).
+* The timestep advances when the lockstep counter is zero, every TX unit is idle and the
+  head entry is for a later step.  DONE when every entry is retired and TX is idle.
+* Receive order (ARCHITECTURE §5): a REDUCE fragment covering elements [o, o+l) of flow f
+  arriving on port p with step s may be accumulated only once every other port q that
+  still owes a contribution to f is known to come later in (step, port) order, or, if q's
+  contribution comes earlier, q has written back through o+l.  A port's future steps are
+  bounded below by its current head/message step (links deliver in step order).  So
+  concurrent contributions to one flow pipeline fragment by fragment, and skew or stalls
+  never change the result.
+"""
+from __future__ import annotations
+
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, fifo, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from ..fp32 import FP32Adder
+from ..link.flit import LinkSignature, Op
+from ..link.packetiser import Packetiser
+from ..link.depacketiser import Depacketiser
+from .params import (ErrBit, ID_VALUE, NicParams, PortCounter, Reg)
+
+__all__ = ["Nic", "HostSignature"]
+
+NOP, REDUCE, GATHER = 0, 1, 2
+
+
+class HostSignature(wiring.Signature):
+    """Host register/memory bus seen from the NIC (``In``): ``addr``, ``wdata``, ``we``,
+    ``re``; ``rdata`` is valid the cycle after ``re``."""
+
+    def __init__(self, addr_bits: int):
+        super().__init__({"addr": In(addr_bits), "wdata": In(32), "we": In(1), "re": In(1),
+                          "rdata": Out(32)})
+
+
+class Nic(wiring.Component):
+    """One NIC.  Ports: ``tx0..``/``rx0..`` links, ``host`` bus, ``start`` (same as CTRL
+    START, for a fabric-wide start), ``done``/``running``/``error`` status wires."""
+
+    def __init__(self, params: NicParams | None = None):
+        self.p = p = params or NicParams()
+        self.fmt = p.fmt
+        members = {"host": Out(HostSignature(p.addr_bits)), "start": In(1),
+                   "done": Out(1), "running": Out(1), "error": Out(1)}
+        for i in range(p.ports):
+            members[f"tx{i}"] = Out(LinkSignature(self.fmt))
+            members[f"rx{i}"] = In(LinkSignature(self.fmt))
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        p = self.p
+        fmt = self.fmt
+        P, W, F = p.ports, p.lanes, p.max_nodes
+        AB = p.abits
+        host = self.host
+
+        R = p.region_bits
+        region = host.addr[R:R + 2]
+        off = host.addr[:R]
+        start_req = Signal()
+        m.d.comb += start_req.eq(self.start | (host.we & (region == 0) & (off == Reg.CTRL) &
+                                               host.wdata[0]))
+        run_init = Signal()
+        # ------------------------------------------------------------ configuration regs
+        node_id = Signal(16)
+        n_entries = Signal(range(p.max_entries + 1))
+        lockstep = Signal(32)
+        elements = Signal(AB)
+        nflows = Signal(range(F + 1))
+        peer = [Signal(16, name=f"peer{i}") for i in range(P)]
+        err_flags = Signal(len(ErrBit))
+        err_count = Signal(32)
+        err_ev = Signal(len(ErrBit))      # this cycle's error events (comb, ORed below)
+        err_n = Signal(range(3 * P + 8))   # number of events this cycle
+        cycles = Signal(32)
+        ts = Signal(p.step_bits)
+        hp = Signal(range(p.max_entries + 1))
+        lk = Signal(32)
+        scan_failed = Signal()
+        done = Signal()
+        running = Signal()
+        clear = Signal()
+
+        # ------------------------------------------------------------ memories
+        RW = p.row_words
+        m.submodules.table = table = memory.Memory(shape=RW * 32, depth=p.max_entries, init=[])
+        t_wr = table.write_port(granularity=32)
+        t_rd = table.read_port()
+        m.submodules.buf = buf = memory.Memory(shape=32, depth=p.depth, init=[])
+        h_wr = buf.write_port()
+        h_rd = buf.read_port()
+        m.submodules.steplog = steplog = memory.Memory(shape=32, depth=p.max_steps + 2, init=[])
+        s_wr = steplog.write_port()
+        s_rd = steplog.read_port()
+
+        # ------------------------------------------------------------ per-flow state
+        expect_red = [Signal(P, name=f"expect_red{f}") for f in range(F)]
+        gport = [Signal(p.pport_bits, name=f"gport{f}", init=p.port_nil) for f in range(F)]
+        fstart = [Signal(AB, name=f"fstart{f}") for f in range(F)]
+        fsize = [Signal(AB, name=f"fsize{f}") for f in range(F)]
+        A_gport = Array(gport)
+        expect_bits = [Cat(*[expect_red[f][q] for f in range(F)]) for q in range(P)]
+        A_fstart, A_fsize = Array(fstart), Array(fsize)
+        # arrived bits, owned per receiving port (no write conflicts)
+        red_done = [Signal(F, name=f"red_done_p{q}") for q in range(P)]
+        gat_done = [Signal(F, name=f"gat_done_p{q}") for q in range(P)]
+
+        def red_done_of(flow):
+            return Cat(*[red_done[q].bit_select(flow, 1) for q in range(P)])
+
+        def gat_done_of(flow):
+            return Cat(*[gat_done[q].bit_select(flow, 1) for q in range(P)]).any()
+
+        # ------------------------------------------------------------ TX units
+        tx_idle = Signal(P)
+        tx_go = Signal(P)                 # start pulse from the issue logic
+        tx_flow = Signal(p.flow_bits)
+        tx_op = Signal(2)
+        tx_step = Signal(p.step_bits)
+        tx_start = Signal(AB)
+        tx_size = Signal(AB)
+        tx_counters = []
+        for i in range(P):
+            pk = Packetiser(fmt, mode=p.mode, sub_words=p.sub_words,
+                            packet_words=p.packet_words, credits=p.credits)
+            m.submodules[f"pk{i}"] = pk
+            wiring.connect(m, pk.tx, wiring.flipped(getattr(self, f"tx{i}")))
+            q = fifo.SyncFIFOBuffered(width=W * 32, depth=4)
+            m.submodules[f"txq{i}"] = q
+            rds = [buf.read_port() for _ in range(W)]
+            addr = Signal(AB, name=f"tx{i}_addr")
+            left = Signal(AB, name=f"tx{i}_left")
+            inflight = Signal(name=f"tx{i}_inflight")
+            hdr_pend = Signal(name=f"tx{i}_hdr_pend")
+            hdr = Signal(fmt.header, name=f"tx{i}_hdr")
+            words = Signal(32, name=f"tx{i}_words")
+            issue = Signal(name=f"tx{i}_issue")
+            m.d.comb += issue.eq((left != 0) & ((q.level + inflight) < 3))
+            for k in range(W):
+                a = addr + k
+                m.d.comb += [rds[k].addr.eq(Mux(a < p.depth, a, 0)), rds[k].en.eq(issue)]
+            m.d.sync += inflight.eq(issue)
+            with m.If(issue):
+                m.d.sync += [addr.eq(addr + W), left.eq(Mux(left > W, left - W, 0))]
+            m.d.comb += [q.w_data.eq(Cat(*[r.data for r in rds])), q.w_en.eq(inflight),
+                         pk.data.payload.eq(q.r_data), pk.data.valid.eq(q.r_rdy),
+                         q.r_en.eq(pk.data.ready),
+                         pk.hdr.payload.eq(hdr), pk.hdr.valid.eq(hdr_pend)]
+            with m.If(pk.hdr.valid & pk.hdr.ready):
+                m.d.sync += hdr_pend.eq(0)
+            m.d.comb += tx_idle[i].eq(~hdr_pend & (left == 0) & ~inflight & ~q.r_rdy &
+                                      pk.hdr.ready)
+            with m.If(tx_go[i]):
+                m.d.sync += [addr.eq(tx_start), left.eq(tx_size), hdr_pend.eq(1),
+                             hdr.vc.eq(0), hdr.next.eq(i), hdr.eject.eq(i),
+                             hdr.dest.eq(peer[i]), hdr.src.eq(node_id),
+                             hdr.flow.eq(tx_flow), hdr.op.eq(tx_op), hdr.step.eq(tx_step),
+                             hdr.offset.eq(tx_start), hdr.length.eq(tx_size),
+                             words.eq(words + tx_size)]
+            with m.If(clear):
+                m.d.sync += words.eq(0)
+            tx_counters.append((pk.status.flits, pk.status.heads, words))
+
+        # ------------------------------------------------------------ RX units
+        # exported per-port state for the order gate
+        q_mact = [Signal(name=f"rx{i}_mact") for i in range(P)]       # message open
+        q_mred = [Signal(name=f"rx{i}_mred") for i in range(P)]       # ... and REDUCE
+        q_mflow = [Signal(p.flow_bits, name=f"rx{i}_mflow") for i in range(P)]
+        q_mstep = [Signal(p.step_bits, name=f"rx{i}_mstep") for i in range(P)]
+        q_done_to = [Signal(AB + 1, name=f"rx{i}_done_to") for i in range(P)]
+        q_lb = [Signal(p.step_bits, name=f"rx{i}_lb") for i in range(P)]
+        q_hv = [Signal(name=f"rx{i}_hv") for i in range(P)]
+        q_hred = [Signal(name=f"rx{i}_hred") for i in range(P)]
+        q_hflow = [Signal(p.flow_bits, name=f"rx{i}_hflow") for i in range(P)]
+        q_hstep = [Signal(p.step_bits, name=f"rx{i}_hstep") for i in range(P)]
+        rx_counters = []
+        rx_err = []
+        flow_enable = Signal(F)
+        for f in range(F):
+            m.d.comb += flow_enable[f].eq(f < nflows)
+
+        dps = []
+        TAGW = AB + 1 + 1 + 1 + 32 + 1 + 1 + p.flow_bits + 1
+        for i in range(P):
+            dp = Depacketiser(fmt, sub_words=p.sub_words, credits=p.credits)
+            dps.append(dp)
+            m.submodules[f"dp{i}"] = dp
+            wiring.connect(m, wiring.flipped(getattr(self, f"rx{i}")), dp.rx)
+            m.d.comb += [dp.flow_enable.eq(flow_enable), dp.status.clear.eq(clear)]
+            h = dp.hdr.payload
+            m.d.comb += [q_hv[i].eq(dp.hdr.valid), q_hred[i].eq(h.op == Op.REDUCE),
+                         q_hflow[i].eq(h.flow), q_hstep[i].eq(h.step)]
+            adders = [FP32Adder(tag_width=TAGW) for _ in range(W)]
+            for k, ad in enumerate(adders):
+                m.submodules[f"rx{i}_add{k}"] = ad
+                m.d.comb += ad.o.ready.eq(1)
+            rds = [buf.read_port() for _ in range(W)]
+            wrs = [buf.write_port() for _ in range(W)]
+
+            # --- header checks (IDLE, peeking)
+            f_ = h.flow
+            fs, fz = A_fstart[f_], A_fsize[f_]
+            fend = Signal(AB + 1, name=f"rx{i}_fend")
+            m.d.comb += fend.eq(fs + fz)
+            hend = Signal(AB + 1, name=f"rx{i}_hend")
+            m.d.comb += hend.eq(h.offset + h.length)
+            range_ok = (h.offset >= fs) & (hend <= fend)
+            is_red = h.op == Op.REDUCE
+            role_ok = Signal(name=f"rx{i}_role_ok")
+            with m.If(is_red):
+                m.d.comb += role_ok.eq(expect_bits[i].bit_select(f_, 1) & ~red_done[i].bit_select(f_, 1))
+            with m.Else():
+                m.d.comb += role_ok.eq((A_gport[f_] == i) & ~gat_done[i].bit_select(f_, 1))
+            # sequence: continue the open message, or start at the chunk start
+            same_msg = q_mact[i] & (q_mflow[i] == h.flow) & (q_mred[i] == is_red) & \
+                (q_mstep[i] == h.step)
+            next_off = Signal(AB + 1, name=f"rx{i}_next_off")
+            seq_ok = Mux(same_msg, h.offset == next_off, h.offset == fs)
+            # a new message waits until the previous one is written back
+            may_start = same_msg | ~q_mact[i]
+            # order gate (REDUCE only)
+            gate = []
+            for qq in range(P):
+                if qq == i:
+                    continue
+                need = expect_bits[qq].bit_select(f_, 1) & ~red_done[qq].bit_select(f_, 1)
+                on_f_m = q_mact[qq] & q_mred[qq] & (q_mflow[qq] == f_)
+                on_f_h = ~q_mact[qq] & q_hv[qq] & q_hred[qq] & (q_hflow[qq] == f_)
+                qstep = Mux(q_mact[qq], q_mstep[qq], Mux(q_hv[qq], q_hstep[qq], q_lb[qq]))
+                q_before = (qstep < h.step) | ((qstep == h.step) & (qq < i))
+                ok = Signal(name=f"rx{i}_gate{qq}")
+                with m.If(on_f_m):
+                    m.d.comb += ok.eq(~q_before | (q_done_to[qq] >= hend))
+                with m.Elif(on_f_h):
+                    m.d.comb += ok.eq(~q_before)
+                with m.Else():
+                    m.d.comb += ok.eq(~q_before & ((qstep != h.step) | (qq > i)))
+                gate.append(~need | ok)
+            order_ok = Cat(*gate).all() if gate else Const(1)
+
+            # --- datapath state
+            cur_addr = Signal(AB + 1, name=f"rx{i}_addr")
+            cur_left = Signal(AB + 1, name=f"rx{i}_left")
+            cur_red = Signal(name=f"rx{i}_red")
+            cur_mlast = Signal(name=f"rx{i}_cmlast")
+            cur_flow = Signal(p.flow_bits, name=f"rx{i}_cflow")
+            frags = Signal(32, name=f"rx{i}_frags")
+            rwords = Signal(32, name=f"rx{i}_words")
+            bad = Signal(32, name=f"rx{i}_bad")
+            ev_range = Signal(name=f"rx{i}_ev_range")
+            ev_unexp = Signal(name=f"rx{i}_ev_unexp")
+            ev_seq = Signal(name=f"rx{i}_ev_seq")
+            rx_err.append((ev_range, ev_unexp, ev_seq))
+
+            # stage 1 registers (beat accepted, memory read in flight)
+            s1_v = Signal(name=f"rx{i}_s1v")
+            s1_data = Signal(W * 32, name=f"rx{i}_s1d")
+            s1_addr = Signal(AB + 1, name=f"rx{i}_s1a")
+            s1_mask = Signal(W, name=f"rx{i}_s1m")
+            s1_red = Signal(name=f"rx{i}_s1r")
+            s1_flast = Signal(name=f"rx{i}_s1fl")
+            s1_mlast = Signal(name=f"rx{i}_s1ml")
+            s1_flow = Signal(p.flow_bits, name=f"rx{i}_s1f")
+
+            beat = Signal(name=f"rx{i}_beat")
+            with m.FSM(name=f"rx{i}_fsm"):
+                with m.State("IDLE"):
+                    with m.If(dp.hdr.valid & running):
+                        bad_hdr = ~(range_ok & role_ok & seq_ok)
+                        with m.If(bad_hdr & may_start):
+                            m.d.comb += dp.hdr.ready.eq(1)
+                            m.d.comb += [ev_range.eq(~range_ok),
+                                         ev_unexp.eq(range_ok & ~role_ok),
+                                         ev_seq.eq(range_ok & role_ok & ~seq_ok)]
+                            m.d.sync += bad.eq(bad + 1)
+                            with m.If(h.length != 0):
+                                m.d.sync += cur_left.eq(h.length)
+                                m.next = "DROP"
+                        with m.Elif(may_start & (~is_red | order_ok)):
+                            m.d.comb += dp.hdr.ready.eq(1)
+                            m.d.sync += [cur_addr.eq(h.offset), cur_left.eq(h.length),
+                                         cur_red.eq(is_red), cur_flow.eq(h.flow),
+                                         cur_mlast.eq(hend == fend),
+                                         q_mact[i].eq(1), q_mred[i].eq(is_red),
+                                         q_mflow[i].eq(h.flow), q_mstep[i].eq(h.step),
+                                         q_lb[i].eq(h.step), next_off.eq(hend),
+                                         frags.eq(frags + 1)]
+                            with m.If(~same_msg):
+                                m.d.sync += q_done_to[i].eq(h.offset)
+                            with m.If(h.length != 0):
+                                m.next = "STREAM"
+                with m.State("STREAM"):
+                    m.d.comb += [dp.data.ready.eq(1), beat.eq(dp.data.valid)]
+                    with m.If(beat):
+                        m.d.sync += [cur_addr.eq(cur_addr + W),
+                                     cur_left.eq(Mux(cur_left > W, cur_left - W, 0))]
+                        with m.If(cur_left <= W):
+                            m.next = "IDLE"
+                with m.State("DROP"):
+                    m.d.comb += dp.data.ready.eq(1)
+                    with m.If(dp.data.valid):
+                        m.d.sync += cur_left.eq(Mux(cur_left > W, cur_left - W, 0))
+                        with m.If(cur_left <= W):
+                            m.next = "IDLE"
+
+            # stage 0 -> 1: read the buffer, register the beat
+            for k in range(W):
+                a = cur_addr + k
+                m.d.comb += [rds[k].addr.eq(Mux(a < p.depth, a, 0)), rds[k].en.eq(beat)]
+            m.d.sync += s1_v.eq(beat)
+            with m.If(beat):
+                m.d.sync += [s1_data.eq(dp.data.payload.data), s1_addr.eq(cur_addr),
+                             s1_red.eq(cur_red), s1_flast.eq(cur_left <= W),
+                             s1_mlast.eq(cur_mlast & (cur_left <= W)), s1_flow.eq(cur_flow),
+                             rwords.eq(rwords + Mux(cur_left > W, W, cur_left))]
+                for k in range(W):
+                    m.d.sync += s1_mask[k].eq(cur_left > k)
+            # stage 1 -> adders (tag carries everything needed at write-back)
+            tag_lay = data.StructLayout({"addr": AB + 1, "en": 1, "red": 1, "b": 32,
+                                         "flast": 1, "mlast": 1, "flow": p.flow_bits,
+                                         "pad": 1})
+            wb = []
+            for k, ad in enumerate(adders):
+                t = Signal(tag_lay, name=f"rx{i}_tag{k}")
+                m.d.comb += [t.addr.eq(s1_addr + k), t.en.eq(s1_mask[k]), t.red.eq(s1_red),
+                             t.b.eq(s1_data[32 * k:32 * k + 32]), t.flast.eq(s1_flast),
+                             t.mlast.eq(s1_mlast), t.flow.eq(s1_flow),
+                             ad.i.valid.eq(s1_v), ad.i.payload.a.eq(rds[k].data),
+                             ad.i.payload.b.eq(s1_data[32 * k:32 * k + 32]),
+                             ad.i.payload.tag.eq(t)]
+                ot = data.View(tag_lay, ad.o.payload.tag)
+                m.d.comb += [wrs[k].addr.eq(ot.addr), wrs[k].en.eq(ad.o.valid & ot.en),
+                             wrs[k].data.eq(Mux(ot.red, ad.o.payload.sum, ot.b))]
+                wb.append((ad.o.valid, ot))
+            # write-back of a fragment's last beat: progress, message completion
+            v0, t0 = wb[0]
+            nen = sum(t.en for _, t in wb)
+            with m.If(v0 & t0.flast):
+                m.d.sync += q_done_to[i].eq(t0.addr + nen)
+                with m.If(t0.mlast):
+                    m.d.sync += q_mact[i].eq(0)
+                    with m.If(t0.red):
+                        m.d.sync += red_done[i].bit_select(t0.flow, 1).eq(1)
+                    with m.Else():
+                        m.d.sync += gat_done[i].bit_select(t0.flow, 1).eq(1)
+            with m.If(clear):
+                m.d.sync += [frags.eq(0), rwords.eq(0), bad.eq(0), q_mact[i].eq(0),
+                             q_lb[i].eq(0), red_done[i].eq(0), gat_done[i].eq(0)]
+            with m.If(run_init):
+                m.d.sync += [q_mact[i].eq(0), q_lb[i].eq(0)]
+            rx_counters.append((frags, rwords, dp.status.counts[0], dp.status.dropped, bad))
+
+        # ------------------------------------------------------------ scan + issue logic
+        e = data.View(p.row, t_rd.data[:p.row.size])
+        head_ok = Signal()
+        scan_i = Signal(range(p.max_entries + 1))
+        scan_v = Signal()
+        scan_bad = Signal()
+        tx_all_idle = tx_idle.all()
+        issue_evt = Signal()
+        step_start = Signal(32)
+        ev_badop = Signal()
+        ev_erange = Signal()
+        ev_tindex = Signal()
+        ev_hrange = Signal()
+
+        m.d.comb += [tx_flow.eq(e.flow), tx_op.eq(e.op), tx_step.eq(e.step),
+                     tx_start.eq(e.start), tx_size.eq(e.size)]
+        # defaults for the table read port: head entry
+        m.d.comb += t_rd.addr.eq(hp)
+        with m.FSM(name="sched"):
+            with m.State("IDLE"):
+                with m.If(start_req):
+                    with m.If(n_entries > p.max_entries):
+                        m.d.comb += ev_tindex.eq(1)
+                        m.d.sync += scan_failed.eq(1)
+                    with m.Else():
+                        m.d.sync += [scan_i.eq(0), scan_v.eq(0), scan_bad.eq(0),
+                                     done.eq(0), scan_failed.eq(0), cycles.eq(0)]
+                        for f in range(F):
+                            m.d.sync += [expect_red[f].eq(0), gport[f].eq(p.port_nil),
+                                         fstart[f].eq(0), fsize[f].eq(0)]
+                        m.next = "SCAN"
+            with m.State("SCAN"):
+                m.d.comb += t_rd.addr.eq(scan_i)
+                with m.If(scan_i < n_entries):
+                    m.d.sync += scan_i.eq(scan_i + 1)
+                m.d.sync += scan_v.eq(scan_i < n_entries)
+                with m.If(scan_v):
+                    bad_op = e.op == 3
+                    bad_rng = (e.op != NOP) & (((e.start + e.size) > elements) |
+                                               (e.flow >= nflows))
+                    with m.If(bad_op):
+                        m.d.comb += ev_badop.eq(1)
+                        m.d.sync += scan_bad.eq(1)
+                    with m.Elif(bad_rng):
+                        m.d.comb += ev_erange.eq(1)
+                        m.d.sync += scan_bad.eq(1)
+                    with m.Elif(e.op != NOP):
+                        for f in range(F):
+                            with m.If(e.flow == f):
+                                m.d.sync += [fstart[f].eq(e.start), fsize[f].eq(e.size)]
+                                with m.If(e.op == REDUCE):
+                                    m.d.sync += expect_red[f].eq(expect_red[f] | e.cports)
+                                with m.If((e.op == GATHER) & (e.pport != p.port_nil)):
+                                    m.d.sync += gport[f].eq(e.pport)
+                with m.If(~scan_v & (scan_i == n_entries)):
+                    m.next = "FINISH"
+            with m.State("FINISH"):
+                with m.If(scan_bad):
+                    m.d.sync += scan_failed.eq(1)
+                    m.next = "IDLE"
+                with m.Else():
+                    # empty chunks: nothing is sent, count them as arrived
+                    for q in range(P):
+                        m.d.sync += [red_done[q].eq(Cat(*[(fsize[f] == 0) & expect_red[f][q]
+                                                          for f in range(F)])),
+                                     gat_done[q].eq(Cat(*[(fsize[f] == 0) & (gport[f] == q)
+                                                          for f in range(F)]))]
+                    m.d.comb += run_init.eq(1)
+                    m.d.sync += [hp.eq(0), head_ok.eq(0), ts.eq(1), lk.eq(0),
+                                 running.eq(1), step_start.eq(0)]
+                    m.next = "RUN"
+            with m.State("RUN"):
+                m.d.sync += [cycles.eq(cycles + 1), head_ok.eq(1)]
+                with m.If(lk != 0):
+                    m.d.sync += lk.eq(lk - 1)
+                advance = Signal()
+                with m.If(hp >= n_entries):
+                    with m.If(tx_all_idle):
+                        m.d.comb += [s_wr.addr.eq(ts), s_wr.data.eq(cycles - step_start),
+                                     s_wr.en.eq(1)]
+                        m.d.sync += [running.eq(0), done.eq(1)]
+                        m.next = "IDLE"
+                with m.Elif(head_ok):
+                    due = e.step <= ts
+                    with m.If(due):
+                        with m.Switch(e.op):
+                            with m.Case(NOP):
+                                m.d.sync += lk.eq(lockstep)
+                                m.d.comb += advance.eq(1)
+                            with m.Case(REDUCE):
+                                deps = (e.cports & ~red_done_of(e.flow)) == 0
+                                with m.If(deps):
+                                    with m.If((e.pport == p.port_nil) | (e.size == 0)):
+                                        m.d.comb += advance.eq(1)
+                                    with m.Else():
+                                        for i in range(P):
+                                            with m.If((e.pport == i) & tx_idle[i]):
+                                                m.d.comb += [tx_go[i].eq(1), advance.eq(1)]
+                            with m.Case(GATHER):
+                                deps = (e.pport == p.port_nil) | gat_done_of(e.flow)
+                                with m.If(deps):
+                                    with m.If((e.cports == 0) | (e.size == 0)):
+                                        m.d.comb += advance.eq(1)
+                                    with m.Elif((e.cports & ~tx_idle) == 0):
+                                        m.d.comb += [tx_go.eq(e.cports), advance.eq(1)]
+                    with m.Elif((lk == 0) & tx_all_idle):
+                        m.d.comb += [s_wr.addr.eq(ts), s_wr.data.eq(cycles - step_start),
+                                     s_wr.en.eq(1)]
+                        m.d.sync += [ts.eq(ts + 1), step_start.eq(cycles)]
+                with m.If(advance):
+                    m.d.sync += [hp.eq(hp + 1), head_ok.eq(0)]
+        m.d.comb += [self.done.eq(done), self.running.eq(running)]
+
+        # ------------------------------------------------------------ host bus
+        rsel = Signal(2)
+        rreg = Signal(32)
+        m.d.sync += rsel.eq(region)
+        # writes
+        with m.If(host.we):
+            with m.Switch(region):
+                with m.Case(0):
+                    with m.Switch(off):
+                        with m.Case(Reg.CTRL):
+                            with m.If(host.wdata[1]):
+                                m.d.comb += clear.eq(1)
+                        with m.Case(Reg.NODE):
+                            m.d.sync += node_id.eq(host.wdata)
+                        with m.Case(Reg.ENTRIES):
+                            m.d.sync += n_entries.eq(Mux(host.wdata > p.max_entries,
+                                                         p.max_entries + 1, host.wdata))
+                            with m.If(host.wdata > p.max_entries):
+                                m.d.comb += ev_tindex.eq(1)
+                        with m.Case(Reg.LOCKSTEP):
+                            m.d.sync += lockstep.eq(host.wdata)
+                        with m.Case(Reg.ELEMENTS):
+                            with m.If(host.wdata > p.depth):
+                                m.d.comb += ev_hrange.eq(1)
+                            with m.Else():
+                                m.d.sync += elements.eq(host.wdata)
+                        with m.Case(Reg.FLOWS):
+                            with m.If(host.wdata > F):
+                                m.d.comb += ev_hrange.eq(1)
+                            with m.Else():
+                                m.d.sync += nflows.eq(host.wdata)
+                        for i in range(P):
+                            with m.Case(Reg.PEER + i):
+                                m.d.sync += peer[i].eq(host.wdata)
+                with m.Case(1):
+                    SB = ceil_log2(p.row_stride)
+                    row = off >> SB
+                    word = off[:SB] if SB else Const(0, 1)
+                    with m.If((row < p.max_entries) & (word < RW) & ~running):
+                        m.d.comb += [t_wr.addr.eq(row), t_wr.data.eq(host.wdata.replicate(RW)),
+                                     t_wr.en.eq((Const(1, RW) << word)[:RW])]
+                    with m.Else():
+                        m.d.comb += ev_tindex.eq(1)
+                with m.Case(2):
+                    with m.If((off < p.depth) & ~running):
+                        m.d.comb += [h_wr.addr.eq(off), h_wr.data.eq(host.wdata), h_wr.en.eq(1)]
+                    with m.Else():
+                        m.d.comb += ev_hrange.eq(1)
+        # reads
+        m.d.comb += [h_rd.addr.eq(off), s_rd.addr.eq(off)]
+        with m.If(host.re & (region == 0)):
+            with m.Switch(off):
+                status = Cat(running, done, err_flags.any(), scan_failed)
+                regs = {Reg.ID: ID_VALUE, Reg.STATUS: status, Reg.NODE: node_id,
+                        Reg.ENTRIES: n_entries, Reg.LOCKSTEP: lockstep, Reg.ELEMENTS: elements,
+                        Reg.FLOWS: nflows, Reg.ERR_FLAGS: err_flags, Reg.ERR_COUNT: err_count,
+                        Reg.CYCLES: cycles, Reg.TIMESTEP: ts, Reg.HEAD: hp,
+                        Reg.PARAMS: P | (W << 4) | (ceil_log2(p.depth) << 8) |
+                        (p.max_entries << 16)}
+                for i in range(P):
+                    regs[Reg.PEER + i] = peer[i]
+                    fl, hd, wd = tx_counters[i]
+                    fr, rw, le, dr, bd = rx_counters[i]
+                    for k, sig in enumerate([fl, hd, wd, fr, rw, le, dr, bd]):
+                        regs[Reg.PORT + 8 * i + k] = sig
+                for a, v in regs.items():
+                    with m.Case(int(a)):
+                        m.d.sync += rreg.eq(v)
+                with m.Default():
+                    m.d.sync += rreg.eq(0)
+        with m.Switch(rsel):
+            with m.Case(0):
+                m.d.comb += host.rdata.eq(rreg)
+            with m.Case(2):
+                m.d.comb += host.rdata.eq(h_rd.data)
+            with m.Case(3):
+                m.d.comb += host.rdata.eq(s_rd.data)
+
+
+        # ------------------------------------------------------------ errors
+        link_err = Signal()
+        m.d.comb += link_err.eq(Cat(*[d.status.counts[0] != 0 for d in dps]).any())
+        evs = {ErrBit.TABLE_INDEX: [ev_tindex], ErrBit.HOST_RANGE: [ev_hrange],
+               ErrBit.BAD_OP: [ev_badop], ErrBit.ENTRY_RANGE: [ev_erange],
+               ErrBit.FRAG_RANGE: [r[0] for r in rx_err],
+               ErrBit.UNEXPECTED: [r[1] for r in rx_err],
+               ErrBit.SEQUENCE: [r[2] for r in rx_err]}
+        allev = [s for lst in evs.values() for s in lst]
+        m.d.comb += err_n.eq(sum(allev))
+        with m.If(clear):
+            m.d.sync += [err_flags.eq(0), err_count.eq(0), done.eq(0), scan_failed.eq(0)]
+        with m.Else():
+            m.d.sync += err_count.eq(err_count + err_n)
+            for bit, lst in evs.items():
+                with m.If(Cat(*lst).any()):
+                    m.d.sync += err_flags[int(bit)].eq(1)
+            with m.If(link_err):
+                m.d.sync += err_flags[int(ErrBit.LINK)].eq(1)
+        m.d.comb += self.error.eq(err_flags.any())
+        return m

@@ -1,0 +1,130 @@
+"""A fabric of N NICs wired by a direct-network :class:`~treenic.topology.Topology`.
+
+::
+
+     hw (node, addr, data) ─► demux ─► NIC u host bus ◄─ hr (node, addr) ─► hrd (data)
+                                          │
+      NIC u tx[i] ─► LinkModel(latency, seeded random stalls) ─► NIC v rx[j]
+      NIC u rx[i] ◄─ LinkModel ◄─ NIC v tx[j]            (port i of u  <->  port j of v,
+                                                            the same multigraph edge)
+      start ─► every NIC;  done = all NICs done;  cycles = start .. done
+
+Host access is two streams so a testbench or the C++ stream pump of
+:mod:`treenic.hdl.cosim` can load images and buffers at one write per cycle:
+``hw`` (node, addr, data) writes, ``hr`` (node, addr) read requests answered in order
+on ``hrd``.
+"""
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Module, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from treenic import topology as topo_mod
+from treenic.topology import Topology, is_switch
+
+from ..link.link import LinkModel
+from .core import Nic
+from .params import NicParams
+
+__all__ = ["Fabric", "wiring_plan"]
+
+
+def wiring_plan(topology: Topology) -> list[tuple[int, int, int, int]]:
+    """Directed links as (u, port i of u, v, port j of v): u's port i feeds v's port j."""
+    out = []
+    for u in topology.nodes:
+        for pu in topology.ports(u):
+            if is_switch(pu.peer):
+                raise ValueError(f"{topology.spec}: the fabric wires direct networks only")
+            v = pu.peer
+            match = [pv for pv in topology.ports(v) if pv.peer == u and pv.key == pu.key]
+            if len(match) != 1:
+                raise ValueError(f"{topology.spec}: no unique reverse port for {u}->{v}")
+            out.append((u, pu.index, v, match[0].index))
+    return out
+
+
+class Fabric(wiring.Component):
+    def __init__(self, topology: Topology | str, params: NicParams | None = None, *,
+                 latency: int = 1, stall: int = 0, seed: int = 1):
+        self.topology = topo = topo_mod.parse(topology) if isinstance(topology, str) else topology
+        if topo.max_ports() > (params or NicParams()).ports:
+            raise ValueError(f"{topo.spec} needs {topo.max_ports()} ports")
+        self.params = params = params or NicParams(ports=topo.max_ports())
+        if topo.n > params.max_nodes:
+            raise ValueError(f"{topo.spec} has {topo.n} nodes > max_nodes {params.max_nodes}")
+        self.latency, self.stall, self.seed = latency, stall, seed
+        self.plan = wiring_plan(topo)
+        nb = max(1, ceil_log2(topo.n))
+        AW = params.addr_bits
+        self.hw_layout = data.StructLayout({"node": nb, "addr": AW, "data": 32})
+        self.hr_layout = data.StructLayout({"node": nb, "addr": AW})
+        super().__init__({
+            "hw": In(stream.Signature(self.hw_layout)),
+            "hr": In(stream.Signature(self.hr_layout)),
+            "hrd": Out(stream.Signature(32)),
+            "start": In(1), "done": Out(1), "error": Out(1), "cycles": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        topo, p = self.topology, self.params
+        nics = []
+        for u in range(topo.n):
+            nic = Nic(p)
+            m.submodules[f"nic{u}"] = nic
+            nics.append(nic)
+            m.d.comb += nic.start.eq(self.start)
+        for (u, i, v, j) in self.plan:
+            lk = LinkModel(p.fmt, latency=self.latency, stall=self.stall,
+                           seed=(self.seed * 7919 + 131 * (u * p.ports + i) + 1) & 0xFFFF,
+                           depth=max(8, p.credits))
+            m.submodules[f"link_{u}_{i}"] = lk
+            wiring.connect(m, getattr(nics[u], f"tx{i}"), lk.i)
+            wiring.connect(m, lk.o, getattr(nics[v], f"rx{j}"))
+
+        # host streams
+        rd_busy = Signal()
+        rd_node = Signal.like(self.hr.payload.node)
+        resp_v = Signal()
+        resp = Signal(32)
+        m.d.comb += [self.hw.ready.eq(1),
+                     self.hr.ready.eq(~self.hw.valid & ~rd_busy & ~resp_v)]
+        rd = self.hr.valid & self.hr.ready
+        for u, nic in enumerate(nics):
+            sel_w = self.hw.valid & (self.hw.payload.node == u)
+            sel_r = rd & (self.hr.payload.node == u)
+            m.d.comb += [nic.host.we.eq(sel_w), nic.host.wdata.eq(self.hw.payload.data),
+                         nic.host.re.eq(sel_r),
+                         nic.host.addr.eq(Mux_(sel_w, self.hw.payload.addr,
+                                               self.hr.payload.addr))]
+            with m.If(rd_busy & (rd_node == u)):
+                m.d.sync += resp.eq(nic.host.rdata)
+        m.d.sync += rd_busy.eq(rd)
+        with m.If(rd):
+            m.d.sync += rd_node.eq(self.hr.payload.node)
+        with m.If(rd_busy):
+            m.d.sync += resp_v.eq(1)
+        with m.Elif(self.hrd.ready):
+            m.d.sync += resp_v.eq(0)
+        m.d.comb += [self.hrd.valid.eq(resp_v), self.hrd.payload.eq(resp)]
+
+        # status
+        all_done = Cat(*[n.done for n in nics]).all()
+        m.d.comb += [self.done.eq(all_done), self.error.eq(Cat(*[n.error for n in nics]).any())]
+        counting = Signal()
+        with m.If(self.start):
+            m.d.sync += [counting.eq(1), self.cycles.eq(0)]
+        with m.Elif(counting):
+            with m.If(all_done):
+                m.d.sync += counting.eq(0)
+            with m.Else():
+                m.d.sync += self.cycles.eq(self.cycles + 1)
+        return m
+
+
+def Mux_(c, a, b):
+    from amaranth.hdl import Mux
+    return Mux(c, a, b)

@@ -1,0 +1,61 @@
+"""Host side of the NIC: config image -> register/table writes, buffer load/readback.
+
+The host (driver, cocotb bench, co-simulation) parses and verifies the firmware image
+(:class:`treenic.firmware.image.ConfigImage`: magic, version, CRC-32) and streams the
+result into the NIC over its host bus as word writes: configuration registers, the link
+map (PEER), and the schedule table rows re-packed into the NIC's native row layout
+(:attr:`NicParams.row`, parent/children resolved to ports -- the NIC never routes).
+Images that do not fit the NIC's build parameters are refused here with a clear error.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from treenic.firmware.image import ConfigImage, NO_PEER
+
+from .params import NicParams, Reg, Ctrl
+
+__all__ = ["image_writes", "buffer_writes", "NicImageError", "decode_image"]
+
+
+class NicImageError(ValueError):
+    """A configuration image that does not fit this NIC build."""
+
+
+def decode_image(image: bytes | ConfigImage) -> ConfigImage:
+    return image if isinstance(image, ConfigImage) else ConfigImage.from_bytes(bytes(image))
+
+
+def image_writes(params: NicParams, image: bytes | ConfigImage) -> list[tuple[int, int]]:
+    """(address, value) host-bus writes that configure one NIC from its image."""
+    img = decode_image(image)
+    tab = img.table
+    L = tab.layout
+    checks = [(img.ports <= params.ports, f"image has {img.ports} ports, NIC {params.ports}"),
+              (L.flows <= params.max_nodes, f"{L.flows} flows > max_nodes {params.max_nodes}"),
+              (img.elements <= params.depth, f"{img.elements} elements > depth {params.depth}"),
+              (len(tab.entries) <= params.max_entries,
+               f"{len(tab.entries)} table rows > max_entries {params.max_entries}"),
+              (L.steps <= params.max_steps, f"{L.steps} steps > max_steps {params.max_steps}"),
+              (img.nodes <= params.max_nodes, f"{img.nodes} nodes > max_nodes {params.max_nodes}")]
+    for ok, msg in checks:
+        if not ok:
+            raise NicImageError(f"node {img.node}: {msg}")
+    w = [(Reg.CTRL, Ctrl.CLEAR), (Reg.NODE, img.node), (Reg.ENTRIES, len(tab.entries)),
+         (Reg.LOCKSTEP, img.lockstep_cycles), (Reg.ELEMENTS, img.elements),
+         (Reg.FLOWS, L.flows)]
+    for port, peer in enumerate(img.link_map):
+        w.append((Reg.PEER + port, 0xFFFF if peer == NO_PEER else peer))
+    for i, e in enumerate(tab.entries):
+        row = params.encode_row(int(e.op), e.flow, e.step, e.parent_port, e.child_ports,
+                                e.start, e.size)
+        for k in range(params.row_words):
+            w.append((params.table_addr(i, k), (row >> (32 * k)) & 0xFFFFFFFF))
+    return [(int(a), int(v)) for a, v in w]
+
+
+def buffer_writes(params: NicParams, values: np.ndarray) -> list[tuple[int, int]]:
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    if bits.size > params.depth:
+        raise NicImageError(f"{bits.size} elements > buffer depth {params.depth}")
+    return [(params.buf_addr(e), int(b)) for e, b in enumerate(bits)]

@@ -1,0 +1,214 @@
+"""NIC parameters, native table-row layout and register map (shared by RTL, host helpers,
+benches and the golden model).
+
+Register map (host bus, 32-bit words; word address = region << (AW-2) | offset)::
+
+    region 0  registers
+      0x00 ID          RO  0x544E4943 ("TNIC")
+      0x01 CTRL        WO  bit0 START (scan the table, then run), bit1 CLEAR (errors,
+                           counters, run state; table/buffer kept)
+      0x02 STATUS      RO  bit0 RUNNING, bit1 DONE, bit2 ERROR (any ERR_FLAGS bit),
+                           bit3 SCAN_FAILED (table rejected, nothing ran), [15:8] fsm state
+      0x03 NODE        RW  node id (packet-mode src)
+      0x04 ENTRIES     RW  table rows in use (<= max_entries, else ERR_TABLE_INDEX)
+      0x05 LOCKSTEP    RW  lockstep down-counter load value (cycles) for NOP entries
+      0x06 ELEMENTS    RW  float32 elements in the gradient buffer (<= depth)
+      0x07 FLOWS       RW  flows (trees) in use: head flits with flow >= FLOWS are rejected
+      0x08 ERR_FLAGS   RO  sticky error bits (ErrBit)
+      0x09 ERR_COUNT   RO  number of error events (all causes)
+      0x0A CYCLES      RO  cycles from START to DONE (running count while RUNNING)
+      0x0B TIMESTEP    RO  timestep counter
+      0x0C HEAD        RO  head entry index
+      0x0D PARAMS      RO  ports | lanes << 4 | log2(depth) << 8 | max_entries << 16
+      0x10+p PEER[p]   RW  node id of the peer on port p (packet-mode dest)
+      0x20+8p+k        RO  per-port counters, k: 0 TX_FLITS, 1 TX_HEADS, 2 TX_WORDS
+                           (payload words sent), 3 RX_FRAGS (fragments accepted),
+                           4 RX_WORDS (payload words written), 5 RX_LINK_ERRS (depacketiser
+                           error count, all causes), 6 RX_DROPPED (flits dropped by the
+                           depacketiser), 7 RX_BAD (fragments rejected by the NIC checks)
+    region 1  schedule table: row i, word k at i * row_stride + k (write only)
+    region 2  gradient buffer: element e (read/write while not RUNNING)
+    region 3  step cycle log: word s = cycles the node spent in timestep s (read only)
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from amaranth.lib import data
+from amaranth.utils import ceil_log2
+
+from ..link.flit import FlitFormat
+from ..link.model import MESSAGE, PACKET, DEFAULT_SUB_WORDS
+
+ID_VALUE = 0x544E4943
+
+
+class Reg(enum.IntEnum):
+    ID = 0x00
+    CTRL = 0x01
+    STATUS = 0x02
+    NODE = 0x03
+    ENTRIES = 0x04
+    LOCKSTEP = 0x05
+    ELEMENTS = 0x06
+    FLOWS = 0x07
+    ERR_FLAGS = 0x08
+    ERR_COUNT = 0x09
+    CYCLES = 0x0A
+    TIMESTEP = 0x0B
+    HEAD = 0x0C
+    PARAMS = 0x0D
+    PEER = 0x10
+    PORT = 0x20
+
+
+class PortCounter(enum.IntEnum):
+    TX_FLITS = 0
+    TX_HEADS = 1
+    TX_WORDS = 2
+    RX_FRAGS = 3
+    RX_WORDS = 4
+    RX_LINK_ERRS = 5
+    RX_DROPPED = 6
+    RX_BAD = 7
+
+
+class ErrBit(enum.IntEnum):
+    TABLE_INDEX = 0      # host wrote a table row >= max_entries, or ENTRIES > max_entries
+    HOST_RANGE = 1       # host buffer access >= depth / ELEMENTS > depth / FLOWS > max
+    BAD_OP = 2           # table row with op code 3
+    ENTRY_RANGE = 3      # table row start+size beyond ELEMENTS, or flow >= FLOWS
+    FRAG_RANGE = 4       # received fragment outside its flow's chunk
+    UNEXPECTED = 5       # contribution/gather from a port the table does not expect
+    SEQUENCE = 6         # fragment offset does not continue the open message
+    LINK = 7             # depacketiser error (unknown flow/op, seq, length, orphan, overflow)
+
+
+class Ctrl(enum.IntEnum):
+    START = 1
+    CLEAR = 2
+
+
+class Status(enum.IntEnum):
+    RUNNING = 1
+    DONE = 2
+    ERROR = 4
+    SCAN_FAILED = 8
+
+
+def _bits(v: int) -> int:
+    return max(1, int(v).bit_length())
+
+
+@dataclass(frozen=True)
+class NicParams:
+    """Build-time parameters of one NIC.
+
+    ports: link ports; width: flit data bits (multiple of 32); depth: buffer elements;
+    max_nodes: nodes = flows the table may name; max_entries / max_steps: table rows /
+    schedule steps; mode: "message" (MultiTree sub-packets) or "packet"; sub_words:
+    sub-packet length; packet_words: packet payload in packet mode; credits: receive
+    buffer (flits) per port = sender credits.
+    """
+    ports: int = 4
+    width: int = 64
+    depth: int = 1024
+    max_nodes: int = 16
+    max_entries: int | None = None
+    max_steps: int | None = None
+    mode: str = MESSAGE
+    sub_words: int = DEFAULT_SUB_WORDS
+    packet_words: int = 64
+    credits: int = 16
+
+    def __post_init__(self):
+        if self.max_entries is None:
+            object.__setattr__(self, "max_entries", 8 * self.max_nodes)
+        if self.max_steps is None:
+            object.__setattr__(self, "max_steps", 4 * self.max_nodes)
+        if self.mode not in (MESSAGE, PACKET):
+            raise ValueError(f"mode must be {MESSAGE!r} or {PACKET!r}")
+
+    @property
+    def lanes(self) -> int:
+        return self.width // 32
+
+    @property
+    def abits(self) -> int:          # element addresses / sizes 0..depth
+        return _bits(self.depth)
+
+    @property
+    def fmt(self) -> FlitFormat:
+        return FlitFormat(width=self.width, vcs=1, ports=max(2, self.ports),
+                          nodes=max(2, self.max_nodes), flows=max(2, self.max_nodes),
+                          steps=self.max_steps + 2, offset_bits=self.abits,
+                          length_bits=self.abits, max_packet_words=self.packet_words)
+
+    @property
+    def flow_bits(self) -> int:
+        return max(1, ceil_log2(self.max_nodes))
+
+    @property
+    def step_bits(self) -> int:
+        return max(1, ceil_log2(self.max_steps + 2))
+
+    @property
+    def pport_bits(self) -> int:     # parent port incl. NIL (all ones)
+        return _bits(self.ports)
+
+    @property
+    def port_nil(self) -> int:
+        return (1 << self.pport_bits) - 1
+
+    @property
+    def row(self) -> data.StructLayout:
+        return data.StructLayout({
+            "op": 2, "flow": self.flow_bits, "step": self.step_bits,
+            "pport": self.pport_bits, "cports": self.ports,
+            "start": self.abits, "size": self.abits})
+
+    @property
+    def row_words(self) -> int:
+        return (self.row.size + 31) // 32
+
+    @property
+    def row_stride(self) -> int:     # power of two >= row_words
+        return 1 << ceil_log2(self.row_words)
+
+    @property
+    def region_bits(self) -> int:    # offset bits inside a host-bus region
+        return max(ceil_log2(self.depth), ceil_log2(self.max_entries * self.row_stride),
+                   ceil_log2(self.max_steps + 2), 8)
+
+    @property
+    def addr_bits(self) -> int:
+        return self.region_bits + 2
+
+    def reg_addr(self, reg: int) -> int:
+        return int(reg)
+
+    def table_addr(self, row: int, word: int = 0) -> int:
+        return (1 << self.region_bits) | (row * self.row_stride + word)
+
+    def buf_addr(self, element: int) -> int:
+        return (2 << self.region_bits) | element
+
+    def steplog_addr(self, step: int) -> int:
+        return (3 << self.region_bits) | step
+
+    def port_counter_addr(self, port: int, k: int) -> int:
+        return int(Reg.PORT) + 8 * port + int(k)
+
+    def encode_row(self, op: int, flow: int, step: int, pport: int | None, cports,
+                   start: int, size: int) -> int:
+        vals = {"op": op, "flow": flow, "step": step,
+                "pport": self.port_nil if pport is None else pport,
+                "cports": sum(1 << p for p in cports), "start": start, "size": size}
+        word = 0
+        for name, f in self.row:
+            v = int(vals[name])
+            if not 0 <= v < (1 << f.width):
+                raise ValueError(f"row field {name}={v} does not fit {f.width} bits")
+            word |= v << f.offset
+        return word
