@@ -237,12 +237,20 @@ def counts_by_histogram(keys: np.ndarray, threshold_keys) -> np.ndarray:
     thresholds strictly below it (a comparator tree), the bins are histogrammed and suffix
     sums give every count: ``key > sorted_thr[j]  <=>  bin > j``."""
     thr = np.asarray(threshold_keys, np.uint32)
+    out = np.empty(thr.size, np.int64)
+    if thr.size == 0:
+        return out
     order = np.argsort(thr, kind="stable")
     sorted_thr = thr[order]
-    bins = np.searchsorted(sorted_thr, keys, side="left")   # #{thr < key}
+    # keys <= the lowest threshold land in bin 0 and keys above the highest in the last bin;
+    # only the band in between needs the comparator tree (same histogram, less numpy work)
+    low, high = sorted_thr[0], sorted_thr[-1]
+    above_all = int(np.count_nonzero(keys > high))
+    band = keys[(keys > low) & (keys <= high)]
+    bins = np.searchsorted(sorted_thr, band, side="left")   # #{thr < key}, in 1..size-1
     hist = np.bincount(bins, minlength=thr.size + 1)
+    hist[thr.size] += above_all
     above_sorted = np.cumsum(hist[::-1])[::-1][1:]
-    out = np.empty(thr.size, np.int64)
     out[order] = above_sorted
     return out
 
