@@ -120,10 +120,11 @@ class HashMemory:
     def pieces(self) -> list[np.ndarray]:
         """What worker sends to each server: the row's non-EMPTY entries in slot order, then that
         partition's overflowed indices in processing order."""
+        spilled_partition = self.partition[self.slot < 0]     # aligned with self.overflow
         out = []
         for p in range(self.x.shape[0]):
             row = self.x[p]
-            spill = self.overflow[self.partition[self.slot < 0] == p] if self.overflow.size else self.overflow
+            spill = self.overflow[spilled_partition == p]
             out.append(np.concatenate([row[row != EMPTY], spill]).astype(np.int64))
         return out
 
