@@ -112,7 +112,8 @@ class RedSync:
 
     def __init__(self, workers, elements, density, seed=0, *, selection="trimmed",
                  quantize=False, depth=16, hist_bits=8, strict=False, lower="mean",
-                 reuse_interval=5, cap_factor=4, average=False, q_error_feedback=False, check_invariants=True):
+                 reuse_interval=5, cap_factor=4, average=False, q_error_feedback=False,
+                 check_invariants=True):
         self.k = check_params(workers, elements, density)
         if selection not in SELECTIONS:
             raise SparseError(f"selection must be one of {SELECTIONS}, got {selection!r}")
@@ -222,7 +223,6 @@ class RedSync:
         invariants = {
             "message_round_trip": bool(round_trip),
             "allgather_complete": allgather_complete,
-            
         }
         if not self.quantize and self.check_invariants:
             invariants["error_feedback_exact"] = bool(ef_exact)
