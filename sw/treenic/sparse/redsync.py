@@ -21,7 +21,7 @@ import math
 
 import numpy as np
 
-from .base import INDEX_BYTES, VALUE_BYTES, SparseError, SparseResult, TrafficLog, check_params
+from .base import SparseError, SparseResult, TrafficLog, check_params
 from .ef import accumulate, check_flag, mass_conserved, read_only, union_density
 from .select import (ThresholdReuse, binary_search_histogram, quantize_mean, sign_for_step,
                      threshold_binary_search, topk, trimmed_topk)
@@ -262,4 +262,4 @@ def cost(workers, elements, density, alpha, beta, *, quantized=False, c_dec=0.0,
             "total": t_select + latency + bandwidth + P * c_dec * L, "message_bytes": S}
 
 
-__all__ = ["RedSync", "pack", "unpack", "bruck_received", "cost", "INDEX_BYTES", "VALUE_BYTES"]
+__all__ = ["RedSync", "pack", "unpack", "bruck_received", "cost"]
