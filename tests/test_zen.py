@@ -92,6 +92,13 @@ def test_hierarchical_hash_equals_sequential_reference(seed, m, n, r1, r2, k, sh
             assert fast.x[part[t], q] == idx[t]
 
 
+def test_degenerate_sizing_falls_back_to_sequential_loop():
+    idx = np.arange(0, 3000, 7)
+    fast = hierarchical_hash(idx, 1, 1, idx.size, [0, 1])         # one slot: a single chain
+    ref = hierarchical_hash_reference(idx, 1, 1, idx.size, [0, 1])
+    assert np.array_equal(fast.x, ref.x) and fast.overflow.size == 0
+
+
 def test_overflow_is_reported_not_dropped():
     idx = np.arange(0, 400, 3)
     mem = hierarchical_hash(idx, 2, 4, 2, [0, 1, 2])
