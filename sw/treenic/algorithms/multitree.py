@@ -106,119 +106,111 @@ def build_trees(topo: Topology, priority: str = "auto") -> tuple[list[list[tuple
     order they were made (``path[0]`` the parent, ``path[-1]`` the child, switches between);
     and the total step count T."""
     priority = resolve_priority(topo, priority)
-    if topo.is_direct:
-        return _build_direct(topo, priority)
-    return _build_switched(topo, priority)
-
-
-def _build_direct(topo: Topology, priority: str):
+    grower = _DirectGrower(topo) if topo.is_direct else _SwitchedGrower(topo)
     n = topo.n
-    nbr = [topo.neighbours(v) for v in range(n)]
-    # capacity per (node, neighbour slot); parallel links give capacity > 1
-    cap = [[topo.graph.number_of_edges(v, u) for u in nbr[v]] for v in range(n)]
-    in_tree = [bytearray(n) for _ in range(n)]
-    degree = [len(nbr[p]) for p in range(n)]
-    outside = [list(degree) for _ in range(n)]        # outside[r][p]: p's neighbours not in tree r
-    alive = [[r] for r in range(n)]                   # members that may still gain a child
-    edges: list[list[tuple]] = [[] for _ in range(n)]
     remaining = [n - 1] * n
-    for r in range(n):
-        in_tree[r][r] = 1
-        for u in nbr[r]:
-            outside[r][u] -= 1
     t = 0
-    while any(remaining):
+    while any(remaining):                      # lines 4–14: one time step per iteration
         t += 1
-        free = [list(c) for c in cap]
-        eligible = [[p for p in alive[r] if outside[r][p]] if remaining[r] else [] for r in range(n)]
-        alive = eligible
-        cursor = [0] * n
+        grower.new_step(remaining)
         active = [r for r in _turn_order(remaining, priority) if remaining[r]]
-        joined = [[] for _ in range(n)]
         progress = False
-        while active:
+        while active:                          # trees take turns, one node per turn
             still = []
             for r in active:
-                cand, tin, out_r = eligible[r], in_tree[r], outside[r]
-                i = cursor[r]
-                child = None
-                while i < len(cand):
-                    p = cand[i]
-                    if out_r[p]:
-                        fp = free[p]
-                        for j, v in enumerate(nbr[p]):
-                            if fp[j] and not tin[v]:
-                                fp[j] -= 1
-                                child = (p, v)
-                                break
-                        if child:
-                            break
-                    i += 1
-                cursor[r] = i
-                if child is None:
-                    continue
-                p, c = child
-                tin[c] = 1
-                for u in nbr[c]:
-                    out_r[u] -= 1
-                joined[r].append(c)
-                edges[r].append(((p, c), t))
-                remaining[r] -= 1
-                progress = True
-                if remaining[r]:
-                    still.append(r)
+                if grower.grow(r, t):
+                    remaining[r] -= 1
+                    progress = True
+                    if remaining[r]:
+                        still.append(r)
             active = still
         if not progress:
             raise RuntimeError(f"MultiTree made no progress at step {t} on {topo.spec}")
+    return grower.edges, t
+
+
+class _DirectGrower:
+    """Tree growth over one-hop links (tori, meshes, rings, direct graphs)."""
+
+    def __init__(self, topo: Topology):
+        n = topo.n
+        self.nbr = nbr = [topo.neighbours(v) for v in range(n)]
+        # capacity per (node, neighbour slot); parallel links give capacity > 1
+        self.cap = [[topo.graph.number_of_edges(v, u) for u in nbr[v]] for v in range(n)]
+        self.in_tree = [bytearray(n) for _ in range(n)]
+        # outside[r][p]: p's neighbours not yet in tree r (0: p can never gain a child)
+        self.outside = [[len(nbr[p]) for p in range(n)] for _ in range(n)]
+        self.members = [[r] for r in range(n)]   # join order: breadth-first (line 9)
+        self.edges: list[list[tuple]] = [[] for _ in range(n)]
+        self.eligible = [[] for _ in range(n)]
         for r in range(n):
-            alive[r] = alive[r] + joined[r]
-    return edges, t
+            self.in_tree[r][r] = 1
+            for u in nbr[r]:
+                self.outside[r][u] -= 1
+
+    def new_step(self, remaining):
+        self.free = [list(c) for c in self.cap]
+        self.cursor = [0] * len(remaining)
+        for r, left in enumerate(remaining):
+            if left:     # parents: members from earlier steps that still have an outside neighbour
+                out_r = self.outside[r]
+                self.members[r] = [p for p in self.members[r] if out_r[p]]
+                self.eligible[r] = list(self.members[r])
+
+    def grow(self, r, t) -> bool:
+        cand, tin, out_r, nbr, free = (self.eligible[r], self.in_tree[r], self.outside[r],
+                                       self.nbr, self.free)
+        i = self.cursor[r]
+        while i < len(cand):
+            p = cand[i]
+            if out_r[p]:
+                fp = free[p]
+                for j, c in enumerate(nbr[p]):
+                    if fp[j] and not tin[c]:
+                        fp[j] -= 1
+                        self.cursor[r] = i
+                        tin[c] = 1
+                        for u in nbr[c]:
+                            out_r[u] -= 1
+                        self.members[r].append(c)
+                        self.edges[r].append(((p, c), t))
+                        return True
+            i += 1
+        self.cursor[r] = i
+        return False
 
 
-def _build_switched(topo: Topology, priority: str):
-    n = topo.n
-    attached = {s: sorted(v for v in topo.neighbours(s) if not is_switch(v))
-                for s in topo.switches}
-    links = _Links(topo)
-    in_tree = [[False] * n for _ in range(n)]
-    members = [[r] for r in range(n)]            # join order (breadth-first)
-    edges: list[list[tuple]] = [[] for _ in range(n)]
-    for r in range(n):
-        in_tree[r][r] = True
-    remaining = [n - 1] * n
-    t = 0
-    while any(remaining):
-        t += 1
-        links.new_step()
-        eligible = [list(members[r]) if remaining[r] else [] for r in range(n)]
-        cursor = [0] * n
-        active = [r for r in _turn_order(remaining, priority) if remaining[r]]
-        progress = False
-        while active:
-            still = []
-            for r in active:
-                cand, tree_in = eligible[r], in_tree[r]
-                found = None
-                while cursor[r] < len(cand):
-                    found = _find_child_switched(topo, cand[cursor[r]], tree_in, links, attached)
-                    if found:
-                        break
-                    cursor[r] += 1
-                if not found:
-                    continue
-                c = found[-1]
-                links.take(found)
-                tree_in[c] = True
-                members[r].append(c)
-                edges[r].append((tuple(found), t))
-                remaining[r] -= 1
-                progress = True
-                if remaining[r]:
-                    still.append(r)
-            active = still
-        if not progress:
-            raise RuntimeError(f"MultiTree made no progress at step {t} on {topo.spec}")
-    return edges, t
+class _SwitchedGrower:
+    """Tree growth through switches (§III-C3)."""
+
+    def __init__(self, topo: Topology):
+        n = topo.n
+        self.topo = topo
+        self.attached = {s: sorted(v for v in topo.neighbours(s) if not is_switch(v))
+                         for s in topo.switches}
+        self.links = _Links(topo)
+        self.in_tree = [[r == v for v in range(n)] for r in range(n)]
+        self.members = [[r] for r in range(n)]
+        self.edges: list[list[tuple]] = [[] for _ in range(n)]
+
+    def new_step(self, remaining):
+        self.links.new_step()
+        self.cursor = [0] * len(remaining)
+        self.eligible = [list(m) if left else [] for m, left in zip(self.members, remaining)]
+
+    def grow(self, r, t) -> bool:
+        cand, tree_in = self.eligible[r], self.in_tree[r]
+        while self.cursor[r] < len(cand):
+            found = _find_child_switched(self.topo, cand[self.cursor[r]], tree_in, self.links,
+                                         self.attached)
+            if found:
+                self.links.take(found)
+                tree_in[found[-1]] = True
+                self.members[r].append(found[-1])
+                self.edges[r].append((tuple(found), t))
+                return True
+            self.cursor[r] += 1
+        return False
 
 
 def build(topo: Topology, priority: str = "auto") -> Schedule:
