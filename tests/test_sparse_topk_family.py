@@ -171,3 +171,18 @@ def test_table_i(cls, p, lat, lo, hi):
 def test_bad_parameters(name, kwargs, msg):
     with pytest.raises(SparseError, match=msg):
         make(name, **kwargs)
+
+
+def test_float32_overflow_is_reported_not_hidden():
+    """IEEE overflow to inf (ARCHITECTURE §5): TopkA's sum overflows and the invariant says
+    so; a model that must re-select an inf raises and leaves its state untouched."""
+    g = np.full((4, 64), 3e38, np.float32)
+    r = TopkA(4, 64, 0.5).step(g)
+    assert np.isinf(r.result[0]).any() and r.info["invariants"]["mass_conservation"] is False
+    for name, opts in (("spardl", {"teams": 2, "sag": "b"}), ("oktopk", {}), ("gtopk", {})):
+        a = make(name, workers=4, elements=64, density=0.5, **opts)
+        before = {k: repr(getattr(a, k)) for k in a.STATE}
+        with pytest.raises(SparseError, match="non-finite"):
+            a.step(g)
+        assert a.iteration == 0 and not a.residuals.any()
+        assert {k: repr(getattr(a, k)) for k in a.STATE} == before

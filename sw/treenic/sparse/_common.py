@@ -11,10 +11,14 @@
 * :class:`ErrorFeedbackModel` — the skeleton of these models (parameter and option checks,
   residual state, :class:`~treenic.sparse.base.SparseResult` assembly, invariants).
 
-Non-finite gradients are rejected before any state changes (:class:`~treenic.sparse.base.SparseError`).
+Non-finite gradients are rejected before any state changes
+(:class:`~treenic.sparse.base.SparseError`). A float32 overflow inside a model yields ±inf
+as in hardware; a re-selection that meets it raises SparseError (the selection unit flags
+non-finite input), and the failed step leaves the model's state untouched.
 """
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass
 
@@ -176,13 +180,14 @@ def mass_invariant(out_sum: np.ndarray, new_res: np.ndarray, grads: np.ndarray,
     for c in range(0, n, chunk):
         sl = slice(c, min(n, c + chunk))
         rhs = grads[:, sl].sum(axis=0, dtype=np.float64) + old_res[:, sl].sum(axis=0, dtype=np.float64)
-        # the bound's own float32 rounding (relative <= P·eps) is absorbed by the +8 slack
-        scale = np.abs(grads[:, sl]).sum(axis=0) + np.abs(old_res[:, sl]).sum(axis=0)
-        bound = (2 * p + 8) * F32_EPS * scale.astype(np.float64)
+        scale = (np.abs(grads[:, sl]).sum(axis=0, dtype=np.float64)
+                 + np.abs(old_res[:, sl]).sum(axis=0, dtype=np.float64))
+        bound = (2 * p + 8) * F32_EPS * scale
         lhs = out_sum[sl].astype(np.float64) + new_res[:, sl].sum(axis=0, dtype=np.float64)
         defect = np.abs(lhs - rhs)
         ok &= bool(np.all(defect <= bound))
-        worst = max(worst, float(np.max(defect / np.maximum(bound, tiny), initial=0.0)))
+        ratio = np.where(np.isfinite(defect), defect / np.maximum(bound, tiny), np.inf)
+        worst = max(worst, float(np.max(ratio, initial=0.0)))
     return ok, worst
 
 
@@ -223,6 +228,7 @@ class ErrorFeedbackModel:
     name = "?"
     OPTIONS: dict = {}
     CONSERVES_MASS = True
+    STATE: tuple = ()        # attributes besides the residuals that a step updates
 
     def __init__(self, workers, elements, density, seed=0, **options):
         self.k = self._check_params(workers, elements, density)
@@ -253,13 +259,24 @@ class ErrorFeedbackModel:
         if not np.isfinite(g).all():
             raise SparseError(f"{self.name}: gradients contain NaN or Inf")
         t0 = time.perf_counter()
-        acc = g + self.residuals
+        with np.errstate(over="ignore"):
+            acc = g + self.residuals
         log = TrafficLog(self.workers)
-        out_sum, new_res, info, inv = self._step(acc, log)
+        # float32 overflow to ±inf is IEEE behaviour the hardware shares (ARCHITECTURE §5):
+        # it shows up in the invariants, not as numpy warnings.
+        saved = copy.deepcopy({a: getattr(self, a) for a in self.STATE})
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):
+                out_sum, new_res, info, inv = self._step(acc, log)
+        except Exception:
+            for a, v in saved.items():          # a failed step changes nothing
+                setattr(self, a, v)
+            raise
         seconds = time.perf_counter() - t0
         inv = dict(inv)
         if self.options["check_invariants"] and self._conserves_mass():
-            ok, worst = mass_invariant(out_sum, new_res, g, self.residuals)
+            with np.errstate(over="ignore", invalid="ignore"):
+                ok, worst = mass_invariant(out_sum, new_res, g, self.residuals)
             inv["mass_conservation"] = ok
             info["mass_defect_over_bound"] = worst
         out = out_sum / np.float32(self.workers) if self.options["average"] else out_sum

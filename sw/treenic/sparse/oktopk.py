@@ -52,6 +52,7 @@ class OkTopk(ErrorFeedbackModel):
     name = "oktopk"
     OPTIONS = {"threshold_period": (32, _positive_int),
                "repartition_period": (64, _positive_int)}
+    STATE = ("thr_loc", "thr_glob", "bounds")
 
     def _setup(self):
         p, n = self.workers, self.elements

@@ -190,6 +190,10 @@ class HController:
         self.step = raw if code_compatible else max(1, raw)
         self.flag = False
 
+    def __repr__(self) -> str:
+        return (f"HController(L={self.L}, d={self.d}, h={self.h}, step={self.step}, "
+                f"flag={self.flag})")
+
     def update(self, n_t: int) -> int:
         """Feed the union size measured with the current h; returns the next h."""
         if (n_t > self.L) != (self.step > 0):
@@ -231,6 +235,7 @@ class SparDL(ErrorFeedbackModel):
         "bsag_credit": (True, (False, True)),
         "h_code_compatible": (False, (False, True)),
     }
+    STATE = ("h",)
 
     def _setup(self):
         o = self.options
