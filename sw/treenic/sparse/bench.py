@@ -244,8 +244,8 @@ def _markdown(vol, sk, tim, params) -> str:
 def run(out_dir: Path, quick: bool = False) -> dict:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    params = {"vol_ps": [4, 8, 16] if quick else [4, 8, 12, 16, 24, 32],
-              "vol_iters": 3 if quick else 6,
+    params = {"vol_ps": [4, 8, 16] if quick else [4, 8, 12, 16, 32],
+              "vol_iters": 3 if quick else 4,
               "vol_n": 1 << 16 if quick else 1 << 20,
               "skew_rows": 1 << 12 if quick else 1 << 16,
               "t_p": 16, "t_n": 1 << 18 if quick else 4_000_000}
