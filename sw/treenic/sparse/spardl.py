@@ -376,9 +376,6 @@ class SparDL(ErrorFeedbackModel):
         out_p = np.zeros(padded, np.float32)
         fin_flat = np.concatenate([held[r][0].astype(np.int64) + r * C for r in range(Pt)])
         out_p[fin_flat] = np.concatenate([held[r][1] for r in range(Pt)])
-        teams_agree = all(np.array_equal(held[t * Pt + r][0], held[r][0]) and
-                          np.array_equal(held[t * Pt + r][1], held[r][1])
-                          for t in range(d) for r in range(Pt))
 
         # ---- residuals ------------------------------------------------------------------------
         R = Gc.reshape(P, padded)
@@ -406,7 +403,6 @@ class SparDL(ErrorFeedbackModel):
             "srs_message_entries_le_kb": srs_entries_max <= kb,
             "final_block_entries_le_L": bool(sizes.max(initial=0) <= L_bound),
             "output_nnz_le_teamsize_L": int(np.count_nonzero(out_p)) <= Pt * L_bound,
-            "teams_hold_identical_blocks": teams_agree,
         }
         info["final_entries"] = int(fin_flat.size)
         return out_p[:n].copy(), new_res, info, inv
