@@ -13,13 +13,15 @@ Contract
   quiet NaN ``0x7FC00000`` (sign 0, payload dropped).  The golden canonicalises numpy's
   NaNs the same way, so NaN results compare bit for bit as well.
 
-Micro-architecture (4 stages, one result per cycle, latency 4 cycles)::
+Micro-architecture (5 stages, one result per cycle, latency 5 cycles)::
 
-    S1 unpack/classify, magnitude compare and swap (|x| >= |y|), exponent difference
+    S1 unpack/classify, magnitude compare and swap (|x| >= |y|), exponent differences
+       (both directions in parallel with the compare)
     S2 align y (right shift with guard/round/sticky) and add/subtract 28-bit mantissas
-    S3 normalise: carry -> shift right 1; else shift left by the leading-zero count,
+    S3 leading-zero count (log-depth tree)
+    S4 normalise: carry -> shift right 1; else shift left by the leading-zero count,
        limited so the exponent stays >= 1 (gradual underflow)
-    S4 round to nearest even, repack, override specials (NaN, inf, overflow)
+    S5 round to nearest even, repack, override specials (NaN, inf, overflow)
 
 Streaming: ``i`` (payload ``a``, ``b``, ``tag``) and ``o`` (payload ``sum``, ``tag``)
 follow the ``amaranth.lib.stream`` rules.  Every stage holds a valid bit; stage *k*
@@ -47,7 +49,7 @@ __all__ = ["FP32Adder", "fp32_add_golden", "fp32_add_exact", "CANONICAL_NAN",
            "f32_to_bits", "bits_to_f32", "LATENCY", "DIRECTED_CASES", "random_operand_pairs"]
 
 CANONICAL_NAN = 0x7FC00000
-LATENCY = 4
+LATENCY = 5
 
 
 # ----------------------------------------------------------------------------------
@@ -184,16 +186,16 @@ def random_operand_pairs(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]
 # ----------------------------------------------------------------------------------
 # RTL
 
-def _lzc(m: Module, value: Signal, width: int) -> Signal:
-    """Leading-zero count of ``value`` (``width`` bits); ``width`` if zero."""
-    cnt = Signal(range(width + 1))
-    # a Mux chain (continuous assignments) rather than an if-ladder process: Icarus
-    # never runs an ``always @*`` block whose inputs stay constant from time 0
-    expr = Const(width, cnt.shape())
-    for i in range(width):
-        expr = Mux(value[i], width - 1 - i, expr)
-    m.d.comb += cnt.eq(expr)
-    return cnt
+def _lzc_tree(v):
+    """Leading-zero count of *v* (width a power of two) as a log-depth Mux tree.
+    Returns ``(count, all_zero)``; ``count == len(v)`` when *v* is zero."""
+    n = len(v)
+    if n == 1:
+        return (~v[0]).as_unsigned(), ~v[0]
+    h = n // 2
+    ch, zh = _lzc_tree(v[h:])
+    cl, zl = _lzc_tree(v[:h])
+    return Mux(zh, h + cl, ch), zh & zl
 
 
 class FP32Adder(wiring.Component):
@@ -219,65 +221,70 @@ class FP32Adder(wiring.Component):
         m = Module()
         tw = self.tag_width
 
-        # ---- pipeline control: v[k] valid of stage k (1..4); en[k] stage k loads
-        v = [None] + [Signal(name=f"s{k}_valid") for k in range(1, 5)]
-        en = [None] + [Signal(name=f"s{k}_en") for k in range(1, 6)]
-        m.d.comb += en[5].eq(self.o.ready)
-        for k in range(4, 0, -1):
+        # ---- pipeline control: v[k] valid of stage k (1..N); en[k] stage k loads
+        N = LATENCY
+        v = [None] + [Signal(name=f"s{k}_valid") for k in range(1, N + 1)]
+        en = [None] + [Signal(name=f"s{k}_en") for k in range(1, N + 2)]
+        m.d.comb += en[N + 1].eq(self.o.ready)
+        for k in range(N, 0, -1):
             m.d.comb += en[k].eq(~v[k] | en[k + 1])
         m.d.comb += self.i.ready.eq(en[1])
-        prev_valid = [self.i.valid, v[1], v[2], v[3]]
-        for k in range(1, 5):
+        prev_valid = [self.i.valid] + v[1:N]
+        for k in range(1, N + 1):
             with m.If(en[k]):
                 m.d.sync += v[k].eq(prev_valid[k - 1])
 
         # ---- S1: unpack, classify, swap -------------------------------------------
+        # the magnitude compare and both exponent differences run in parallel; the
+        # compare only selects
         a, b = self.i.payload.a, self.i.payload.b
-        a_mag, b_mag = a[:31], b[:31]
+        ea, eb = a[23:31], b[23:31]
         swap = Signal()
-        m.d.comb += swap.eq(b_mag > a_mag)
-        x = Signal(32)
-        y = Signal(32)
-        m.d.comb += [x.eq(Mux(swap, b, a)), y.eq(Mux(swap, a, b))]
-        ex_f, ey_f = x[23:31], y[23:31]
-        a_nan = (a[23:31] == 0xFF) & (a[:23] != 0)
-        b_nan = (b[23:31] == 0xFF) & (b[:23] != 0)
-        a_inf = (a[23:31] == 0xFF) & (a[:23] == 0)
-        b_inf = (b[23:31] == 0xFF) & (b[:23] == 0)
+        m.d.comb += swap.eq(b[:31] > a[:31])
+        ea_eff = Mux(ea == 0, 1, ea)
+        eb_eff = Mux(eb == 0, 1, eb)
+        d_ab = Signal(8)
+        d_ba = Signal(8)
+        m.d.comb += [d_ab.eq(ea_eff - eb_eff), d_ba.eq(eb_eff - ea_eff)]
+        ma = Cat(a[:23], ea != 0)
+        mb = Cat(b[:23], eb != 0)
+        a_nan = (ea == 0xFF) & (a[:23] != 0)
+        b_nan = (eb == 0xFF) & (b[:23] != 0)
+        a_inf = (ea == 0xFF) & (a[:23] == 0)
+        b_inf = (eb == 0xFF) & (b[:23] == 0)
 
         s1_sx = Signal()
         s1_sub = Signal()
         s1_ex = Signal(8)       # effective exponent of x (>= 1)
         s1_mx = Signal(24)
         s1_my = Signal(24)
-        s1_d = Signal(5)        # exponent difference, saturated at 28
+        s1_d = Signal(8)        # ex - ey (0..253)
         s1_nan = Signal()
         s1_inf = Signal()       # result is inf with sign s1_sx
         s1_tag = Signal(tw)
-        d_full = Signal(9)
-        ex_eff = Mux(ex_f == 0, 1, ex_f)
-        ey_eff = Mux(ey_f == 0, 1, ey_f)
-        m.d.comb += d_full.eq(ex_eff - ey_eff)
         with m.If(en[1]):
             m.d.sync += [
-                s1_sx.eq(x[31]),
-                s1_sub.eq(x[31] ^ y[31]),
-                s1_ex.eq(ex_eff),
-                s1_mx.eq(Cat(x[:23], ex_f != 0)),
-                s1_my.eq(Cat(y[:23], ey_f != 0)),
-                s1_d.eq(Mux(d_full > 28, 28, d_full)),
+                s1_sx.eq(Mux(swap, b[31], a[31])),
+                s1_sub.eq(a[31] ^ b[31]),
+                s1_ex.eq(Mux(swap, eb_eff, ea_eff)),
+                s1_mx.eq(Mux(swap, mb, ma)),
+                s1_my.eq(Mux(swap, ma, mb)),
+                s1_d.eq(Mux(swap, d_ba, d_ab)),
                 s1_nan.eq(a_nan | b_nan | (a_inf & b_inf & (a[31] != b[31]))),
                 s1_inf.eq(a_inf | b_inf),
                 s1_tag.eq(self.i.payload.tag),
             ]
 
         # ---- S2: align and add ----------------------------------------------------
-        # y with 3 extra low bits (guard, round, sticky) shifted right by d; bits
-        # shifted out below the sticky position are OR-ed into it.
-        wide = Signal(54)
-        m.d.comb += wide.eq(Cat(Const(0, 30), s1_my) >> s1_d)
+        # y with 3 extra low bits (guard, round, sticky) shifted right by d (saturated
+        # at 31: everything from 27 on lands in the sticky bit); bits shifted out below
+        # the sticky position are OR-ed into it.
+        dsat = Signal(5)
+        m.d.comb += dsat.eq(Mux(s1_d[5:] != 0, 31, s1_d[:5]))
+        wide = Signal(59)
+        m.d.comb += wide.eq(Cat(Const(0, 35), s1_my) >> dsat)
         y_al = Signal(27)
-        m.d.comb += y_al.eq(Cat(wide[27] | (wide[:27] != 0), wide[28:54]))
+        m.d.comb += y_al.eq(Cat(wide[32] | (wide[:32] != 0), wide[33:59]))
         x_al = Cat(Const(0, 3), s1_mx)
         s2_z = Signal(28)
         s2_sx = Signal()
@@ -293,52 +300,66 @@ class FP32Adder(wiring.Component):
                 s2_nan.eq(s1_nan), s2_inf.eq(s1_inf), s2_tag.eq(s1_tag),
             ]
 
-        # ---- S3: normalise --------------------------------------------------------
-        lz = _lzc(m, s2_z[:27], 27)
-        lim = Signal(8)
-        m.d.comb += lim.eq(s2_ex - 1)
-        sh = Signal(5)
-        m.d.comb += sh.eq(Mux(lz > lim, lim, lz))     # lz <= 27 so 5 bits suffice
-        s3_n = Signal(27)       # [26] hidden, [25:3] fraction, [2] guard, [1:0] round|sticky
-        s3_e = Signal(9)        # biased exponent of s3_n (1 for subnormal results)
+        # ---- S3: leading-zero count -----------------------------------------------
+        lz_raw, z_zero = _lzc_tree(Cat(Const(0, 5), s2_z[:27]))   # 32-bit, pad low
+        s3_z = Signal(28)
+        s3_lz = Signal(range(28))
+        s3_lim = Signal(8)      # largest left shift keeping the exponent >= 1
+        s3_ex = Signal(8)
         s3_sign = Signal()
         s3_nan = Signal()
         s3_inf = Signal()
         s3_tag = Signal(tw)
-        zero = s2_z == 0
         with m.If(en[3]):
-            with m.If(s2_z[27]):
-                m.d.sync += [s3_n.eq(Cat(s2_z[1] | s2_z[0], s2_z[2:28])),
-                             s3_e.eq(s2_ex + 1)]
-            with m.Else():
-                m.d.sync += [s3_n.eq(s2_z[:27] << sh),
-                             s3_e.eq(s2_ex - sh)]
             m.d.sync += [
+                s3_z.eq(s2_z),
+                s3_lz.eq(Mux(z_zero, 27, lz_raw)),
+                s3_lim.eq(s2_ex - 1),
+                s3_ex.eq(s2_ex),
                 # exact cancellation gives +0 in RNE; (-0) + (-0) keeps its sign
-                s3_sign.eq(Mux(zero & s2_sub, 0, s2_sx)),
+                s3_sign.eq(Mux((s2_z == 0) & s2_sub, 0, s2_sx)),
                 s3_nan.eq(s2_nan), s3_inf.eq(s2_inf), s3_tag.eq(s2_tag),
             ]
 
-        # ---- S4: round to nearest even and pack ------------------------------------
-        mant = s3_n[3:27]
-        guard = s3_n[2]
-        rest = s3_n[:2] != 0
+        # ---- S4: normalise --------------------------------------------------------
+        sh = Signal(5)
+        m.d.comb += sh.eq(Mux(s3_lz > s3_lim, s3_lim, s3_lz))   # lz <= 27: 5 bits
+        s4_n = Signal(27)       # [26] hidden, [25:3] fraction, [2] guard, [1:0] round|sticky
+        s4_e = Signal(9)        # biased exponent of s4_n (1 for subnormal results)
+        s4_sign = Signal()
+        s4_nan = Signal()
+        s4_inf = Signal()
+        s4_tag = Signal(tw)
+        with m.If(en[4]):
+            with m.If(s3_z[27]):
+                m.d.sync += [s4_n.eq(Cat(s3_z[1] | s3_z[0], s3_z[2:28])),
+                             s4_e.eq(s3_ex + 1)]
+            with m.Else():
+                m.d.sync += [s4_n.eq(s3_z[:27] << sh),
+                             s4_e.eq(s3_ex - sh)]
+            m.d.sync += [s4_sign.eq(s3_sign), s4_nan.eq(s3_nan), s4_inf.eq(s3_inf),
+                         s4_tag.eq(s3_tag)]
+
+        # ---- S5: round to nearest even and pack ------------------------------------
+        mant = s4_n[3:27]
+        guard = s4_n[2]
+        rest = s4_n[:2] != 0
         up = guard & (rest | mant[0])
         mr = Signal(25)
         m.d.comb += mr.eq(mant + up)
         e_r = Signal(10)
         frac = Signal(23)
         m.d.comb += [
-            e_r.eq(Mux(mr[24], s3_e + 1, s3_e)),
+            e_r.eq(Mux(mr[24], s4_e + 1, s4_e)),
             frac.eq(Mux(mr[24], mr[1:24], mr[:23])),
         ]
         hidden = mr[23] | mr[24]
         packed = Signal(32)
         m.d.comb += packed.eq(
-            Mux(s3_nan, CANONICAL_NAN,
-                Mux(s3_inf | (e_r >= 255), Cat(Const(0, 23), Const(0xFF, 8), s3_sign),
-                    Cat(frac, Mux(hidden, e_r[:8], 0), s3_sign))))
-        with m.If(en[4]):
-            m.d.sync += [self.o.payload.sum.eq(packed), self.o.payload.tag.eq(s3_tag)]
-        m.d.comb += self.o.valid.eq(v[4])
+            Mux(s4_nan, CANONICAL_NAN,
+                Mux(s4_inf | (e_r >= 255), Cat(Const(0, 23), Const(0xFF, 8), s4_sign),
+                    Cat(frac, Mux(hidden, e_r[:8], 0), s4_sign))))
+        with m.If(en[5]):
+            m.d.sync += [self.o.payload.sum.eq(packed), self.o.payload.tag.eq(s4_tag)]
+        m.d.comb += self.o.valid.eq(v[5])
         return m
