@@ -379,7 +379,8 @@ class _RTLBackend:
 class _TorchBackend:
     """Schedule IR over torch.distributed P2P (see module docstring)."""
 
-    def __init__(self, comm: Communicator, group=None, verify: bool = True):
+    def __init__(self, comm: Communicator, group=None, verify: bool = True,
+                 piece_elements: int = 1 << 18):
         import torch.distributed as dist
         if not dist.is_initialized():
             raise DriverError("backend 'torch' needs an initialised torch.distributed group")
@@ -389,6 +390,7 @@ class _TorchBackend:
         self.comm = comm
         self.group = group
         self.verify = verify
+        self.piece_elements = max(1, int(piece_elements))
         self.dist = dist
         self._plans: dict = {}
         # global rank of each group rank (P2P ops address global ranks)
@@ -401,13 +403,17 @@ class _TorchBackend:
         self.schedule = schedule
 
     def _plan(self, elements: int):
-        """Per step: ops in the schedule's global transfer order (so the k-th message between
-        two ranks matches on both sides), the receives in application order."""
+        """Per step: the P2P messages in the schedule's global transfer order (so the k-th
+        message between two ranks matches on both sides). A transfer's contiguous spans are
+        cut into pieces of at most ``piece_elements`` so that reductions of early pieces
+        overlap the arrival of later ones; the cut is a pure function of the transfer, so
+        sender and receiver agree on it."""
         plan = self._plans.get(elements)
         if plan is not None:
             return plan
         s, me = self.schedule, self.comm.rank
         bounds = [int(b) for b in s.chunk_bounds(elements)]
+        piece = self.piece_elements
         sent = recv = 0
         plan = []
         for _, transfers in sorted(s.by_step().items()):
@@ -419,12 +425,24 @@ class _TorchBackend:
                 size = sum(b - a for a, b in spans)
                 if size == 0:
                     continue
-                if t.src == me:
-                    ops.append(("send", t.dst, spans, size, t.op))
+                kind, peer = ("send", t.dst) if t.src == me else ("recv", t.src)
+                if kind == "send":
                     sent += size * 4
                 else:
-                    ops.append(("recv", t.src, spans, size, t.op))
                     recv += size * 4
+                if len(spans) == 1:
+                    a, b = spans[0]
+                    for lo in range(a, b, piece):
+                        ops.append((kind, peer, [(lo, min(b, lo + piece))], t.op))
+                else:
+                    ops.append((kind, peer, spans, t.op))
+            # A send that reads elements this step also receives into must be snapshotted
+            # (copied when posted): receives are applied while sends may still be in flight.
+            written = [span for kind, _, spans, _ in ops if kind == "recv" for span in spans]
+            ops = [(kind, peer, spans, op,
+                    kind == "send" and any(a < wb and wa < b for a, b in spans
+                                           for wa, wb in written))
+                   for kind, peer, spans, op in ops]
             if ops:
                 plan.append(ops)
         self._plans[elements] = (plan, sent, recv)
@@ -455,19 +473,29 @@ class _TorchBackend:
         plan, sent, recv = self._plan(flat.numel())
         for ops in plan:
             p2p, pending = [], []
-            for kind, peer, spans, size, op in ops:
+            for kind, peer, spans, op, snapshot in ops:
                 if kind == "send":
                     buf = flat[spans[0][0]:spans[0][1]] if len(spans) == 1 else \
                         torch.cat([flat[a:b] for a, b in spans])
+                    if snapshot and len(spans) == 1:
+                        buf = buf.clone()
                     p2p.append(dist.P2POp(dist.isend, buf, self._peer[peer], self.group))
+                    pending.append(None)
                 else:
-                    buf = torch.empty(size, dtype=flat.dtype, device=flat.device)
+                    buf = torch.empty(sum(b - a for a, b in spans), dtype=flat.dtype,
+                                      device=flat.device)
                     p2p.append(dist.P2POp(dist.irecv, buf, self._peer[peer], self.group))
                     pending.append((buf, spans, op))
-            for req in dist.batch_isend_irecv(p2p):
+            reqs = dist.batch_isend_irecv(p2p)
+            # Receives complete and are applied in the schedule's order: per element, the
+            # local value is the first operand, then contributions in ascending rx_port order
+            # (the sends of this step read the buffer before any receive was applied: they
+            # were posted from it and each receive lands in its own buffer).
+            for req, item in zip(reqs, pending):
+                if item is None:
+                    continue
                 req.wait()
-            # apply in ascending rx_port order (= list order), local value first operand
-            for buf, spans, op in pending:
+                buf, spans, op = item
                 off = 0
                 for a, b in spans:
                     seg = buf[off:off + (b - a)]
@@ -476,6 +504,9 @@ class _TorchBackend:
                         flat[a:b].add_(seg)
                     else:                         # Op.GATHER
                         flat[a:b].copy_(seg)
+            for req, item in zip(reqs, pending):
+                if item is None:
+                    req.wait()
         if flat.data_ptr() != tensor.data_ptr():
             tensor.copy_(flat.view(tensor.shape))
         return sent, recv
@@ -496,11 +527,7 @@ class _TorchBackend:
         n = acc.numel()
         k = max(1, int(round(density * n)))
         # exact top-k by magnitude, ties by ascending index (stable descending sort)
-        # exact top-k by magnitude, ties by ascending index (stable descending sort); zeros
-        # are never selected (treenic.sparse.select.topk): they travel as padding (value 0
-        # adds nothing) so every rank all-gathers exactly k pairs.
-        order = torch.sort(acc.abs(), descending=True, stable=True).indices[:k]
-        idx = torch.sort(order).values
+        idx = _topk_indices(acc, k)
         vals = acc[idx]
         new_res = acc.clone()
         new_res[idx[vals != 0]] = 0
@@ -531,6 +558,29 @@ _DTYPE_NAMES = {1: "float32", 2: "float64", 3: "float16", 4: "bfloat16"}
 def _dtype_code(dtype) -> int:
     import torch
     return {torch.float32: 1, torch.float64: 2, torch.float16: 3, torch.bfloat16: 4}.get(dtype, 0)
+
+
+def _topk_indices(acc, k: int):
+    """Exact top-k of |acc| as ascending indices, k of them: magnitude descending, ties by
+    ascending index (treenic.sparse.select.topk). Zeros are never *selected*: when fewer than
+    k entries are nonzero the rest of the k slots hold zero-valued entries (padding that adds
+    nothing), so every rank all-gathers exactly k pairs. Threshold selection (k-th largest
+    magnitude, then all above it and the lowest-index ties) instead of a full sort."""
+    import numpy as np
+    import torch
+    mag = acc.abs()
+    n = mag.numel()
+    if k >= n:
+        return torch.arange(n, device=acc.device)
+    if mag.device.type == "cpu":
+        m = mag.numpy()
+        thr = m.dtype.type(np.partition(m, n - k)[n - k])
+        thr = torch.tensor(float(thr), dtype=mag.dtype)
+    else:
+        thr = torch.topk(mag, k, sorted=False).values.min()
+    above = torch.nonzero(mag > thr).view(-1)
+    ties = torch.nonzero(mag == thr).view(-1)[:k - above.numel()]
+    return torch.sort(torch.cat([above, ties])).values
 
 
 def _spans(chunks, bounds):

@@ -29,9 +29,11 @@ import numpy as np
 from ..schedule.ir import Schedule, ScheduleError
 from . import protocol as P
 from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailable
-from .fabric import Request, Rendezvous, make_engine
+from .fabric import RTL_MODULE, GoldenEngine, Request, Rendezvous, make_engine
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+ENGINE_DESCRIPTIONS = {"golden": GoldenEngine.description,
+                       "rtl": f"Verilated NIC fabric ({RTL_MODULE})"}
 
 
 class _Reply(Exception):
@@ -190,7 +192,7 @@ class FabricServer:
             ctx["rank"] = rank
             ctx["name"] = name.decode("utf-8", "replace")
         desc = (self.engine.description if self.engine is not None
-                else f"engine {self.engine_name} (no config loaded)")
+                else ENGINE_DESCRIPTIONS[self.engine_name])
         return P.Msg.HELLO_ACK, P.HELLO_ACK.pack(P.PROTOCOL_VERSION, self.nodes,
                                                  P.ENGINE_IDS[self.engine_name], 0) + \
             desc.encode()

@@ -1,0 +1,150 @@
+"""Driver benchmark: treenic's schedules over torch.distributed vs gloo's own all_reduce.
+
+``run(out_dir, quick=False) -> dict`` spawns 4 local processes (gloo, loopback) and measures,
+in the same world and on the same buffers:
+
+* dense all-reduce of 4 M float32 (16 MiB) per rank: gloo ``all_reduce`` vs the ``torch``
+  backend running the ring and MultiTree schedules (median of ``repeats`` timed runs after
+  one warm-up, slowest rank counts); ``ratio`` = treenic / gloo (target ≤ 1.5);
+* sparse TopkA at 1% density on the same buffers (``torch`` backend): bytes each rank puts
+  on the wire vs the dense schedule's (target ≤ 5%) and wall time;
+* the ``rtl`` backend: the fabric server with the RTL engine (cycles, wall time) when the
+  Verilated fabric is built — otherwise the reason it is not, and the same collective through
+  the server with the golden engine (host-protocol overhead, no cycles).
+
+Writes ``driver_bench.json`` into ``out_dir``. Timings depend on the machine; the bench
+reports them, tests never assert them.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+WORLD = 4
+
+
+def _timed(fn, repeats, barrier, maxreduce):
+    fn()                                               # warm-up (plans, buffers, sockets)
+    times = []
+    for _ in range(repeats):
+        barrier()
+        t0 = time.perf_counter()
+        fn()
+        times.append(maxreduce(time.perf_counter() - t0))
+    return statistics.median(times)
+
+
+def _bench_world(rank, world, elements, repeats, address, engine):
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    from . import open_nic
+
+    def barrier():
+        dist.barrier()
+
+    def maxreduce(x):
+        t = torch.tensor([x], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t)
+
+    base = torch.from_numpy(np.random.default_rng(rank).standard_normal(elements)
+                            .astype(np.float32))
+    out = {}
+    buf = base.clone()
+
+    def gloo():
+        buf.copy_(base)
+        dist.all_reduce(buf)
+    out["gloo_allreduce_s"] = _timed(gloo, repeats, barrier, maxreduce)
+    gloo_result = buf.clone()
+    for alg in ("ring", "multitree"):
+        comm = open_nic("torch", rank, world, f"ring:{world}", alg, verify=False)
+        b = base.clone()
+
+        def tn():
+            b.copy_(base)
+            comm.allreduce(b)
+        out[f"torch_{alg}_s"] = _timed(tn, repeats, barrier, maxreduce)
+        out[f"torch_{alg}_bytes_per_rank"] = comm.counters.bytes_sent // comm.counters.collectives
+        out[f"torch_{alg}_max_abs_diff_vs_gloo"] = float((b - gloo_result).abs().max())
+        comm.close()
+    # sparse TopkA 1%
+    comm = open_nic("torch", rank, world, f"ring:{world}", "ring", verify=False)
+    b = base.clone()
+    res = torch.zeros_like(b)
+    stats = {}
+
+    def sp():
+        b.copy_(base)
+        o = comm.sparse_allreduce(b, 0.01, scheme="topka", residual=res)
+        stats["bytes"] = o.bytes_sent
+    out["torch_topka_1pct_s"] = _timed(sp, repeats, barrier, maxreduce)
+    out["torch_topka_1pct_bytes_per_rank"] = stats["bytes"]
+    comm.close()
+    # fabric server path
+    if address is not None:
+        comm = open_nic("rtl", rank, world, f"ring:{world}", "multitree", address=address,
+                        timeout=120)
+        b = base.clone()
+
+        def rt():
+            b.copy_(base)
+            comm.allreduce(b)
+        out[f"server_{engine}_multitree_s"] = _timed(rt, max(1, repeats // 2), barrier,
+                                                     maxreduce)
+        out[f"server_{engine}_cycles"] = comm.counters.cycles or None
+        comm.close()
+    return out
+
+
+def run(out_dir="build/bench", quick: bool = False) -> dict:
+    from .. import algorithms
+    from .fabric import rtl_unavailable_reason
+    from .launch import run_world
+    from .server import ServerProcess
+
+    elements = 4 * 1024 * 1024
+    repeats = 3 if quick else 7
+    sched = algorithms.build("multitree", f"ring:{WORLD}")
+    reason = rtl_unavailable_reason(sched)
+    engine = "golden" if reason else "rtl"
+    with ServerProcess(WORLD, engine, collective_timeout=300) as srv:
+        per_rank = run_world(_bench_world, WORLD, elements, repeats, srv.address, engine,
+                             timeout=600, pg_timeout=300)
+    r = per_rank[0]
+    dense_bytes = r["torch_ring_bytes_per_rank"]
+    result = {
+        "workers": WORLD, "elements": elements, "bytes_per_rank_buffer": 4 * elements,
+        "repeats": repeats,
+        "gloo_allreduce_s": r["gloo_allreduce_s"],
+        "treenic_torch_ring_s": r["torch_ring_s"],
+        "treenic_torch_multitree_s": r["torch_multitree_s"],
+        "ratio_ring_vs_gloo": r["torch_ring_s"] / r["gloo_allreduce_s"],
+        "ratio_multitree_vs_gloo": r["torch_multitree_s"] / r["gloo_allreduce_s"],
+        "dense_bytes_per_rank": {"ring": dense_bytes,
+                                 "multitree": r["torch_multitree_bytes_per_rank"]},
+        "max_abs_diff_vs_gloo": {"ring": r["torch_ring_max_abs_diff_vs_gloo"],
+                                 "multitree": r["torch_multitree_max_abs_diff_vs_gloo"]},
+        "sparse_topka_1pct_s": r["torch_topka_1pct_s"],
+        "sparse_topka_1pct_bytes_per_rank": r["torch_topka_1pct_bytes_per_rank"],
+        "sparse_bytes_ratio_vs_dense_ring": r["torch_topka_1pct_bytes_per_rank"] / dense_bytes,
+        "rtl": {"available": reason is None, "reason": reason, "server_engine": engine,
+                "server_multitree_s": r[f"server_{engine}_multitree_s"],
+                "cycles": r[f"server_{engine}_cycles"]},
+    }
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "driver_bench.json").write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    import argparse
+    ap = argparse.ArgumentParser(prog="python -m treenic.driver.bench")
+    ap.add_argument("--out", default="build/bench")
+    ap.add_argument("--quick", action="store_true")
+    a = ap.parse_args()
+    print(json.dumps(run(a.out, a.quick), indent=1))
