@@ -203,3 +203,19 @@ def test_results_are_read_only_and_flag_is_validated(name):
     assert "mass_conservation" not in quiet.step(np.ones((3, 50), np.float32)).info["invariants"]
     with pytest.raises(SparseError, match="check_invariants"):
         make(name, workers=3, elements=50, density=0.1, check_invariants="yes")
+
+
+@pytest.mark.parametrize("name", ["sparcml", "omnireduce", "zen"])
+def test_overflow_raises_and_leaves_state_untouched(name):
+    algo = make(name, workers=2, elements=8, density=0.125)          # k = 1
+    g = np.zeros((2, 8), np.float32)
+    g[0, :2] = [3e38, 2e38]
+    algo.step(g)                                   # index 0 sent, 2e38 stays in the residual
+    before = algo.residuals.copy()
+    g[0, :2] = [0, 2e38]                           # 2e38 + 2e38 overflows float32
+    with pytest.raises(SparseError, match="overflows"):
+        algo.step(g)
+    assert np.array_equal(algo.residuals, before)
+    g[0, 1] = np.inf
+    with pytest.raises(SparseError, match="NaN or Inf"):
+        algo.step(g)

@@ -24,11 +24,17 @@ def check_select_mode(mode: str) -> str:
 
 
 def accumulate(residuals: np.ndarray, grads: np.ndarray, workers: int, elements: int) -> np.ndarray:
-    """``V = residuals + grads`` in float32 (grads validated: shape (P, N), float32, finite)."""
+    """``V = residuals + grads`` in float32 (grads validated: shape (P, N), float32). Raises
+    SparseError if V is not finite (NaN/Inf gradients, or float32 overflow of residual +
+    gradient) before the caller changes any state."""
     g = check_grads(grads, workers, elements)
-    if not np.isfinite(g).all():
-        raise SparseError("gradients contain NaN or Inf")
-    return residuals + g
+    with np.errstate(over="ignore", invalid="ignore"):     # detected and reported below
+        V = residuals + g
+    if not np.isfinite(V).all():
+        bad = "gradients contain NaN or Inf" if not np.isfinite(g).all() else \
+            "residual + gradient overflows float32"
+        raise SparseError(bad)
+    return V
 
 
 def select_rows(V: np.ndarray, k: int, mode: str) -> list[np.ndarray]:
