@@ -219,3 +219,12 @@ def test_overflow_raises_and_leaves_state_untouched(name):
     g[0, 1] = np.inf
     with pytest.raises(SparseError, match="NaN or Inf"):
         algo.step(g)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
+@pytest.mark.parametrize("name", ["sparcml", "omnireduce", "zen"])
+def test_overflowing_sum_fails_the_invariants(name):
+    g = np.zeros((2, 4), np.float32)
+    g[:, 0] = 3e38                                 # each finite, the sum is not
+    res = make(name, workers=2, elements=4, density=0.25).step(g)
+    assert not res.info["invariants"]["finite_result"]

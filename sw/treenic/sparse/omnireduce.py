@@ -118,6 +118,7 @@ class OmniReduce:
         sent, received = log.arrays()
         invariants = {
             "sent_blocks_are_nonzero_blocks": bool(sent_blocks_nonzero),
+            "finite_result": bool(np.isfinite(result_row).all()),   # no float32 overflow
         }
         if self.check_invariants:
             invariants["mass_conservation"] = mass_conserved(grads, old, result_row, self.residuals)

@@ -223,6 +223,7 @@ class RedSync:
         invariants = {
             "message_round_trip": bool(round_trip),
             "allgather_complete": allgather_complete,
+            "finite_result": bool(np.isfinite(result_row).all()),   # no float32 overflow
         }
         if not self.quantize and self.check_invariants:
             invariants["error_feedback_exact"] = bool(ef_exact)

@@ -165,6 +165,7 @@ class SparCML:
         invariants = {
             "support_is_union": bool(final.is_dense or np.array_equal(final.idx, np.flatnonzero(touched))),
             "message_formats": bool(formats_ok),
+            "finite_result": bool(np.isfinite(result_row).all()),   # no float32 overflow
         }
         if self.check_invariants:
             invariants["mass_conservation"] = mass_conserved(grads, old, result_row, self.residuals)

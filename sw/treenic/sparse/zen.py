@@ -461,6 +461,7 @@ class Zen:
             "partition_correct": bool(partition_ok),
             "no_overflow": all(m.overflow.size == 0 for m in memories),
             "bitmap_round_trip": bool(round_trip),
+            "finite_result": bool(np.isfinite(result_row).all()),   # no float32 overflow
             "bitmap_bits_equal_elements": sum(u.size for u in U) == N,
         }
         if self.check_invariants:
