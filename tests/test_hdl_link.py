@@ -201,6 +201,16 @@ def test_golden_malformed_sequences():
     assert _errs(mixed)[1] == {"SEQ": 1, "dropped": 9}
 
 
+def test_efficiency_report_loads_rtl_results(tmp_path):
+    import json
+    (tmp_path / "efficiency_message_64.json").write_text(json.dumps(
+        {"mode": "message", "width": 64, "n_bytes": 4096, "flits": 513, "heads": 1}))
+    rows = model.efficiency_report(4096, widths=(64,), rtl_results_dir=str(tmp_path))
+    rtl = [r for r in rows if r["source"] == "rtl"]
+    assert len(rtl) == 1 and rtl[0]["efficiency"] == pytest.approx(512 / 513)
+    assert "rtl" in model.format_report(rows)
+
+
 def test_efficiency_report():
     assert model.efficiency(1 << 18, "message") >= 0.99
     assert model.efficiency(1 << 18, "packet") == pytest.approx(32 / 33)

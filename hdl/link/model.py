@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from .flit import ErrorCause, FlitFormat, FlitType, Op, WORD_BITS
 
 __all__ = ["packetise", "depacketise", "mutate_flits", "Fragment", "efficiency", "link_stats",
-           "efficiency_report", "format_report", "MESSAGE", "PACKET", "DEFAULT_SUB_WORDS"]
+           "efficiency_report", "format_report", "load_rtl_counts", "MESSAGE", "PACKET", "DEFAULT_SUB_WORDS"]
 
 MESSAGE = "message"
 PACKET = "packet"
@@ -316,17 +316,36 @@ def efficiency(n_words: int, mode: str = MESSAGE, fmt: FlitFormat | None = None,
     return n_words * WORD_BITS / (flits * per_flit)
 
 
+def load_rtl_counts(results_dir="build/sim/link_results") -> dict:
+    """``{(width, mode): (flits, heads)}`` from the JSON files the cocotb efficiency bench
+    (``sim/link``, ``test_efficiency_1mib``) writes; empty if it has not run."""
+    import json
+    from pathlib import Path
+    out = {}
+    for f in sorted(Path(results_dir).glob("efficiency_*.json")):
+        r = json.loads(f.read_text())
+        out[(r["width"], r["mode"], r["n_bytes"])] = (r["flits"], r["heads"])
+    return out
+
+
 def efficiency_report(n_bytes: int = 1 << 20, *, widths=(64, 128), packet_bytes: int = 256,
-                      sub_words: int = DEFAULT_SUB_WORDS, rtl_counts: dict | None = None):
+                      sub_words: int = DEFAULT_SUB_WORDS, rtl_counts: dict | None = None,
+                      rtl_results_dir: str | None = None):
     """Payload efficiency of one ``n_bytes`` message, message-based vs packet flow control
     with ``packet_bytes`` payload per packet, for each flit width.
 
     Returns a list of dict rows (``width, mode, flits, heads, efficiency,
     efficiency_sideband``, and ``source``: ``"golden"`` -- counted from :func:`packetise`
     -- or ``"rtl"`` for rows given by ``rtl_counts`` = ``{(width, mode): (flits, heads)}``
-    measured on the RTL packetiser).  The flit count of the golden rows is cross-checked
-    against the closed form :func:`efficiency`.
+    measured on the RTL packetiser, or loaded from ``rtl_results_dir`` -- see
+    :func:`load_rtl_counts`).  The flit count of the golden rows is cross-checked against
+    the closed form :func:`efficiency`.
     """
+    rtl_counts = dict(rtl_counts or {})
+    if rtl_results_dir is not None:
+        for (w, mode, nb), v in load_rtl_counts(rtl_results_dir).items():
+            if nb == n_bytes:
+                rtl_counts.setdefault((w, mode), v)
     n_words = n_bytes // 4
     words = [(i * 2654435761) & 0xFFFF_FFFF for i in range(n_words)]
     rows = []
@@ -364,4 +383,4 @@ def format_report(rows) -> str:
 
 
 if __name__ == "__main__":  # python -m treenic.hdl.link.model
-    print(format_report(efficiency_report()))
+    print(format_report(efficiency_report(rtl_results_dir="build/sim/link_results")))
