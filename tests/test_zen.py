@@ -10,7 +10,7 @@ from treenic.sparse import sparcml, zen
 from treenic.sparse.base import SparseError, make
 from treenic.sparse.synthetic import (expected_row_density, gaussian_shared_grads,
                                       tokens_for_density, zipf_embedding_grads)
-from treenic.sparse.zen import (EMPTY, Zen, candidate_sets, hash_bitmap_decode,
+from treenic.sparse.zen import (EMPTY, Zen, candidate_sets, choose_scheme, union_profile, hash_bitmap_decode,
                                 hash_bitmap_encode, hierarchical_hash,
                                 hierarchical_hash_reference, imbalance_bound, murmur3_32,
                                 pack_bits, partition_of, pull_imbalance, push_imbalance,
@@ -338,3 +338,18 @@ def test_synthetic_generators():
     assert g.dtype == np.float32 and np.array_equal(g[0], g[3])
     with pytest.raises(SparseError, match="shared"):
         gaussian_shared_grads(2, 10, shared=2)
+
+
+def test_scheme_selection_on_measured_unions():
+    n, N, m = 16, 100_000, 100
+    rng = np.random.default_rng(0)
+    shared = np.sort(rng.choice(N, m, replace=False))
+    full = choose_scheme([shared] * n, N)                      # full overlap: BP (2 vs log n)
+    assert full["scheme"] == "balanced-parallelism"
+    assert full["hierarchical_centralization"] == pytest.approx(2 * 4 * m / N)
+    disjoint = [np.arange(w * m, (w + 1) * m) for w in range(n)]
+    none = choose_scheme(disjoint, N)                          # no overlap: HC by 1 + 1/n
+    assert none["scheme"] == "hierarchical-centralization"
+    assert none["balanced_parallelism"] / none["hierarchical_centralization"] == pytest.approx(1 + 1 / n)
+    prof = union_profile(disjoint[:6], N)
+    assert sorted(prof) == [1, 2, 4, 6] and prof[4] == 4 * m / N and prof[6] == 6 * m / N

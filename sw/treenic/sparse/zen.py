@@ -348,6 +348,45 @@ def imbalance_bound(workers: int, items: int, all_workers: bool = False) -> floa
     return 1 + math.sqrt(6 * a) + 2 * a if all_workers else 1 + math.sqrt(4 * a) + 4 * a / 3
 
 
+def union_profile(selections: list[np.ndarray], elements: int) -> dict[int, float]:
+    """Measured ``d_G^g`` for g = 1, 2, 4, ... (< n, plus n itself): the density of the union of
+    each aligned recursive-doubling group of g ranks, averaged over the groups (notes A1/A18).
+    Non-power-of-two n: groups are aligned blocks of the power-of-two core, plus g = n."""
+    n = len(selections)
+    out: dict[int, float] = {}
+    g = 1
+    while g < n:
+        dens = []
+        for start in range(0, n - g + 1, g):
+            touched = np.zeros(elements, bool)
+            for sel in selections[start:start + g]:
+                touched[sel] = True
+            dens.append(np.count_nonzero(touched) / elements)
+        out[g] = float(np.mean(dens))
+        g *= 2
+    touched = np.zeros(elements, bool)
+    for sel in selections:
+        touched[sel] = True
+    out[n] = np.count_nonzero(touched) / elements
+    return out
+
+
+def choose_scheme(selections: list[np.ndarray], elements: int) -> dict:
+    """Zen's scheme selection (paper §3.1, Theorem 1): evaluate Eq. 1 (Balanced Parallelism,
+    COO) ``2 (n-1)/n (d + d^n)`` and Eq. 2 (Hierarchical Centralization)
+    ``2 Σ_{i=1}^{log n} d^(2^(i-1))`` on the measured union profile (bandwidth only, in units
+    of the dense size; n rounded down to a power of two for Eq. 2) and return the cheaper."""
+    n = len(selections)
+    if n < 2:
+        raise SparseError("scheme selection needs at least 2 workers")
+    prof = union_profile(selections, elements)
+    d, dn = prof[1], prof[n]
+    bp = 2 * (n - 1) / n * (d + dn)
+    hc = 2 * sum(prof[1 << i] for i in range(n.bit_length() - 1))
+    return {"scheme": "balanced-parallelism" if bp <= hc else "hierarchical-centralization",
+            "balanced_parallelism": bp, "hierarchical_centralization": hc, "profile": prof}
+
+
 # ---- the algorithm ------------------------------------------------------------------------
 
 class Zen:
