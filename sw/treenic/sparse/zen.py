@@ -12,7 +12,8 @@ Pieces, each usable on its own (the hardware hash unit is verified against them)
   :func:`hierarchical_hash_reference` (a plain loop, the literal specification).
 * :func:`candidate_sets`, :func:`hash_bitmap_encode` / :func:`hash_bitmap_decode`,
   :func:`pack_bits` / :func:`unpack_bits` — the Pull format.
-* Metrics (paper Defs. 3–5, 8) and the Chernoff test bounds of notes/zen.md §3.3.
+* Metrics (paper Defs. 3–5, 8), the Chernoff test bounds of notes/zen.md §3.3, and
+  :func:`choose_scheme` (Eq. 1 vs Eq. 2 on measured unions, §3.1).
 * :class:`Zen` (registry ``zen``) and :func:`cost`.
 """
 from __future__ import annotations
