@@ -248,13 +248,17 @@ def _markdown(report: dict) -> str:
              f"Tools: Yosys + nextpnr-ecp5 (YoWASP); board wrapper ECPIX-5 85F, "
              f"{CLOCK_MHZ:.0f} MHz constraint; area = the bare block, out of context "
              f"(`synth_ecp5`), Fmax = post-route, block inside a register wrapper.", "",
-             "| block | Fmax (MHz) | LUT4 | CCU2C | FF | DP16KD | LUTRAM | MULT18 | slices (P&R, incl. wrapper) |",
+             "| block | Fmax (MHz) | LUT4 | CCU2C | FF | DP16KD | LUTRAM | MULT18 | "
+             "P&R COMB / FF (incl. wrapper) |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for b in report["blocks"]:
-        sl = b.get("pnr_utilisation_with_wrapper", {}).get("TRELLIS_SLICE", ["-", "-"])
+        u = b.get("pnr_utilisation_with_wrapper", {})
+        comb = u.get("TRELLIS_COMB", u.get("TRELLIS_SLICE", ["-", "-"]))
+        ff = u.get("TRELLIS_FF", ["-", "-"])
         fm = f"{b['fmax_mhz']:.1f}" if b.get("fmax_mhz") else "-"
         lines.append(f"| {b['top']} | {fm} | {b['luts']} | {b['carry_cells']} | {b['ffs']} | "
-                     f"{b['brams']} | {b['lutram']} | {b['dsps']} | {sl[0]}/{sl[1]} |")
+                     f"{b['brams']} | {b['lutram']} | {b['dsps']} | "
+                     f"{comb[0]} / {ff[0]} of {comb[1]} |")
     lines += ["", f"Command: `python -m treenic.boards.synth --out {report['out']}"
               + "".join(f" --top {t}" for t in report["tops"]) + "`", ""]
     return "\n".join(lines)
