@@ -138,6 +138,12 @@ class Nic(wiring.Component):
         fstart = [Signal(AB, name=f"fstart{f}") for f in range(F)]
         fsize = [Signal(AB, name=f"fsize{f}") for f in range(F)]
         A_gport = Array(gport)
+        # ORDER region: step at which port q's contribution to flow f arrives (XNIL: unknown,
+        # then the order gate falls back to the links' step lower bounds)
+        XNIL = (1 << p.step_bits) - 1
+        xstep = [[Signal(p.step_bits, name=f"xstep_p{q}_f{f}", init=XNIL) for f in range(F)]
+                 for q in range(P)]
+        A_xstep = [Array(xstep[q]) for q in range(P)]
         expect_bits = [Cat(*[expect_red[f][q] for f in range(F)]) for q in range(P)]
         A_fstart, A_fsize = Array(fstart), Array(fsize)
         # arrived bits, owned per receiving port (no write conflicts)
@@ -254,7 +260,9 @@ class Nic(wiring.Component):
             same_msg = q_mact[i] & (q_mflow[i] == h.flow) & (q_mred[i] == is_red) & \
                 (q_mstep[i] == h.step)
             next_off = Signal(AB + 1, name=f"rx{i}_next_off")
-            seq_ok = Mux(same_msg, h.offset == next_off, h.offset == fs)
+            xs_own = A_xstep[i][f_]
+            step_ok = ~is_red | (xs_own == XNIL) | (xs_own == h.step)
+            seq_ok = Mux(same_msg, h.offset == next_off, h.offset == fs) & step_ok
             # a new message waits until the previous one is written back
             may_start = same_msg | ~q_mact[i]
             # order gate (REDUCE only)
@@ -267,8 +275,14 @@ class Nic(wiring.Component):
                 on_f_h = ~q_mact[qq] & q_hv[qq] & q_hred[qq] & (q_hflow[qq] == f_)
                 qstep = Mux(q_mact[qq], q_mstep[qq], Mux(q_hv[qq], q_hstep[qq], q_lb[qq]))
                 q_before = (qstep < h.step) | ((qstep == h.step) & (qq < i))
+                # host-provided arrival step of q's contribution to f (ORDER region)
+                xs = A_xstep[qq][f_]
+                known = xs != XNIL
+                x_before = (xs < h.step) | ((xs == h.step) & (qq < i))
                 ok = Signal(name=f"rx{i}_gate{qq}")
-                with m.If(on_f_m):
+                with m.If(known):
+                    m.d.comb += ok.eq(~x_before | (on_f_m & (q_done_to[qq] >= hend)))
+                with m.Elif(on_f_m):
                     m.d.comb += ok.eq(~q_before | (q_done_to[qq] >= hend))
                 with m.Elif(on_f_h):
                     m.d.comb += ok.eq(~q_before)
@@ -545,6 +559,13 @@ class Nic(wiring.Component):
                                      t_wr.en.eq((Const(1, RW) << word)[:RW])]
                     with m.Else():
                         m.d.comb += ev_tindex.eq(1)
+                with m.Case(3):
+                    PS = max(1, ceil_log2(P))
+                    with m.If(~running):
+                        for q in range(P):
+                            for f in range(F):
+                                with m.If(off == (f << PS) + q):
+                                    m.d.sync += xstep[q][f].eq(host.wdata)
                 with m.Case(2):
                     with m.If((off < p.depth) & ~running):
                         m.d.comb += [h_wr.addr.eq(off), h_wr.data.eq(host.wdata), h_wr.en.eq(1)]
@@ -593,6 +614,7 @@ class Nic(wiring.Component):
         m.d.comb += err_n.eq(sum(allev))
         with m.If(clear):
             m.d.sync += [err_flags.eq(0), err_count.eq(0), done.eq(0), scan_failed.eq(0)]
+            m.d.sync += [xstep[q][f].eq(XNIL) for q in range(P) for f in range(F)]
         with m.Else():
             m.d.sync += err_count.eq(err_count + err_n)
             for bit, lst in evs.items():

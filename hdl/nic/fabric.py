@@ -28,7 +28,7 @@ from ..link.link import LinkModel
 from .core import Nic
 from .params import NicParams
 
-__all__ = ["Fabric", "wiring_plan"]
+__all__ = ["Fabric", "wiring_plan", "nic_verilog", "fabric_verilog"]
 
 
 def wiring_plan(topology: Topology) -> list[tuple[int, int, int, int]]:
@@ -48,7 +48,8 @@ def wiring_plan(topology: Topology) -> list[tuple[int, int, int, int]]:
 
 class Fabric(wiring.Component):
     def __init__(self, topology: Topology | str, params: NicParams | None = None, *,
-                 latency: int = 1, stall: int = 0, seed: int = 1):
+                 latency: int = 1, stall: int = 0, seed: int = 1,
+                 nic_module: str | None = None):
         self.topology = topo = topo_mod.parse(topology) if isinstance(topology, str) else topology
         if topo.max_ports() > (params or NicParams()).ports:
             raise ValueError(f"{topo.spec} needs {topo.max_ports()} ports")
@@ -56,6 +57,9 @@ class Fabric(wiring.Component):
         if topo.n > params.max_nodes:
             raise ValueError(f"{topo.spec} has {topo.n} nodes > max_nodes {params.max_nodes}")
         self.latency, self.stall, self.seed = latency, stall, seed
+        #: None: NICs elaborated inline; a name: NICs are Instance()s of that Verilog
+        #: module (see :func:`nic_verilog`), converted once instead of N times.
+        self.nic_module = nic_module
         self.plan = wiring_plan(topo)
         nb = max(1, ceil_log2(topo.n))
         AW = params.addr_bits
@@ -73,8 +77,12 @@ class Fabric(wiring.Component):
         topo, p = self.topology, self.params
         nics = []
         for u in range(topo.n):
-            nic = Nic(p)
-            m.submodules[f"nic{u}"] = nic
+            if self.nic_module is None:
+                nic = Nic(p)
+                m.submodules[f"nic{u}"] = nic
+            else:
+                nic = _NicPorts(p, u)
+                m.submodules[f"nic{u}"] = nic.instance(self.nic_module)
             nics.append(nic)
             m.d.comb += nic.start.eq(self.start)
         for (u, i, v, j) in self.plan:
@@ -123,6 +131,72 @@ class Fabric(wiring.Component):
             with m.Else():
                 m.d.sync += self.cycles.eq(self.cycles + 1)
         return m
+
+
+class _NicPorts:
+    """Signals standing in for a Nic's ports when the NIC is a Verilog Instance."""
+
+    def __init__(self, p: NicParams, u: int):
+        self.p = p
+        self.sig = wiring.Signature(Nic(p).signature.members).create(path=(f"n{u}",))
+        for name in ("host", "start", "done", "running", "error"):
+            setattr(self, name, getattr(self.sig, name))
+        for i in range(p.ports):
+            setattr(self, f"tx{i}", getattr(self.sig, f"tx{i}"))
+            setattr(self, f"rx{i}", getattr(self.sig, f"rx{i}"))
+
+    def instance(self, module: str):
+        from amaranth.hdl import ClockSignal, Instance, ResetSignal
+        kw = {"i_clk": ClockSignal(), "i_rst": ResetSignal()}
+        h = self.host
+        kw.update({"i_host__addr": h.addr, "i_host__wdata": h.wdata, "i_host__we": h.we,
+                   "i_host__re": h.re, "o_host__rdata": h.rdata, "i_start": self.start,
+                   "o_done": self.done, "o_running": self.running, "o_error": self.error})
+        for i in range(self.p.ports):
+            tx, rx = getattr(self, f"tx{i}"), getattr(self, f"rx{i}")
+            kw.update({f"o_tx{i}__valid": tx.valid, f"o_tx{i}__flit": tx.flit.as_value(),
+                       f"i_tx{i}__credit": tx.credit, f"i_rx{i}__valid": rx.valid,
+                       f"i_rx{i}__flit": rx.flit.as_value(), f"o_rx{i}__credit": rx.credit})
+        return Instance(module, **kw)
+
+
+def nic_verilog(params: NicParams, name: str = "treenic_nic") -> str:
+    """Verilog of one NIC (cached under build/cosim by parameters)."""
+    import hashlib, os
+    from dataclasses import asdict
+    from pathlib import Path
+    root = Path(os.environ.get("TREENIC_COSIM_BUILD") or
+                Path(__file__).resolve().parents[2] / "build" / "cosim")
+    key = hashlib.sha256(repr((asdict(params), name, _src_hash())).encode()).hexdigest()[:12]
+    f = root / f"nic-{key}.v"
+    if not f.exists():
+        from amaranth.back import verilog
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = f.with_suffix(f".tmp{os.getpid()}")
+        tmp.write_text(verilog.convert(Nic(params), name=name))
+        os.replace(tmp, f)
+    return f.read_text()
+
+
+def _src_hash() -> str:
+    import hashlib
+    from pathlib import Path
+    h = hashlib.sha256()
+    here = Path(__file__).resolve().parent
+    for f in sorted(list(here.glob("*.py")) + list((here.parent / "link").glob("*.py")) +
+                    [here.parent / "fp32.py"]):
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def fabric_verilog(topology, params: NicParams, *, latency: int = 1, stall: int = 0,
+                   seed: int = 1, name: str = "fabric") -> str:
+    """Verilog of a fabric: one NIC module + the fabric top instantiating it N times."""
+    from amaranth.back import verilog
+    nic = nic_verilog(params, name=f"{name}_nic")
+    fab = Fabric(topology, params, latency=latency, stall=stall, seed=seed,
+                 nic_module=f"{name}_nic")
+    return nic + "\n" + verilog.convert(fab, name=name)
 
 
 def Mux_(c, a, b):

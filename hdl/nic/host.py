@@ -15,7 +15,7 @@ from treenic.firmware.image import ConfigImage, NO_PEER
 
 from .params import NicParams, Reg, Ctrl
 
-__all__ = ["image_writes", "buffer_writes", "NicImageError", "decode_image"]
+__all__ = ["image_writes", "order_writes", "buffer_writes", "NicImageError", "decode_image"]
 
 
 class NicImageError(ValueError):
@@ -52,6 +52,25 @@ def image_writes(params: NicParams, image: bytes | ConfigImage) -> list[tuple[in
         for k in range(params.row_words):
             w.append((params.table_addr(i, k), (row >> (32 * k)) & 0xFFFFFFFF))
     return [(int(a), int(v)) for a, v in w]
+
+
+def order_writes(params: NicParams, images) -> list[list[tuple[int, int]]]:
+    """Per node, the ORDER-region writes: for every REDUCE contribution a node receives,
+    the step it arrives at -- the sender's REDUCE entry step, joined over the images of
+    all nodes through their link maps (sender's parent port -> receiver, receiver's port
+    back to the sender).  Pure data from the images, no schedule logic."""
+    imgs = [decode_image(i) for i in images]
+    out = [[] for _ in imgs]
+    for v, img in enumerate(imgs):
+        for e in img.table.entries:
+            if int(e.op) != 1 or e.parent_port is None:
+                continue
+            u = img.link_map[e.parent_port]
+            if u == NO_PEER or u >= len(imgs):
+                continue
+            q = imgs[u].link_map.index(v)     # first port of u toward v (= rx port)
+            out[u].append((params.order_addr(e.flow, q), e.step))
+    return out
 
 
 def buffer_writes(params: NicParams, values: np.ndarray) -> list[tuple[int, int]]:

@@ -28,7 +28,13 @@ Register map (host bus, 32-bit words; word address = region << (AW-2) | offset):
                            depacketiser), 7 RX_BAD (fragments rejected by the NIC checks)
     region 1  schedule table: row i, word k at i * row_stride + k (write only)
     region 2  gradient buffer: element e (read/write while not RUNNING)
-    region 3  step cycle log: word s = cycles the node spent in timestep s (read only)
+    region 3  read: step cycle log, word s = cycles the node spent in timestep s;
+              write: ORDER table, word f << ceil(log2 P) | q = the step at which port q's
+              REDUCE contribution to flow f arrives (reset to "unknown" by CLEAR).  With it
+              the receive order gate waits only for contributions that precede in
+              (step, port) order; without it, it bounds unknown steps by what each link
+              delivered so far (correct, slower).  A contribution whose step differs from
+              the written one is rejected (ERR SEQUENCE).
 """
 from __future__ import annotations
 
@@ -196,6 +202,9 @@ class NicParams:
 
     def steplog_addr(self, step: int) -> int:
         return (3 << self.region_bits) | step
+
+    def order_addr(self, flow: int, port: int) -> int:
+        return (3 << self.region_bits) | (flow << max(1, ceil_log2(self.ports))) | port
 
     def port_counter_addr(self, port: int, k: int) -> int:
         return int(Reg.PORT) + 8 * port + int(k)
