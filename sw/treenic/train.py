@@ -160,9 +160,16 @@ def run_many(configs: list[dict], *, timeout: float = 600.0, log=print) -> list[
     for c in configs:
         c["requested_backend"], c["fallback"] = c["backend"], None
         if c["backend"] == "rtl":
+            if c["engine"] == "rtl" and c["density"]:
+                log("NOTICE: the RTL fabric runs dense schedules only; this sparse run uses "
+                    "the fabric server with the golden engine.")
+                c["engine"], c["fallback"] = "golden", "sparse scheme: golden engine"
             if c["engine"] == "rtl":
-                reason = rtl_unavailable_reason(schedule_for(c["algorithm"], c["topology"],
-                                                             workers))
+                # build (or load from build/cosim) the fabric for the model's one DDP bucket
+                h = c["hidden"]
+                reason = rtl_unavailable_reason(
+                    schedule_for(c["algorithm"], c["topology"], workers),
+                    elements=64 * h + h + h * 10 + 10)
                 if reason:
                     log(f"NOTICE: {reason}.\nNOTICE: falling back from backend 'rtl' to "
                         "'model' (golden executor): results are the golden model's, not "

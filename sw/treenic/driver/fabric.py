@@ -8,11 +8,12 @@ A *fabric engine* simulates the N NICs and their links for one loaded schedule::
 * :class:`GoldenEngine` — the golden executor (:func:`treenic.schedule.execute.execute`) for
   dense schedules and the :mod:`treenic.sparse` golden models for sparse schemes. It does not
   model time: ``cycles`` is ``None``.
-* :class:`RTLEngine` — the Verilated NIC fabric. **Hook-up point:** it imports
-  :data:`RTL_MODULE` and calls its ``open_fabric(schedule)``, which must return an object
-  with ``run(buffers) -> (buffers, cycles)`` (same contract as above) and optionally
-  ``run_sparse``. Until that module exists the constructor raises
-  :class:`~treenic.driver.errors.RTLFabricUnavailable` with the reason; nothing fakes it.
+* :class:`RTLEngine` — the Verilated NIC fabric. **Hook-up point:** :data:`RTL_MODULE`'s
+  ``FabricSim(topology, schedule, elements)`` with ``run(buffers) -> (buffers, cycles)``
+  (same contract as above). When that module, Verilator or a C++ compiler is missing, the
+  topology has switches, or the build fails, the constructor / :meth:`RTLEngine.prepare`
+  raises :class:`~treenic.driver.errors.RTLFabricUnavailable` with the reason; nothing
+  fakes it. Sparse schemes are not in the RTL yet (``run_sparse`` raises).
 
 :class:`Rendezvous` matches the k-th collective of every rank (by sequence number), checks
 that all ranks asked for the same thing (mode, element count, sparse parameters), runs the
@@ -32,9 +33,10 @@ from ..schedule.execute import execute
 from ..schedule.ir import Schedule
 from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailable
 
-#: Module the RTL engine loads; it must provide ``open_fabric(schedule)`` (N Verilated NIC
-#: cores wired by links, built with :mod:`treenic.hdl.cosim`).
-RTL_MODULE = "treenic.hdl.fabric"
+#: Module the RTL engine loads: ``FabricSim(topology, schedule, elements)`` with
+#: ``run(buffers) -> (buffers, cycles)`` (N Verilated NIC cores wired by link models, built
+#: with :mod:`treenic.hdl.cosim`).
+RTL_MODULE = "treenic.hdl.nic.fabric_sim"
 
 ENGINES = ("golden", "rtl")
 
@@ -73,25 +75,58 @@ class GoldenEngine:
 
 
 class RTLEngine:
+    """The Verilated NIC fabric (:data:`RTL_MODULE`, ``FabricSim``): N NIC cores wired by
+    link models, loaded with the firmware images of the schedule, run to DONE; cycles are the
+    fabric's ``start .. done`` counter. One Verilated build per buffer size (cached on disk
+    under ``build/cosim``), so the first collective of a new size pays the build."""
+
     name = "rtl"
 
     def __init__(self, schedule: Schedule):
         self.schedule = schedule
+        if not schedule.topology.is_direct:
+            raise RTLFabricUnavailable(f"RTL fabric engine unavailable: the RTL fabric wires "
+                                       f"direct networks only; {schedule.topology.spec} has "
+                                       "switches")
         try:
             mod = importlib.import_module(RTL_MODULE)
         except ImportError as e:
             raise RTLFabricUnavailable(
                 f"RTL fabric engine unavailable: {RTL_MODULE} cannot be imported ({e}); the "
-                "Verilated NIC fabric has not been built in this checkout") from None
-        open_fabric = getattr(mod, "open_fabric", None)
-        if open_fabric is None:
+                "Verilated NIC fabric is not part of this checkout") from None
+        self._cls = getattr(mod, "FabricSim", None)
+        if self._cls is None:
             raise RTLFabricUnavailable(f"RTL fabric engine unavailable: {RTL_MODULE} has no "
-                                       "open_fabric(schedule)")
-        self.sim = open_fabric(schedule)          # may raise RTLFabricUnavailable itself
-        self.description = getattr(self.sim, "description", f"RTL fabric ({RTL_MODULE})")
+                                       "FabricSim")
+        try:
+            from ..hdl.cosim import cosim_available
+            ok = cosim_available()
+        except ImportError as e:
+            ok, why = False, str(e)
+        else:
+            why = "verilator or a C++ compiler is not on PATH"
+        if not ok:
+            raise RTLFabricUnavailable(f"RTL fabric engine unavailable: cannot build the "
+                                       f"Verilated fabric ({why})")
+        self._sims: dict[int, object] = {}
+        self.description = f"Verilated NIC fabric ({RTL_MODULE}.FabricSim)"
+
+    def prepare(self, elements: int):
+        """Build (or load from the cache) the fabric for ``elements`` per node."""
+        sim = self._sims.get(elements)
+        if sim is None:
+            try:
+                sim = self._cls(self.schedule.topology, self.schedule, elements)
+            except Exception as e:
+                raise RTLFabricUnavailable(f"RTL fabric engine unavailable: building the "
+                                           f"fabric for {elements} elements failed: "
+                                           f"{type(e).__name__}: {e}") from None
+            self._sims[elements] = sim
+        return sim
 
     def run(self, buffers: np.ndarray):
-        out, cycles = self.sim.run(buffers)
+        sim = self.prepare(int(buffers.shape[1]))
+        out, cycles = sim.run(buffers)
         out = np.asarray(out)
         if out.shape != buffers.shape or out.dtype != np.float32:
             raise FabricError(f"RTL fabric returned {out.dtype}{out.shape}, expected "
@@ -99,11 +134,8 @@ class RTLEngine:
         return out, (None if cycles is None else int(cycles))
 
     def run_sparse(self, scheme, accs, density, seed):
-        fn = getattr(self.sim, "run_sparse", None)
-        if fn is None:
-            raise FabricError(f"the RTL fabric ({RTL_MODULE}) does not implement sparse "
-                              f"all-reduce yet (scheme {scheme!r})")
-        return fn(scheme, accs, density, seed)
+        raise FabricError(f"the RTL fabric ({RTL_MODULE}) runs dense schedules only; sparse "
+                          f"scheme {scheme!r} needs the golden engine")
 
 
 def make_engine(name: str, schedule: Schedule):
@@ -114,10 +146,13 @@ def make_engine(name: str, schedule: Schedule):
     raise DriverError(f"unknown fabric engine {name!r}; known: {', '.join(ENGINES)}")
 
 
-def rtl_unavailable_reason(schedule: Schedule) -> str | None:
-    """None when the RTL engine can be opened for ``schedule``, else the reason it cannot."""
+def rtl_unavailable_reason(schedule: Schedule, elements: int | None = None) -> str | None:
+    """None when the RTL engine can be opened for ``schedule`` (and, given ``elements``,
+    its fabric built for that size), else the reason it cannot."""
     try:
-        RTLEngine(schedule)
+        engine = RTLEngine(schedule)
+        if elements is not None:
+            engine.prepare(elements)
     except RTLFabricUnavailable as e:
         return str(e)
     return None
