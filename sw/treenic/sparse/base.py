@@ -138,6 +138,7 @@ REGISTRY: dict[str, str] = {
     "zen": "treenic.sparse.zen:Zen",
     "sparcml": "treenic.sparse.sparcml:SparCML",
     "omnireduce": "treenic.sparse.omnireduce:OmniReduce",
+    "redsync": "treenic.sparse.redsync:RedSync",
     "multitree-sparse": "treenic.sparse.multitree_sparse:MultiTreeSparse",
 }
 

@@ -499,7 +499,6 @@ class Zen:
         invariants = {
             "lossless_hashing": bool(lossless),
             "partition_correct": bool(partition_ok),
-            "no_overflow": all(m.overflow.size == 0 for m in memories),
             "bitmap_round_trip": bool(round_trip),
             "finite_result": bool(np.isfinite(result_row).all()),   # no float32 overflow
             "bitmap_bits_equal_elements": sum(u.size for u in U) == N,
@@ -516,6 +515,8 @@ class Zen:
             "aggregated_density": union_density(selections, N),
             "push_imbalance": push_imbalance([m.partition for m in memories], P),
             "pull_imbalance": pull_imbalance(aggregated_counts),
+            # serial-region overflow is a sizing statistic, not an invariant: overflowed
+            # items are still pushed (and counted in the bytes), so the result stays exact
             "overflow": int(sum(m.overflow.size for m in memories)),
             "serial_entries": int(sum(np.count_nonzero(m.slot >= m.r1) for m in memories)),
             "hash_levels": max(m.levels for m in memories),
