@@ -60,7 +60,9 @@ def _train_one(rank, world, cfg, server_address):
     model = DDP(net)
     state, comm = None, None
     if cfg["backend"] != "ddp":
-        opts = {"address": tuple(server_address), "timeout": cfg["timeout"]} \
+        # a cycle-accurate RTL collective (and loading its build) takes seconds, not ms
+        timeout = cfg["timeout"] if cfg["engine"] != "rtl" else max(cfg["timeout"], 600.0)
+        opts = {"address": tuple(server_address), "timeout": timeout} \
             if cfg["backend"] == "rtl" else {}
         comm = open_nic(cfg["backend"], rank, world, cfg["topology"], cfg["algorithm"], **opts)
         state = TreenicHookState(comm, scheme=cfg["scheme"] if cfg["density"] else None,

@@ -8,9 +8,9 @@ in the same world and on the same buffers:
   one warm-up, slowest rank counts); ``ratio`` = treenic / gloo (target ≤ 1.5);
 * sparse TopkA at 1% density on the same buffers (``torch`` backend): bytes each rank puts
   on the wire vs the dense schedule's (target ≤ 5%) and wall time;
-* the ``rtl`` backend: the fabric server with the RTL engine (cycles, wall time) when the
-  Verilated fabric is built — otherwise the reason it is not, and the same collective through
-  the server with the golden engine (host-protocol overhead, no cycles).
+* the ``rtl`` backend: the fabric server with the golden engine on the same 4 M buffers
+  (host-protocol + executor wall time), and with the RTL engine (Verilated fabric; cycles and
+  wall time) on ``RTL_ELEMENTS`` per rank when it builds — otherwise the reason it does not.
 
 Writes ``driver_bench.json`` into ``out_dir``. Timings depend on the machine; the bench
 reports them, tests never assert them.
@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 WORLD = 4
+RTL_ELEMENTS = 4096          # the RTL fabric is cycle-accurate: a smaller buffer
 
 
 def _timed(fn, repeats, barrier, maxreduce):
@@ -36,7 +37,7 @@ def _timed(fn, repeats, barrier, maxreduce):
     return statistics.median(times)
 
 
-def _bench_world(rank, world, elements, repeats, address, engine):
+def _bench_world(rank, world, elements, repeats, address, rtl_address):
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -84,18 +85,21 @@ def _bench_world(rank, world, elements, repeats, address, engine):
     out["torch_topka_1pct_s"] = _timed(sp, repeats, barrier, maxreduce)
     out["torch_topka_1pct_bytes_per_rank"] = stats["bytes"]
     comm.close()
-    # fabric server path
-    if address is not None:
-        comm = open_nic("rtl", rank, world, f"ring:{world}", "multitree", address=address,
-                        timeout=120)
-        b = base.clone()
+    # fabric server path: golden engine at full size, RTL engine (when built) at RTL_ELEMENTS
+    for engine, addr, n in (("golden", address, elements), ("rtl", rtl_address, RTL_ELEMENTS)):
+        if addr is None:
+            continue
+        comm = open_nic("rtl", rank, world, f"ring:{world}", "multitree", address=addr,
+                        timeout=900)
+        b = base[:n].clone()
 
         def rt():
-            b.copy_(base)
+            b.copy_(base[:n])
             comm.allreduce(b)
-        out[f"server_{engine}_multitree_s"] = _timed(rt, max(1, repeats // 2), barrier,
-                                                     maxreduce)
-        out[f"server_{engine}_cycles"] = comm.counters.cycles or None
+        out[f"server_{engine}_s"] = _timed(rt, 1 if engine == "rtl" else max(1, repeats // 2),
+                                           barrier, maxreduce)
+        calls = comm.counters.collectives
+        out[f"server_{engine}_cycles"] = (comm.counters.cycles // calls) if calls else None
         comm.close()
     return out
 
@@ -109,11 +113,18 @@ def run(out_dir="build/bench", quick: bool = False) -> dict:
     elements = 4 * 1024 * 1024
     repeats = 3 if quick else 7
     sched = algorithms.build("multitree", f"ring:{WORLD}")
-    reason = rtl_unavailable_reason(sched)
-    engine = "golden" if reason else "rtl"
-    with ServerProcess(WORLD, engine, collective_timeout=300) as srv:
-        per_rank = run_world(_bench_world, WORLD, elements, repeats, srv.address, engine,
-                             timeout=600, pg_timeout=300)
+    reason = rtl_unavailable_reason(sched, elements=RTL_ELEMENTS)
+    rtl_srv = None
+    with ServerProcess(WORLD, "golden", collective_timeout=300) as srv:
+        try:
+            if reason is None:
+                rtl_srv = ServerProcess(WORLD, "rtl", collective_timeout=900)
+            per_rank = run_world(_bench_world, WORLD, elements, repeats, srv.address,
+                                 rtl_srv.address if rtl_srv else None, timeout=1200,
+                                 pg_timeout=900)
+        finally:
+            if rtl_srv is not None:
+                rtl_srv.stop()
     r = per_rank[0]
     dense_bytes = r["torch_ring_bytes_per_rank"]
     result = {
@@ -131,9 +142,10 @@ def run(out_dir="build/bench", quick: bool = False) -> dict:
         "sparse_topka_1pct_s": r["torch_topka_1pct_s"],
         "sparse_topka_1pct_bytes_per_rank": r["torch_topka_1pct_bytes_per_rank"],
         "sparse_bytes_ratio_vs_dense_ring": r["torch_topka_1pct_bytes_per_rank"] / dense_bytes,
-        "rtl": {"available": reason is None, "reason": reason, "server_engine": engine,
-                "server_multitree_s": r[f"server_{engine}_multitree_s"],
-                "cycles": r[f"server_{engine}_cycles"]},
+        "server_golden_multitree_s": r["server_golden_s"],
+        "rtl": {"available": reason is None, "reason": reason, "elements": RTL_ELEMENTS,
+                "server_rtl_multitree_s": r.get("server_rtl_s"),
+                "cycles": r.get("server_rtl_cycles")},
     }
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

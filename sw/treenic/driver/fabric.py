@@ -118,9 +118,13 @@ class RTLEngine:
             try:
                 sim = self._cls(self.schedule.topology, self.schedule, elements)
             except Exception as e:
+                text = str(e).strip()
+                lines = text.splitlines()
+                if len(text) > 600:           # a compiler log: its first and last lines
+                    text = " | ".join(lines[:1] + ["..."] + lines[-2:])[:600]
                 raise RTLFabricUnavailable(f"RTL fabric engine unavailable: building the "
                                            f"fabric for {elements} elements failed: "
-                                           f"{type(e).__name__}: {e}") from None
+                                           f"{type(e).__name__}: {text}") from None
             self._sims[elements] = sim
         return sim
 
