@@ -8,11 +8,10 @@ import traceback
 import pytest
 from amaranth.hdl import Module
 from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 
 from treenic.hdl.link import model
-from treenic.hdl.link.flit import ErrorCause, FlitFormat, FlitType, LinkSignature
+from treenic.hdl.link.flit import ErrorCause, FlitFormat, FlitType
 from treenic.hdl.link.packetiser import Packetiser
 from treenic.hdl.link.depacketiser import Depacketiser
 from treenic.hdl.link.link import LinkModel, lfsr16_next

@@ -67,7 +67,8 @@ class Depacketiser(wiring.Component):
     Args:
         sub_words: sub-packet length (words) the sender uses (message mode).
         credits: input buffer depth per VC (the sender's initial credits).
-        buf_flits: fragment buffer depth (flits); default twice the largest fragment.
+        buf_flits: fragment buffer region per VC (flits, power of 2, >= the largest
+            fragment); default twice the largest fragment.
     """
 
     def __init__(self, fmt: FlitFormat | None = None, *, sub_words: int = DEFAULT_SUB_WORDS,

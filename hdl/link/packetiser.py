@@ -13,13 +13,13 @@ only with a credit for its VC; the credit counters start at ``credits`` (the dow
 buffer depth per VC) and are refilled by the ``tx.credit`` return pulses.
 """
 
-from amaranth.hdl import Elaboratable, Module, Signal, Mux, Cat, Const
+from amaranth.hdl import Module, Signal, Mux, Cat
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from .flit import FlitFormat, FlitType, LinkSignature, WORD_BITS
-from .model import MESSAGE, PACKET, DEFAULT_SUB_WORDS, _check_mode
+from .flit import FlitFormat, FlitType, LinkSignature
+from .model import MESSAGE, DEFAULT_SUB_WORDS, _check_mode
 
 __all__ = ["Packetiser", "PacketiserStatusSignature"]
 

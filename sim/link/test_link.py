@@ -4,7 +4,7 @@ One bench per block -- packetiser, depacketiser, packetiser -> link -> depacketi
 loopback -- plus the RTL flit count of a 1 MiB message (payload efficiency)."""
 import pytest
 
-from harness import REPO_ROOT, run_bench, sim_name
+from harness import REPO_ROOT, run_bench
 from link_tops import EfficiencyTop, LoopbackTop
 from treenic.hdl.link.flit import FlitFormat
 from treenic.hdl.link.packetiser import Packetiser
