@@ -138,7 +138,9 @@ class _NicPorts:
 
     def __init__(self, p: NicParams, u: int):
         self.p = p
-        self.sig = wiring.Signature(Nic(p).signature.members).create(path=(f"n{u}",))
+        proto = Nic(p)
+        proto._MustUse__silence = True          # only its signature is used
+        self.sig = wiring.Signature(proto.signature.members).create(path=(f"n{u}",))
         for name in ("host", "start", "done", "running", "error"):
             setattr(self, name, getattr(self.sig, name))
         for i in range(p.ports):

@@ -87,6 +87,7 @@ class FabricSim:
         t0 = time.time()
         self.fabric = fab = Fabric(self.topology, self.params, latency=latency, stall=stall,
                                    seed=seed)
+        fab._MustUse__silence = True            # layouts only; the Verilog comes from vfile
         if not vfile.exists():
             vfile.parent.mkdir(parents=True, exist_ok=True)
             text = fabric_verilog(self.topology, self.params, latency=latency, stall=stall,

@@ -1,0 +1,89 @@
+"""Golden model of the NIC fabric's observable behaviour.
+
+It derives everything from the project's single sources of truth -- no second schedule
+logic: final buffers from the golden executor (:func:`treenic.schedule.execute.execute`),
+the messages each NIC port sends from the table encoder
+(:func:`treenic.schedule.table.node_entries`), their flit counts from the link-layer
+golden packetiser (:func:`treenic.hdl.link.model.packetise`), and the schedule's ideal
+time (per step, the most-loaded directed link's flits, summed over the steps).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from functools import lru_cache
+
+import numpy as np
+
+from treenic.schedule.execute import execute
+from treenic.schedule.ir import Op, Schedule
+from treenic.schedule.table import node_entries
+
+from ..link.model import packetise
+from .params import NicParams
+
+__all__ = ["expected_buffers", "port_messages", "message_flits", "expected_port_counters",
+           "ideal_cycles", "step_link_flits"]
+
+
+def expected_buffers(schedule: Schedule, buffers: np.ndarray) -> np.ndarray:
+    return execute(schedule, buffers)
+
+
+def port_messages(schedule: Schedule, elements: int, node: int) -> dict[int, list[tuple]]:
+    """Per local port, the messages (op, flow, step, start, size) the NIC sends, in order:
+    REDUCE entries with a parent send to ``parent_port``; GATHER entries to every child
+    port; empty chunks send nothing."""
+    out: dict[int, list[tuple]] = defaultdict(list)
+    for e in node_entries(schedule, node, elements):
+        if e.size == 0:
+            continue
+        if e.op == Op.REDUCE and e.parent_port is not None:
+            out[e.parent_port].append((int(e.op), e.flow, e.step, e.start, e.size))
+        elif e.op == Op.GATHER:
+            for q in sorted(e.child_ports):
+                out[q].append((int(e.op), e.flow, e.step, e.start, e.size))
+    return dict(out)
+
+
+@lru_cache(maxsize=4096)
+def message_flits(size: int, params: NicParams) -> tuple[int, int]:
+    """(total flits, head flits) of one message of ``size`` words (golden packetiser)."""
+    hdr = {"vc": 0, "flow": 0, "op": 1, "step": 0, "offset": 0, "next": 0, "eject": 0,
+           "dest": 0, "src": 0}
+    flits = packetise(hdr, [0] * size, params.mode, params.fmt, sub_words=params.sub_words,
+                      packet_words=params.packet_words)
+    fmt = params.fmt
+    heads = sum(1 for f in flits if fmt.split_flit(f)[0].name in ("SUB_HEAD", "HEAD",
+                                                                  "HEAD_TAIL"))
+    return len(flits), heads
+
+
+def expected_port_counters(schedule: Schedule, elements: int, params: NicParams
+                           ) -> dict[int, dict[int, dict[str, int]]]:
+    """node -> port -> {tx_flits, tx_heads, tx_words} the RTL counters must show."""
+    out = {}
+    for u in range(schedule.n):
+        ports = {}
+        for q, msgs in port_messages(schedule, elements, u).items():
+            fl = [message_flits(m[4], params) for m in msgs]
+            ports[q] = {"tx_flits": sum(f for f, _ in fl), "tx_heads": sum(h for _, h in fl),
+                        "tx_words": sum(m[4] for m in msgs)}
+        out[u] = ports
+    return out
+
+
+def step_link_flits(schedule: Schedule, elements: int, params: NicParams
+                    ) -> dict[int, dict[tuple, int]]:
+    """step -> {(src, port): flits} over all NICs."""
+    per: dict[int, dict[tuple, int]] = defaultdict(lambda: defaultdict(int))
+    for u in range(schedule.n):
+        for q, msgs in port_messages(schedule, elements, u).items():
+            for (_, _, step, _, size) in msgs:
+                per[step][(u, q)] += message_flits(size, params)[0]
+    return {s: dict(v) for s, v in per.items()}
+
+
+def ideal_cycles(schedule: Schedule, elements: int, params: NicParams) -> int:
+    """Sum over steps of the most-loaded directed link's flits (no latency, no stalls)."""
+    per = step_link_flits(schedule, elements, params)
+    return int(sum(max(v.values()) for v in per.values() if v))
