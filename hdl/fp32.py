@@ -13,15 +13,16 @@ Contract
   quiet NaN ``0x7FC00000`` (sign 0, payload dropped).  The golden canonicalises numpy's
   NaNs the same way, so NaN results compare bit for bit as well.
 
-Micro-architecture (5 stages, one result per cycle, latency 5 cycles)::
+Micro-architecture (6 stages, one result per cycle, latency 6 cycles)::
 
-    S1 unpack/classify, magnitude compare and swap (|x| >= |y|), exponent differences
-       (both directions in parallel with the compare)
-    S2 align y (right shift with guard/round/sticky) and add/subtract 28-bit mantissas
-    S3 leading-zero count (log-depth tree)
-    S4 normalise: carry -> shift right 1; else shift left by the leading-zero count,
-       limited so the exponent stays >= 1 (gradual underflow)
-    S5 round to nearest even, repack, override specials (NaN, inf, overflow)
+    S1  unpack/classify, magnitude compare and swap (|x| >= |y|), exponent differences
+        (both directions in parallel with the compare)
+    S2a align y (right shift, guard/round/sticky)
+    S2b add/subtract the 27-bit mantissas (one carry chain)
+    S3  leading-zero count (log-depth tree)
+    S4  normalise: carry -> shift right 1; else shift left by the leading-zero count,
+        limited so the exponent stays >= 1 (gradual underflow)
+    S5  round to nearest even, repack, override specials (NaN, inf, overflow)
 
 Streaming: ``i`` (payload ``a``, ``b``, ``tag``) and ``o`` (payload ``sum``, ``tag``)
 follow the ``amaranth.lib.stream`` rules.  Every stage holds a valid bit; stage *k*
@@ -49,7 +50,7 @@ __all__ = ["FP32Adder", "fp32_add_golden", "fp32_add_exact", "CANONICAL_NAN",
            "f32_to_bits", "bits_to_f32", "LATENCY", "DIRECTED_CASES", "random_operand_pairs"]
 
 CANONICAL_NAN = 0x7FC00000
-LATENCY = 5
+LATENCY = 6
 
 
 # ----------------------------------------------------------------------------------
@@ -275,7 +276,7 @@ class FP32Adder(wiring.Component):
                 s1_tag.eq(self.i.payload.tag),
             ]
 
-        # ---- S2: align and add ----------------------------------------------------
+        # ---- S2a: align ----------------------------------------------------
         # y with 3 extra low bits (guard, round, sticky) shifted right by d (saturated
         # at 31: everything from 27 on lands in the sticky bit); bits shifted out below
         # the sticky position are OR-ed into it.
@@ -285,7 +286,22 @@ class FP32Adder(wiring.Component):
         m.d.comb += wide.eq(Cat(Const(0, 35), s1_my) >> dsat)
         y_al = Signal(27)
         m.d.comb += y_al.eq(Cat(wide[32] | (wide[:32] != 0), wide[33:59]))
-        x_al = Cat(Const(0, 3), s1_mx)
+        s2a_x = Signal(27)
+        s2a_y = Signal(27)
+        s2a_sx = Signal()
+        s2a_sub = Signal()
+        s2a_ex = Signal(8)
+        s2a_nan = Signal()
+        s2a_inf = Signal()
+        s2a_tag = Signal(tw)
+        with m.If(en[2]):
+            m.d.sync += [
+                s2a_x.eq(Cat(Const(0, 3), s1_mx)), s2a_y.eq(y_al),
+                s2a_sx.eq(s1_sx), s2a_sub.eq(s1_sub), s2a_ex.eq(s1_ex),
+                s2a_nan.eq(s1_nan), s2a_inf.eq(s1_inf), s2a_tag.eq(s1_tag),
+            ]
+
+        # ---- S2b: add / subtract (one carry chain: x + (y ^ sub) + sub) -------------
         s2_z = Signal(28)
         s2_sx = Signal()
         s2_sub = Signal()
@@ -293,11 +309,15 @@ class FP32Adder(wiring.Component):
         s2_nan = Signal()
         s2_inf = Signal()
         s2_tag = Signal(tw)
-        with m.If(en[2]):
+        y_inv = Signal(27)
+        m.d.comb += y_inv.eq(s2a_y ^ Mux(s2a_sub, (1 << 27) - 1, 0))
+        with m.If(en[3]):
             m.d.sync += [
-                s2_z.eq(Mux(s1_sub, x_al - y_al, x_al + y_al)),
-                s2_sx.eq(s1_sx), s2_sub.eq(s1_sub), s2_ex.eq(s1_ex),
-                s2_nan.eq(s1_nan), s2_inf.eq(s1_inf), s2_tag.eq(s1_tag),
+                # subtract: |x| >= |y| so the 28-bit difference is non-negative; the
+                # carry out of x + ~y + 1 lands in bit 27 and is dropped
+                s2_z.eq(Mux(s2a_sub, (s2a_x + y_inv + 1)[:27], s2a_x + s2a_y)),
+                s2_sx.eq(s2a_sx), s2_sub.eq(s2a_sub), s2_ex.eq(s2a_ex),
+                s2_nan.eq(s2a_nan), s2_inf.eq(s2a_inf), s2_tag.eq(s2a_tag),
             ]
 
         # ---- S3: leading-zero count -----------------------------------------------
@@ -310,7 +330,7 @@ class FP32Adder(wiring.Component):
         s3_nan = Signal()
         s3_inf = Signal()
         s3_tag = Signal(tw)
-        with m.If(en[3]):
+        with m.If(en[4]):
             m.d.sync += [
                 s3_z.eq(s2_z),
                 s3_lz.eq(Mux(z_zero, 27, lz_raw)),
@@ -330,7 +350,7 @@ class FP32Adder(wiring.Component):
         s4_nan = Signal()
         s4_inf = Signal()
         s4_tag = Signal(tw)
-        with m.If(en[4]):
+        with m.If(en[5]):
             with m.If(s3_z[27]):
                 m.d.sync += [s4_n.eq(Cat(s3_z[1] | s3_z[0], s3_z[2:28])),
                              s4_e.eq(s3_ex + 1)]
@@ -359,7 +379,7 @@ class FP32Adder(wiring.Component):
             Mux(s4_nan, CANONICAL_NAN,
                 Mux(s4_inf | (e_r >= 255), Cat(Const(0, 23), Const(0xFF, 8), s4_sign),
                     Cat(frac, Mux(hidden, e_r[:8], 0), s4_sign))))
-        with m.If(en[5]):
+        with m.If(en[N]):
             m.d.sync += [self.o.payload.sum.eq(packed), self.o.payload.tag.eq(s4_tag)]
-        m.d.comb += self.o.valid.eq(v[5])
+        m.d.comb += self.o.valid.eq(v[N])
         return m
