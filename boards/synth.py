@@ -86,6 +86,15 @@ def register_top(name: str, factory: Callable[[], object], *, default: bool = Fa
         DEFAULT_TOPS.insert(0 if headline else len(DEFAULT_TOPS), name)
 
 
+
+def _nic_core():    # treenic.hdl.nic: 4 ports, 64-bit flits (buffer kept small: its 17
+    # read / 9 write ports are not BRAM-mappable yet -- see hdl/nic/core.py)
+    from treenic.hdl.nic import Nic, NicParams
+    return Nic(NicParams(ports=4, width=64, depth=128, max_nodes=16, max_entries=64))
+
+
+register_top("nic_core", _nic_core, headline=True)
+
 # ----------------------------------------------------------------------------------
 # log parsers
 
