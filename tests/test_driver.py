@@ -3,7 +3,6 @@ in-process model fabric, RTL engine error path, failure behaviour (timeouts, kil
 import os
 import signal
 import socket
-import struct
 import threading
 import time
 import zlib

@@ -21,7 +21,6 @@ dense and the sparse phases, wall time, plot path). Backends:
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path

@@ -41,8 +41,8 @@ import numpy as np
 from .. import algorithms
 from ..schedule.ir import Schedule
 from ..topology import Topology, parse
-from .errors import DriverError, FabricError, FabricTimeout
-from .fabric import LocalFabric, Request, link_bytes, make_engine, run_sparse_model
+from .errors import DriverError, FabricError
+from .fabric import LocalFabric, Request, link_bytes, make_engine
 
 BACKENDS = ("model", "torch", "rtl")
 

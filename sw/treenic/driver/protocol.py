@@ -43,7 +43,8 @@ Messages (request → reply; payload layouts as :mod:`struct` formats)
     request ``<IBBHQ`` collective sequence number (from 1, +1 per collective), dtype code
     (1: float32 — the only type the reduction unit implements, ARCHITECTURE §5), buffer id
     (0: gradient), reserved, element count + ``count * 4`` bytes of little-endian data.
-    reply ``<IQ`` sequence, count.
+    reply ``<IQ`` sequence, count. At most 4 collectives may be written and not yet started
+    per rank (``SEQUENCE`` beyond that); a sequence number is written once.
 ``START`` 0x04 → ``COMPLETE`` 0x84
     request ``<IBBHdQ`` sequence, mode (0: dense schedule, 1: sparse), reserved, name length
     ``n``, density (float64, sparse only), seed (sparse only) + ``n`` bytes UTF-8 sparse
@@ -55,6 +56,11 @@ Messages (request → reply; payload layouts as :mod:`struct` formats)
     request ``<IB`` sequence, buffer id (0: result, 1: residual — sparse only).
     reply ``<IBBHQ`` + data, the ``WRITE_BUFFER`` layout. A collective is retired once every
     rank has read its result (and residual, for sparse).
+Errors of a collective (``SIZE_MISMATCH`` when ranks wrote different element counts or
+sparse parameters, ``TIMEOUT`` when a rank never started it within the server's collective
+timeout, ``ENGINE``) are answered to every rank's ``START`` of that collective, naming the
+ranks involved.
+
 ``STATUS`` 0x06 → ``STATUS_REPLY`` 0x86
     request empty. reply ``<IIQQQQQQ`` state (0 idle, 1 collective in flight, 2 error),
     loaded config id (0: none), collectives completed, host bytes received, host bytes sent,
