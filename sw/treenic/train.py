@@ -168,9 +168,22 @@ def run_many(configs: list[dict], *, timeout: float = 600.0, log=print) -> list[
             if c["engine"] == "rtl":
                 # build (or load from build/cosim) the fabric for the model's one DDP bucket
                 h = c["hidden"]
-                reason = rtl_unavailable_reason(
-                    schedule_for(c["algorithm"], c["topology"], workers),
-                    elements=64 * h + h + h * 10 + 10)
+                elements = 64 * h + h + h * 10 + 10
+                sched = schedule_for(c["algorithm"], c["topology"], workers)
+                reason = rtl_unavailable_reason(sched, elements=elements)
+                if reason is None:
+                    # one cycle-accurate collective, timed, so the user knows what is coming
+                    import numpy as np
+                    from .driver.fabric import RTLEngine
+                    eng = RTLEngine(sched)
+                    t0 = time.perf_counter()
+                    _, cycles = eng.run(np.zeros((workers, elements), np.float32))
+                    dt = time.perf_counter() - t0
+                    steps = c["epochs"] * (1437 // workers // c["batch_size"])
+                    log(f"NOTICE: RTL fabric: one all-reduce of {elements} elements = "
+                        f"{cycles} cycles, {dt:.2f}s of simulation; ~{steps} steps ≈ "
+                        f"{steps * dt / 60:.1f} min (--engine golden runs the same path "
+                        "with the golden executor)")
                 if reason:
                     log(f"NOTICE: {reason}.\nNOTICE: falling back from backend 'rtl' to "
                         "'model' (golden executor): results are the golden model's, not "
