@@ -28,6 +28,9 @@ Usage::
     res.outputs["o"]        # (n, 2) uint32 words: [sum, tag]
     res.cycles              # clock cycles it took
 
+    # waveforms: build with trace=True, then
+    sim.trace("build/waves/fp32.vcd"); sim.step(100); sim.trace(None)
+
 Conventions
 -----------
 * Streams are found by name: ``<s>__valid``, ``<s>__ready``, ``<s>__payload`` (what
@@ -64,7 +67,7 @@ import numpy as np
 __all__ = ["build_cosim", "CosimLibrary", "Cosim", "StreamResult", "Port",
            "pack_words", "unpack_words", "cosim_available", "parse_ports"]
 
-_WRAPPER_VERSION = "3"
+_WRAPPER_VERSION = "4"
 _REPO = Path(__file__).resolve().parent.parent
 
 
@@ -158,7 +161,7 @@ def _vl_name(name: str) -> str:
     return "".join(out)
 
 
-def _gen_wrapper(ports: list[Port], clock: str, reset: str | None) -> str:
+def _gen_wrapper(ports: list[Port], clock: str, reset: str | None, trace: bool = False) -> str:
     set_cases, get_cases = [], []
     for p in ports:
         p = Port(p.index, _vl_name(p.name), p.direction, p.width)
@@ -181,7 +184,7 @@ def _gen_wrapper(ports: list[Port], clock: str, reset: str | None) -> str:
         get_cases.append(f"    case {p.index}: {body_get}break;")
     clk = _vl_name(clock)
     rst_set = f"h->m->{_vl_name(reset)} = v;" if reset else ""
-    return _WRAPPER_TEMPLATE.format(set_cases="\n".join(set_cases),
+    return ("#define TN_TRACE 1\n" if trace else "#define TN_TRACE 0\n") + _WRAPPER_TEMPLATE.format(set_cases="\n".join(set_cases),
                                     get_cases="\n".join(get_cases), clk=clk,
                                     rst_set=rst_set)
 
@@ -193,11 +196,17 @@ _WRAPPER_TEMPLATE = r"""
 #include <vector>
 #include "Vtop.h"
 #include "verilated.h"
+#if TN_TRACE
+#include "verilated_vcd_c.h"
+#endif
 
 struct Handle {{
     VerilatedContext* ctx;
     Vtop* m;
     uint64_t cycle;
+#if TN_TRACE
+    VerilatedVcdC* tfp;
+#endif
 }};
 
 static void set_port(Vtop* m, int idx, const uint32_t* w) {{
@@ -215,7 +224,13 @@ static void get_port(Vtop* m, int idx, uint32_t* w) {{
 }}
 
 static inline void edge(Handle* h) {{
+#if TN_TRACE
+    if (h->tfp) h->tfp->dump(10 * h->cycle);          // inputs applied, before the edge
+#endif
     h->m->{clk} = 1; h->m->eval();
+#if TN_TRACE
+    if (h->tfp) h->tfp->dump(10 * h->cycle + 5);
+#endif
     h->m->{clk} = 0; h->m->eval();
     h->cycle++;
 }}
@@ -226,6 +241,10 @@ void* tn_new(void) {{
     Handle* h = new Handle;
     h->ctx = new VerilatedContext;
     h->ctx->randReset(0);
+#if TN_TRACE
+    h->ctx->traceEverOn(true);
+    h->tfp = nullptr;
+#endif
     h->m = new Vtop{{h->ctx}};
     h->cycle = 0;
     h->m->{clk} = 0;
@@ -235,6 +254,9 @@ void* tn_new(void) {{
 
 void tn_free(void* p) {{
     Handle* h = (Handle*)p;
+#if TN_TRACE
+    if (h->tfp) {{ h->tfp->close(); delete h->tfp; }}
+#endif
     h->m->final();
     delete h->m;
     delete h->ctx;
@@ -250,6 +272,29 @@ void tn_step(void* p, uint64_t n) {{
     Handle* h = (Handle*)p;
     h->m->eval();
     for (uint64_t i = 0; i < n; i++) edge(h);
+}}
+
+int tn_trace_open(void* p, const char* path) {{
+#if TN_TRACE
+    Handle* h = (Handle*)p;
+    if (h->tfp) {{ h->tfp->close(); delete h->tfp; }}
+    h->tfp = new VerilatedVcdC;
+    h->m->trace(h->tfp, 99);
+    h->tfp->open(path);
+    return 1;
+#else
+    (void)p; (void)path;
+    return 0;
+#endif
+}}
+
+void tn_trace_close(void* p) {{
+#if TN_TRACE
+    Handle* h = (Handle*)p;
+    if (h->tfp) {{ h->tfp->close(); delete h->tfp; h->tfp = nullptr; }}
+#else
+    (void)p;
+#endif
 }}
 
 void tn_set_reset(void* p, int v) {{ Handle* h = (Handle*)p; (void)h; {rst_set} }}
@@ -344,7 +389,7 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
                 ports: Sequence | None = None, clock: str = "clk",
                 reset: str | None = "rst", opt: str = "-O2",
                 verilator_args: Sequence[str] = (), jobs: int | None = None,
-                verbose: bool = False) -> "CosimLibrary":
+                trace: bool = False, verbose: bool = False) -> "CosimLibrary":
     """Verilate *design* and build a ctypes-loadable shared library (cached).
 
     Args:
@@ -357,6 +402,8 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
             be ``None`` for designs without one.
         opt: C++ optimisation level for the model.
         verilator_args: extra Verilator flags.
+        trace: build with VCD tracing (``--trace``); then :meth:`Cosim.trace` writes
+            a waveform (clock low phase at 10*cycle, high at 10*cycle+5).
     """
     top = top or name
     if isinstance(design, (str, Path)) and (isinstance(design, Path) or "\n" not in design):
@@ -377,7 +424,9 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
         raise ValueError(f"clock port {clock!r} not among the ports of {top!r}: {sorted(names)}")
     if reset is not None and reset not in names:
         reset = None
-    wrapper = _gen_wrapper(plist, clock, reset)
+    wrapper = _gen_wrapper(plist, clock, reset, trace)
+    if trace:
+        verilator_args = ["--trace", *verilator_args]
     key = hashlib.sha256("\0".join([text, wrapper, _WRAPPER_VERSION, opt,
                                     " ".join(verilator_args), top,
                                     _verilator_version()]).encode()).hexdigest()[:12]
@@ -395,8 +444,8 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
         # design: objects from an earlier build are copied in (fresh mtime, after
         # Verilator wrote the makefile) so make does not recompile them (~20 s).
         rt_cache = _build_root() / ("_runtime-" + hashlib.sha256(
-            (_verilator_version() + cflags).encode()).hexdigest()[:12])
-        rt_objs = ("verilated.o", "verilated_threads.o")
+            (_verilator_version() + cflags + str(trace)).encode()).hexdigest()[:12])
+        rt_objs = ("verilated.o", "verilated_threads.o") + (("verilated_vcd_c.o",) if trace else ())
         cmd = ["verilator", "--cc", "top.v", "--top-module", top, "--prefix", "Vtop",
                "--Mdir", "obj", "-Wno-fatal", "-Wno-lint", "-Wno-style", "--x-assign", "0",
                "--x-initial", "fast", "-O3", "-CFLAGS", cflags, *verilator_args]
@@ -453,6 +502,9 @@ class CosimLibrary:
         lib.tn_cycle.argtypes = [vp]
         lib.tn_cycle.restype = ctypes.c_uint64
         lib.tn_set_reset.argtypes = [vp, ctypes.c_int]
+        lib.tn_trace_open.argtypes = [vp, ctypes.c_char_p]
+        lib.tn_trace_open.restype = ctypes.c_int
+        lib.tn_trace_close.argtypes = [vp]
         lib.tn_run_streams.restype = ctypes.c_uint64
         self._lib = lib
 
@@ -542,6 +594,16 @@ class Cosim:
     def step(self, n: int = 1):
         """Settle inputs, then *n* rising clock edges."""
         self._lib.tn_step(self._h, n)
+
+    def trace(self, path: str | os.PathLike | None):
+        """Start writing a VCD waveform to *path* (``None`` closes it).  Needs a
+        library built with ``build_cosim(..., trace=True)``."""
+        if path is None:
+            self._lib.tn_trace_close(self._h)
+            return
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        if not self._lib.tn_trace_open(self._h, str(path).encode()):
+            raise RuntimeError("model built without tracing: use build_cosim(..., trace=True)")
 
     def reset(self, cycles: int = 2):
         if self._L.reset_name is None:

@@ -90,3 +90,19 @@ def test_cosim_ports_step_and_streams():
     # an impossible request times out instead of hanging
     with pytest.raises(TimeoutError):
         sim.run_streams(outputs={"o": 1}, max_cycles=100)
+
+
+@needs_verilator
+def test_cosim_trace(tmp_path):
+    lib = cosim.build_cosim(WideAcc(), name="test_wideacc_trace", trace=True)
+    sim = lib.new()
+    sim.trace(tmp_path / "w.vcd")
+    sim.reset()
+    sim.step(5)
+    sim.trace(None)
+    text = (tmp_path / "w.vcd").read_text()
+    assert "$var" in text and "count" in text and "#45" in text
+    # a library without tracing refuses politely
+    plain = cosim.build_cosim(WideAcc(), name="test_wideacc").new()
+    with pytest.raises(RuntimeError, match="trace=True"):
+        plain.trace(tmp_path / "x.vcd")
