@@ -13,7 +13,7 @@ Architecture (one binary32 adder, one element per cycle)::
        ...              ├─► `size` elements, then drains the adder, j += 1
     contrib[P-1]► FIFO ─┘            │ (index, value)
                                      ▼
-    local ──► acc[index] = value   acc memory (depth words) ──read──► FP32Adder ─► acc[index]
+    local ──► acc[index] = value   acc memory ──read──► reg ──► FP32Adder ─► acc[index]
                                      │
                                      └──► result (index 0..size-1, after the last pass)
 
@@ -24,8 +24,12 @@ Architecture (one binary32 adder, one element per cycle)::
 * Pass 0 writes the local values (``local`` stream) into the accumulator memory; pass
   *j* >= 1 consumes exactly ``size`` elements of ``contrib[order[j-1]]``, reading
   ``acc[index]`` and writing ``acc[index] + value`` back (accumulator = left operand).
-  Between passes the engine waits until the adder pipeline is empty, so a pass never
-  reads an element the previous pass has not written yet (costs ~6 cycles per pass).
+  Between passes the engine waits until the read/add/write-back path is empty, so a
+  pass never reads an element the previous pass has not written yet (costs
+  ``ADDER_LATENCY + 3`` = 9 cycles per pass).
+* Cost per chunk of ``size`` elements with ``k`` contributions, no stalls:
+  ``(k + 2) * size + 9 * k + small`` cycles (local pass, k contribution passes, output
+  pass), i.e. one adder doing one element per cycle.
 * Early arrivals on other ports wait in their per-port FIFO (``fifo_depth`` elements);
   when it is full the port is backpressured (``ready`` low) -- the link layer's flow
   control stops the sender; nothing is dropped or reordered.
@@ -200,10 +204,12 @@ class ReduceEngine(wiring.Component):
         order = Signal(data.ArrayLayout(range(P), P))
         j = Signal(range(P + 1))            # contribution pass being consumed
         n = Signal(range(D + 1))            # elements consumed in this pass
-        inflight = Signal(range(ADDER_LATENCY + 4))
+        inflight = Signal(range(ADDER_LATENCY + 4))   # pop -> write-back: p0, p1, adder
         out_ptr = Signal(range(D + 1))
         sel = Signal(range(P))
-        m.d.comb += sel.eq(order[j[:max(1, (P - 1).bit_length())]] if P > 1 else 0)
+        # the port of the current pass, registered when the pass starts (keeps the
+        # order[j] lookup out of the FIFO-select -> read-address path)
+        sel_next = order[j[:max(1, (P - 1).bit_length())]] if P > 1 else 0
 
         # ---- per-port FIFOs
         fifos = []
@@ -228,11 +234,19 @@ class ReduceEngine(wiring.Component):
         p0_valid = Signal()
         p0_index = Signal(range(D))
         p0_value = Signal(32)
+        # p1: register the block RAM output before the adder (timing: the ECP5 DP16KD
+        # output is slow; feeding it straight into the adder's compare limited Fmax)
+        p1_valid = Signal()
+        p1_index = Signal(range(D))
+        p1_value = Signal(32)
+        p1_acc = Signal(32)
+        m.d.sync += [p1_valid.eq(p0_valid), p1_index.eq(p0_index), p1_value.eq(p0_value),
+                     p1_acc.eq(rd.data)]
         m.d.comb += [
-            adder.i.valid.eq(p0_valid),
-            adder.i.payload.a.eq(rd.data),          # accumulator: left operand
-            adder.i.payload.b.eq(p0_value),
-            adder.i.payload.tag.eq(p0_index),
+            adder.i.valid.eq(p1_valid),
+            adder.i.payload.a.eq(p1_acc),           # accumulator: left operand
+            adder.i.payload.b.eq(p1_value),
+            adder.i.payload.tag.eq(p1_index),
             adder.o.ready.eq(1),                    # never stalls: the adder always accepts
         ]
         m.d.sync += p0_valid.eq(0)
@@ -282,11 +296,12 @@ class ReduceEngine(wiring.Component):
                         m.next = "NEXT"
             with m.State("NEXT"):
                 # pass boundary: wait for all write-backs of the previous pass
-                with m.If((inflight == 0) & ~p0_valid):
+                with m.If(inflight == 0):
                     with m.If(j == count):
                         m.d.sync += out_ptr.eq(0)
                         m.next = "OUTPUT"
                     with m.Else():
+                        m.d.sync += sel.eq(sel_next)
                         m.next = "CONTRIB"
             with m.State("CONTRIB"):
                 for p in range(P):
