@@ -65,9 +65,9 @@ def main(argv=None) -> int:
         res = dict(res or {}, seconds=round(time.perf_counter() - t0, 2), status=status)
         results[name] = res
         md += [f"## {title}", ""]
-        section_md = sec_dir / "section.md"
-        if section_md.exists():
-            text = section_md.read_text()
+        mds = sorted(sec_dir.glob("*.md"), key=lambda f: f.name != "section.md")
+        if mds:
+            text = mds[0].read_text()
             # make the section's relative links (plots) resolve from the report's folder
             md += [text.replace("](", f"]({name}/").replace(f"]({name}/http", "](http"), ""]
         else:
