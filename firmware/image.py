@@ -3,7 +3,7 @@
 One image per node, generated from the Schedule IR (never hand-written). Little-endian::
 
     offset size  field
-    0      4     magic "TNIC"
+    0      4     magic "TNCF" (treenic config; the host protocol's frames use "TNIC")
     4      2     version (VERSION)
     6      2     header_bytes (HEADER.size = 36)
     8      2     node            this NIC's node id
@@ -33,7 +33,7 @@ from treenic.schedule.ir import Schedule, ScheduleError
 from treenic.schedule.table import TableImage, table_image
 from treenic.topology import is_switch
 
-MAGIC = b"TNIC"
+MAGIC = b"TNCF"
 VERSION = 1
 HEADER = struct.Struct("<4sHHHHHHIIIII")
 NO_PEER = 0xFFFF
