@@ -30,12 +30,16 @@ Semantics implemented (what the golden model :mod:`treenic.hdl.nic.model` states
   (expected contributions), the GATHER entries' parent port and each flow's chunk range.
   A table with a bad row is rejected (SCAN_FAILED), nothing is sent or written.
 * The head entry issues when ``step <= timestep`` and its dependencies hold: REDUCE --
-  every child port's contribution for the flow is written back; GATHER -- root, or the
-  parent's data is written back; NOP -- loads the lockstep counter.  REDUCE sends the
-  chunk to the parent port (root: retires), GATHER to every child port at once (each TX
-  unit runs its own DMA over the same chunk).
+  every child port's contribution for the flow is written back; GATHER -- the parent's
+  data is written back (root: every expected contribution is); NOP -- loads the lockstep
+  counter.  REDUCE sends the chunk to the parent port, GATHER to every child port at once
+  (each TX unit runs its own DMA over the same chunk).  Entries that send nothing (the
+  root's REDUCE, a leaf's receive-only GATHER) retire as soon as they are due: waiting for
+  their data would block the sends behind them (head-of-line); later entries and DONE
+  check the same arrival bits.
 * The timestep advances when the lockstep counter is zero, every TX unit is idle and the
-  head entry is for a later step.  DONE when every entry is retired and TX is idle.
+  head entry is for a later step.  DONE when every entry is retired, TX is idle and every
+  expected receive is written back.
 * Receive order (ARCHITECTURE §5): a REDUCE fragment covering elements [o, o+l) of flow f
   arriving on port p with step s may be accumulated only once every other port q that
   still owes a contribution to f is known to come later in (step, port) order, or, if q's
@@ -421,6 +425,12 @@ class Nic(wiring.Component):
         scan_v = Signal()
         scan_bad = Signal()
         tx_all_idle = tx_idle.all()
+        # every expected receive (REDUCE contributions, GATHER from the parent) written back
+        rx_all_done = Signal()
+        m.d.comb += rx_all_done.eq(Cat(*[
+            ((expect_red[f] & ~Cat(*[red_done[q][f] for q in range(P)])) == 0) &
+            ((gport[f] == p.port_nil) | Cat(*[gat_done[q][f] for q in range(P)]).any())
+            for f in range(F)]).all())
         issue_evt = Signal()
         step_start = Signal(32)
         ev_badop = Signal()
@@ -491,7 +501,7 @@ class Nic(wiring.Component):
                     m.d.sync += lk.eq(lk - 1)
                 advance = Signal()
                 with m.If(hp >= n_entries):
-                    with m.If(tx_all_idle):
+                    with m.If(tx_all_idle & rx_all_done):
                         m.d.comb += [s_wr.addr.eq(ts), s_wr.data.eq(cycles - step_start),
                                      s_wr.en.eq(1)]
                         m.d.sync += [running.eq(0), done.eq(1)]
@@ -504,21 +514,25 @@ class Nic(wiring.Component):
                                 m.d.sync += lk.eq(lockstep)
                                 m.d.comb += advance.eq(1)
                             with m.Case(REDUCE):
+                                # an entry that sends nothing (root, empty chunk) retires at
+                                # once: it must not block the sends behind it (head-of-line);
+                                # its completion is what later entries and DONE wait for
                                 deps = (e.cports & ~red_done_of(e.flow)) == 0
-                                with m.If(deps):
-                                    with m.If((e.pport == p.port_nil) | (e.size == 0)):
-                                        m.d.comb += advance.eq(1)
-                                    with m.Else():
-                                        for i in range(P):
-                                            with m.If((e.pport == i) & tx_idle[i]):
-                                                m.d.comb += [tx_go[i].eq(1), advance.eq(1)]
+                                with m.If((e.pport == p.port_nil) | (e.size == 0)):
+                                    m.d.comb += advance.eq(1)
+                                with m.Elif(deps):
+                                    for i in range(P):
+                                        with m.If((e.pport == i) & tx_idle[i]):
+                                            m.d.comb += [tx_go[i].eq(1), advance.eq(1)]
                             with m.Case(GATHER):
-                                deps = (e.pport == p.port_nil) | gat_done_of(e.flow)
-                                with m.If(deps):
-                                    with m.If((e.cports == 0) | (e.size == 0)):
-                                        m.d.comb += advance.eq(1)
-                                    with m.Elif((e.cports & ~tx_idle) == 0):
-                                        m.d.comb += [tx_go.eq(e.cports), advance.eq(1)]
+                                exp_f = Cat(*[expect_bits[q].bit_select(e.flow, 1)
+                                              for q in range(P)])
+                                root_ok = (exp_f & ~red_done_of(e.flow)) == 0
+                                deps = Mux(e.pport == p.port_nil, root_ok, gat_done_of(e.flow))
+                                with m.If((e.cports == 0) | (e.size == 0)):
+                                    m.d.comb += advance.eq(1)      # receive-only: see above
+                                with m.Elif(deps & ((e.cports & ~tx_idle) == 0)):
+                                    m.d.comb += [tx_go.eq(e.cports), advance.eq(1)]
                     with m.Elif((lk == 0) & tx_all_idle):
                         m.d.comb += [s_wr.addr.eq(ts), s_wr.data.eq(cycles - step_start),
                                      s_wr.en.eq(1)]
