@@ -291,3 +291,26 @@ def test_model_and_host_helpers():
     assert all(len(w) == 7 for w in ow)         # n-1 contributions received per node
     with pytest.raises(NicImageError):
         image_writes(NicParams(ports=2, depth=32, max_nodes=8), imgs[0])
+
+
+def test_tx_streams_one_flit_per_cycle():
+    """With credits to spare the DMA + packetiser send a message back to back."""
+    p = NicParams(ports=2, depth=256, max_nodes=4, max_entries=16, max_steps=8,
+                  sub_words=16, credits=64)
+    rows = [row(p, 1, 1, 1, 0, [], 0, 200)]
+
+    async def body(ctx, nic, wr, rd, out):
+        await wr(Reg.ELEMENTS, 200)
+        await wr(Reg.FLOWS, 2)
+        await load_rows(p, wr, rows)
+        await wr(Reg.CTRL, 1)
+        cyc = []
+        for c in range(400):
+            await ctx.tick()
+            if ctx.get(nic.tx0.valid):
+                cyc.append(c)
+            ctx.set(nic.tx0.credit, ctx.get(nic.tx0.valid))
+        out["cyc"] = cyc
+    o = run_nic(p, body)
+    assert len(o["cyc"]) == 101                      # 1 head + 100 payload flits
+    assert o["cyc"][-1] - o["cyc"][0] <= 101         # at most one bubble per message

@@ -174,7 +174,7 @@ class Nic(wiring.Component):
                             packet_words=p.packet_words, credits=p.credits)
             m.submodules[f"pk{i}"] = pk
             wiring.connect(m, pk.tx, wiring.flipped(getattr(self, f"tx{i}")))
-            q = fifo.SyncFIFOBuffered(width=W * 32, depth=4)
+            q = fifo.SyncFIFOBuffered(width=W * 32, depth=8)
             m.submodules[f"txq{i}"] = q
             rds = [buf.read_port() for _ in range(W)]
             addr = Signal(AB, name=f"tx{i}_addr")
@@ -184,7 +184,9 @@ class Nic(wiring.Component):
             hdr = Signal(fmt.header, name=f"tx{i}_hdr")
             words = Signal(32, name=f"tx{i}_words")
             issue = Signal(name=f"tx{i}_issue")
-            m.d.comb += issue.eq((left != 0) & ((q.level + inflight) < 3))
+            # room for the read in flight: level + inflight <= depth - 2 (depth 8 keeps the
+            # buffered FIFO's output-register latency from throttling the stream)
+            m.d.comb += issue.eq((left != 0) & ((q.level + inflight) < 7))
             for k in range(W):
                 a = addr + k
                 m.d.comb += [rds[k].addr.eq(Mux(a < p.depth, a, 0)), rds[k].en.eq(issue)]
