@@ -291,7 +291,9 @@ def run(backend="rtl", algorithm="multitree", topology=None, density=None, worke
         cfgs.append(_config(backend, algorithm, topology, None, workers, epochs, scheme,
                             warmup_iters, lr, batch_size, seed=seed, progress=progress,
                             engine=engine))
-    summaries = run_many(cfgs, log=log)
+    # one world per config: the dense run may use the RTL engine while the sparse run needs
+    # the golden one (a fabric server runs one engine)
+    summaries = [run_many([c], log=log)[0] for c in cfgs]
     main_s = summaries[0]
     for s in summaries:
         s.pop("params", None)
