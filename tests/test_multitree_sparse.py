@@ -10,6 +10,7 @@ from treenic.sparse import zen
 from treenic.sparse.base import PAIR_BYTES, SparseError, make
 from treenic.sparse.multitree_sparse import (MultiTreeSparse, TreePlan, build_schedule,
                                              default_topology)
+from conftest import assert_exact_mass_conservation
 
 
 def test_default_topology():
@@ -95,13 +96,7 @@ def test_mass_conservation_exact(pt, per, dens, fa, resid, seed):
         return
     rng = np.random.default_rng(seed)
     a = MultiTreeSparse(p, n, dens, topology=topo, flow_assignment=fa, residual=resid, seed=seed)
-    for _ in range(3):
-        g = rng.integers(-8, 9, (p, n)).astype(np.float32)
-        old = a.residuals.copy()
-        r = a.step(g)
-        lhs = r.result[0].astype(np.float64) + r.residuals.astype(np.float64).sum(0)
-        assert np.array_equal(lhs, (g.astype(np.float64) + old).sum(0))
-        assert all(r.info["invariants"].values())
+    assert_exact_mass_conservation(a, 3, rng)
 
 
 def test_local_residual_keeps_discards_where_they_happen():

@@ -8,6 +8,7 @@ from hypothesis import given, settings, strategies as st
 from treenic.sparse import select
 from treenic.sparse.base import SparseError
 from treenic.sparse.oktopk import OkTopk
+from conftest import assert_exact_mass_conservation
 
 
 def test_exact_iteration_is_global_topk_of_reduced_local_topk():
@@ -76,13 +77,7 @@ def test_mass_conservation_exact(p, n, dens, tp, rp, seed):
         return
     rng = np.random.default_rng(seed)
     a = OkTopk(p, n, dens, threshold_period=tp, repartition_period=rp)
-    for _ in range(4):
-        g = rng.integers(-8, 9, (p, n)).astype(np.float32)
-        old = a.residuals.copy()
-        r = a.step(g)
-        lhs = r.result[0].astype(np.float64) + r.residuals.astype(np.float64).sum(0)
-        assert np.array_equal(lhs, (g.astype(np.float64) + old).sum(0))
-        assert all(r.info["invariants"].values())
+    assert_exact_mass_conservation(a, 4, rng)
 
 
 def test_density_one_exact_iteration_is_dense():
