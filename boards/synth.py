@@ -95,6 +95,15 @@ def _nic_core():    # treenic.hdl.nic: 4 ports, 64-bit flits (buffer kept small:
 
 register_top("nic_core", _nic_core, headline=True)
 
+
+def _link_packetiser():     # 64-bit flits, message mode (the NIC's per-port transmit block)
+    from treenic.hdl.link import FlitFormat
+    from treenic.hdl.link.packetiser import Packetiser
+    return Packetiser(FlitFormat(), mode="message", sub_words=64, credits=8)
+
+
+register_top("link_packetiser", _link_packetiser)
+
 # ----------------------------------------------------------------------------------
 # log parsers
 
