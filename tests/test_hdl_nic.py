@@ -11,7 +11,8 @@ from treenic.hdl.link.flit import FlitType
 from treenic.hdl.link.model import packetise
 from treenic.hdl.nic import ErrBit, Nic, NicParams, Reg, Status, ID_VALUE
 from treenic.hdl.nic.fabric import Fabric, wiring_plan
-from treenic.hdl.nic.host import NicImageError, buffer_writes, image_writes, order_writes
+from treenic.hdl.nic.host import (NicImageError, buffer_writes, image_writes, order_writes,
+                                  sim_read_buffers)
 from treenic.hdl.nic.model import expected_port_counters, ideal_cycles, port_messages
 from treenic.schedule.execute import execute
 from treenic.topology import parse
@@ -241,19 +242,7 @@ def _fabric_run(spec, alg, E, mode="message", order=True, stall=0):
                 break
         out["done"] = ctx.get(fab.done)
         out["error"] = ctx.get(fab.error)
-        res = np.zeros((sched.n, E), np.uint32)
-        ctx.set(fab.hrd.ready, 1)
-        for u in range(sched.n):
-            for e in range(E):
-                ctx.set(fab.hr.valid, 1)
-                ctx.set(fab.hr.payload.node, u)
-                ctx.set(fab.hr.payload.addr, params.buf_addr(e))
-                await ctx.tick()
-                ctx.set(fab.hr.valid, 0)
-                while not ctx.get(fab.hrd.valid):
-                    await ctx.tick()
-                res[u, e] = ctx.get(fab.hrd.payload)
-                await ctx.tick()
+        res = await sim_read_buffers(ctx, fab, params, sched.n, E)
         out["res"] = res
 
     sim.add_testbench(tb)

@@ -78,3 +78,23 @@ def buffer_writes(params: NicParams, values: np.ndarray) -> list[tuple[int, int]
     if bits.size > params.depth:
         raise NicImageError(f"{bits.size} elements > buffer depth {params.depth}")
     return [(params.buf_addr(e), int(b)) for e, b in enumerate(bits)]
+
+
+async def sim_read_buffers(ctx, fabric, params: NicParams, nodes: int, elements: int) -> np.ndarray:
+    """Amaranth-simulator testbench helper: read every node's gradient buffer back through
+    the fabric's host read stream (``hr`` requests, ``hrd`` data), one word at a time.
+    Returns the raw binary32 words, shape (nodes, elements), dtype uint32."""
+    res = np.zeros((nodes, elements), np.uint32)
+    ctx.set(fabric.hrd.ready, 1)
+    for u in range(nodes):
+        for e in range(elements):
+            ctx.set(fabric.hr.valid, 1)
+            ctx.set(fabric.hr.payload.node, u)
+            ctx.set(fabric.hr.payload.addr, params.buf_addr(e))
+            await ctx.tick()
+            ctx.set(fabric.hr.valid, 0)
+            while not ctx.get(fabric.hrd.valid):
+                await ctx.tick()
+            res[u, e] = ctx.get(fabric.hrd.payload)
+            await ctx.tick()
+    return res

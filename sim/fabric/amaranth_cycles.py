@@ -14,7 +14,7 @@ from treenic.algorithms import build
 from treenic.firmware.image import build_images
 from treenic.hdl.nic import NicParams
 from treenic.hdl.nic.fabric import Fabric
-from treenic.hdl.nic.host import buffer_writes, image_writes, order_writes
+from treenic.hdl.nic.host import buffer_writes, image_writes, order_writes, sim_read_buffers
 from treenic.hdl.nic.model import ideal_cycles
 from treenic.schedule.execute import execute
 
@@ -48,19 +48,7 @@ def main(spec, alg, E, check=False):
             await ctx.tick()
         out["cycles"] = ctx.get(fab.cycles)
         if check:
-            res = np.zeros((sched.n, E), np.uint32)
-            ctx.set(fab.hrd.ready, 1)
-            for u in range(sched.n):
-                for e in range(E):
-                    ctx.set(fab.hr.valid, 1)
-                    ctx.set(fab.hr.payload.node, u)
-                    ctx.set(fab.hr.payload.addr, params.buf_addr(e))
-                    await ctx.tick()
-                    ctx.set(fab.hr.valid, 0)
-                    while not ctx.get(fab.hrd.valid):
-                        await ctx.tick()
-                    res[u, e] = ctx.get(fab.hrd.payload)
-                    await ctx.tick()
+            res = await sim_read_buffers(ctx, fab, params, sched.n, E)
             out["exact"] = bool(np.array_equal(res, execute(sched, bufs).view(np.uint32)))
 
     sim.add_testbench(tb)
