@@ -115,6 +115,9 @@ class FabricServer:
                     continue
                 self.last_activity = time.monotonic()
                 if msg == P.Msg.BYE:
+                    # release the rank before acknowledging: a client that reconnects right
+                    # after BYE_ACK must find its rank free
+                    self._release(ctx)
                     self._send(conn, P.Msg.BYE_ACK, b"", tag)
                     return
                 try:
@@ -130,9 +133,7 @@ class FabricServer:
         except (P.ConnectionClosed, socket.timeout, OSError):
             pass
         finally:
-            with self.lock:
-                if ctx["rank"] is not None and self.ranks.get(ctx["rank"]) is ctx:
-                    del self.ranks[ctx["rank"]]
+            self._release(ctx)
             try:
                 conn.close()
             except OSError:
@@ -141,6 +142,12 @@ class FabricServer:
     def _send(self, conn, msg, payload, tag) -> None:
         frame = P.encode(msg, payload, tag, reply=True)
         conn.sendall(frame)
+
+    def _release(self, ctx) -> None:
+        """Unbind a connection's rank (idempotent)."""
+        with self.lock:
+            if ctx["rank"] is not None and self.ranks.get(ctx["rank"]) is ctx:
+                del self.ranks[ctx["rank"]]
 
     def _handle(self, ctx, msg, payload):
         try:
