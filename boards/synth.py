@@ -87,13 +87,26 @@ def register_top(name: str, factory: Callable[[], object], *, default: bool = Fa
 
 
 
-def _nic_core():    # treenic.hdl.nic: 4 ports, 64-bit flits (buffer kept small: its 17
-    # read / 9 write ports are not BRAM-mappable yet -- see hdl/nic/core.py)
+#: the synthesised NIC: 4 ports, 64-bit flits, 64 KiB gradient buffer (16 Ki binary32 in 32
+#: banks of 512 = one DP16KD each), 16 nodes/flows, 64 table rows
+NIC_CORE_PARAMS = dict(ports=4, width=64, depth=16384, max_nodes=16, max_entries=64,
+                       sub_words=16)
+
+
+def _nic_core():
     from treenic.hdl.nic import Nic, NicParams
-    return Nic(NicParams(ports=4, width=64, depth=128, max_nodes=16, max_entries=64))
+    return Nic(NicParams(**NIC_CORE_PARAMS))
 
 
 register_top("nic_core", _nic_core, headline=True)
+
+
+def _gradient_buffer():     # the NIC core's banked buffer at its synthesis size
+    from treenic.hdl.nic.buffer import BankedBuffer
+    return BankedBuffer(depth=16384, banks=32, lanes=2, readers=8, writers=4)
+
+
+register_top("gradient_buffer", _gradient_buffer)
 
 
 def _link_packetiser():     # 64-bit flits, message mode (the NIC's per-port transmit block)

@@ -10,6 +10,7 @@ from treenic.firmware.image import build_images
 from treenic.hdl.link.flit import FlitType
 from treenic.hdl.link.model import packetise
 from treenic.hdl.nic import ErrBit, Nic, NicParams, Reg, Status, ID_VALUE
+from treenic.hdl.nic.core import HOST_READ_LATENCY
 from treenic.hdl.nic.fabric import Fabric, wiring_plan
 from treenic.hdl.nic.host import (NicImageError, buffer_writes, image_writes, order_writes,
                                   sim_read_buffers)
@@ -40,6 +41,7 @@ def run_nic(params, body, cycles=4000):
             ctx.set(nic.host.re, 1)
             await ctx.tick()
             ctx.set(nic.host.re, 0)
+            await ctx.tick().repeat(HOST_READ_LATENCY - 1)
             return ctx.get(nic.host.rdata)
 
         await body(ctx, nic, wr, rd, out)

@@ -19,8 +19,8 @@ ports and in-NIC reduction.
      │        ─► buffer read ─► FP32Adder × lanes ─► buffer write             │
      │        ─► per-flow arrived bits (children / parent) ─► issue logic     │
      │                                                                        │
-     │  gradient buffer: lib.memory, 32-bit words, lanes read ports per TX,   │
-     │  lanes read + write ports per RX, one host read + write port           │
+     │  gradient buffer (buffer.py): `banks` block RAMs, element e in bank    │
+     │  e mod banks; a registered crossbar arbitrates TX/RX reads (RX first)  │
      └────────────────────────────────────────────────────────────────────────┘
 
 Semantics implemented (what the golden model :mod:`treenic.hdl.nic.model` states):
@@ -59,16 +59,21 @@ from ..fp32 import FP32Adder
 from ..link.flit import LinkSignature, Op
 from ..link.packetiser import Packetiser
 from ..link.depacketiser import Depacketiser
+from .buffer import BankedBuffer, READ_LATENCY
 from .params import (ErrBit, ID_VALUE, NicParams, PortCounter, Reg)
 
-__all__ = ["Nic", "HostSignature"]
+__all__ = ["Nic", "HostSignature", "HOST_READ_LATENCY"]
+
+#: cycles from a host read (``re``) to its ``rdata`` (every region; the buffer's read path)
+HOST_READ_LATENCY = READ_LATENCY
 
 NOP, REDUCE, GATHER = 0, 1, 2
 
 
 class HostSignature(wiring.Signature):
     """Host register/memory bus seen from the NIC (``In``): ``addr``, ``wdata``, ``we``,
-    ``re``; ``rdata`` is valid the cycle after ``re``."""
+    ``re``; ``rdata`` is valid :data:`HOST_READ_LATENCY` cycles after ``re`` (reads may be
+    issued back to back)."""
 
     def __init__(self, addr_bits: int):
         super().__init__({"addr": In(addr_bits), "wdata": In(32), "we": In(1), "re": In(1),
@@ -129,9 +134,10 @@ class Nic(wiring.Component):
         m.submodules.table = table = memory.Memory(shape=RW * 32, depth=p.max_entries, init=[])
         t_wr = table.write_port(granularity=32)
         t_rd = table.read_port()
-        m.submodules.buf = buf = memory.Memory(shape=32, depth=p.depth, init=[])
-        h_wr = buf.write_port()
-        h_rd = buf.read_port()
+        # readers (in priority order): 0 host, 1..P RX (a stalled RX stalls its link),
+        # P+1..2P TX; writers: 0..P-1 RX write-back, P host (only while not RUNNING)
+        m.submodules.buf = buf = BankedBuffer(depth=p.depth, banks=p.banks, lanes=W,
+                                              readers=2 * P + 1, writers=P + 1)
         m.submodules.steplog = steplog = memory.Memory(shape=32, depth=p.max_steps + 2, init=[])
         s_wr = steplog.write_port()
         s_rd = steplog.read_port()
@@ -176,30 +182,32 @@ class Nic(wiring.Component):
             wiring.connect(m, pk.tx, wiring.flipped(getattr(self, f"tx{i}")))
             q = fifo.SyncFIFOBuffered(width=W * 32, depth=8)
             m.submodules[f"txq{i}"] = q
-            rds = [buf.read_port() for _ in range(W)]
+            brd = buf.rd[1 + P + i]
             addr = Signal(AB, name=f"tx{i}_addr")
             left = Signal(AB, name=f"tx{i}_left")
-            inflight = Signal(name=f"tx{i}_inflight")
+            inflight = Signal(READ_LATENCY, name=f"tx{i}_inflight")   # reads in flight
             hdr_pend = Signal(name=f"tx{i}_hdr_pend")
             hdr = Signal(fmt.header, name=f"tx{i}_hdr")
             words = Signal(32, name=f"tx{i}_words")
             issue = Signal(name=f"tx{i}_issue")
-            # room for the read in flight: level + inflight <= depth - 2 (depth 8 keeps the
-            # buffered FIFO's output-register latency from throttling the stream)
-            m.d.comb += issue.eq((left != 0) & ((q.level + inflight) < 7))
-            for k in range(W):
-                a = addr + k
-                m.d.comb += [rds[k].addr.eq(Mux(a < p.depth, a, 0)), rds[k].en.eq(issue)]
-            m.d.sync += inflight.eq(issue)
+            # room for every read in flight (depth 8 > latency + the buffered FIFO's output
+            # register, so a granted stream runs at one beat per cycle)
+            n_inflight = sum(inflight[k] for k in range(READ_LATENCY))
+            m.d.comb += [brd.req.eq((left != 0) & ((q.level + n_inflight) < 7)),
+                         brd.addr.eq(addr), issue.eq(brd.grant)]
+            m.d.sync += inflight.eq(Cat(issue, inflight[:-1]))
             with m.If(issue):
                 m.d.sync += [addr.eq(addr + W), left.eq(Mux(left > W, left - W, 0))]
-            m.d.comb += [q.w_data.eq(Cat(*[r.data for r in rds])), q.w_en.eq(inflight),
+            m.d.comb += [q.w_data.eq(brd.data), q.w_en.eq(brd.valid),
                          pk.data.payload.eq(q.r_data), pk.data.valid.eq(q.r_rdy),
                          q.r_en.eq(pk.data.ready),
-                         pk.hdr.payload.eq(hdr), pk.hdr.valid.eq(hdr_pend)]
+                         pk.hdr.payload.eq(hdr),
+                         # the head flit waits for the first data beat: no bubble on the
+                         # link behind it while the buffer read is in flight
+                         pk.hdr.valid.eq(hdr_pend & (q.r_rdy | ((left == 0) & (inflight == 0))))]
             with m.If(pk.hdr.valid & pk.hdr.ready):
                 m.d.sync += hdr_pend.eq(0)
-            m.d.comb += tx_idle[i].eq(~hdr_pend & (left == 0) & ~inflight & ~q.r_rdy &
+            m.d.comb += tx_idle[i].eq(~hdr_pend & (left == 0) & (inflight == 0) & ~q.r_rdy &
                                       pk.hdr.ready)
             with m.If(tx_go[i]):
                 m.d.sync += [addr.eq(tx_start), left.eq(tx_size), hdr_pend.eq(1),
@@ -245,8 +253,7 @@ class Nic(wiring.Component):
             for k, ad in enumerate(adders):
                 m.submodules[f"rx{i}_add{k}"] = ad
                 m.d.comb += ad.o.ready.eq(1)
-            rds = [buf.read_port() for _ in range(W)]
-            wrs = [buf.write_port() for _ in range(W)]
+            brd, bwr = buf.rd[1 + i], buf.wr[i]
 
             # --- header checks (IDLE, peeking)
             f_ = h.flow
@@ -311,15 +318,11 @@ class Nic(wiring.Component):
             ev_seq = Signal(name=f"rx{i}_ev_seq")
             rx_err.append((ev_range, ev_unexp, ev_seq))
 
-            # stage 1 registers (beat accepted, memory read in flight)
-            s1_v = Signal(name=f"rx{i}_s1v")
-            s1_data = Signal(W * 32, name=f"rx{i}_s1d")
-            s1_addr = Signal(AB + 1, name=f"rx{i}_s1a")
-            s1_mask = Signal(W, name=f"rx{i}_s1m")
-            s1_red = Signal(name=f"rx{i}_s1r")
-            s1_flast = Signal(name=f"rx{i}_s1fl")
-            s1_mlast = Signal(name=f"rx{i}_s1ml")
-            s1_flow = Signal(p.flow_bits, name=f"rx{i}_s1f")
+            # beat pipeline: an accepted beat waits here while its buffer read is in flight
+            beat_lay = data.StructLayout({"v": 1, "data": W * 32, "addr": AB + 1, "mask": W,
+                                          "red": 1, "flast": 1, "mlast": 1,
+                                          "flow": p.flow_bits})
+            st = [Signal(beat_lay, name=f"rx{i}_st{k}") for k in range(READ_LATENCY)]
 
             beat = Signal(name=f"rx{i}_beat")
             def accept_good():
@@ -355,7 +358,9 @@ class Nic(wiring.Component):
                             with m.If(h.length != 0):
                                 m.next = "STREAM"
                 with m.State("STREAM"):
-                    m.d.comb += [dp.data.ready.eq(1), beat.eq(dp.data.valid)]
+                    # a beat goes once the buffer grants its read (bank arbitration)
+                    m.d.comb += [brd.req.eq(dp.data.valid), dp.data.ready.eq(brd.grant),
+                                 beat.eq(brd.grant)]
                     with m.If(beat):
                         m.d.sync += [cur_addr.eq(cur_addr + W),
                                      cur_left.eq(Mux(cur_left > W, cur_left - W, 0))]
@@ -373,35 +378,39 @@ class Nic(wiring.Component):
                         with m.If(cur_left <= W):
                             m.next = "IDLE"
 
-            # stage 0 -> 1: read the buffer, register the beat
-            for k in range(W):
-                a = cur_addr + k
-                m.d.comb += [rds[k].addr.eq(Mux(a < p.depth, a, 0)), rds[k].en.eq(beat)]
-            m.d.sync += s1_v.eq(beat)
+            # stage 0: request the read (above), register the beat; the read data meets
+            # the beat READ_LATENCY cycles later at the adders
+            m.d.comb += brd.addr.eq(cur_addr)
+            m.d.sync += st[0].v.eq(beat)
             with m.If(beat):
-                m.d.sync += [s1_data.eq(dp.data.payload.data), s1_addr.eq(cur_addr),
-                             s1_red.eq(cur_red), s1_flast.eq(cur_left <= W),
-                             s1_mlast.eq(cur_mlast & (cur_left <= W)), s1_flow.eq(cur_flow),
+                m.d.sync += [st[0].data.eq(dp.data.payload.data), st[0].addr.eq(cur_addr),
+                             st[0].red.eq(cur_red), st[0].flast.eq(cur_left <= W),
+                             st[0].mlast.eq(cur_mlast & (cur_left <= W)),
+                             st[0].flow.eq(cur_flow),
+                             st[0].mask.eq(Cat(*[cur_left > k for k in range(W)])),
                              rwords.eq(rwords + Mux(cur_left > W, W, cur_left))]
-                for k in range(W):
-                    m.d.sync += s1_mask[k].eq(cur_left > k)
-            # stage 1 -> adders (tag carries everything needed at write-back)
+            m.d.sync += [st[k].eq(st[k - 1]) for k in range(1, READ_LATENCY)]
+            s1 = st[-1]
+            # -> adders (tag carries everything needed at write-back)
             tag_lay = data.StructLayout({"addr": AB + 1, "en": 1, "red": 1, "b": 32,
                                          "flast": 1, "mlast": 1, "flow": p.flow_bits,
                                          "pad": 1})
             wb = []
             for k, ad in enumerate(adders):
                 t = Signal(tag_lay, name=f"rx{i}_tag{k}")
-                m.d.comb += [t.addr.eq(s1_addr + k), t.en.eq(s1_mask[k]), t.red.eq(s1_red),
-                             t.b.eq(s1_data[32 * k:32 * k + 32]), t.flast.eq(s1_flast),
-                             t.mlast.eq(s1_mlast), t.flow.eq(s1_flow),
-                             ad.i.valid.eq(s1_v), ad.i.payload.a.eq(rds[k].data),
-                             ad.i.payload.b.eq(s1_data[32 * k:32 * k + 32]),
-                             ad.i.payload.tag.eq(t)]
+                b_k = s1.data[32 * k:32 * k + 32]
+                m.d.comb += [t.addr.eq(s1.addr + k), t.en.eq(s1.mask[k]), t.red.eq(s1.red),
+                             t.b.eq(b_k), t.flast.eq(s1.flast),
+                             t.mlast.eq(s1.mlast), t.flow.eq(s1.flow),
+                             ad.i.valid.eq(s1.v), ad.i.payload.a.eq(brd.data[32 * k:32 * k + 32]),
+                             ad.i.payload.b.eq(b_k), ad.i.payload.tag.eq(t)]
                 ot = data.View(tag_lay, ad.o.payload.tag)
-                m.d.comb += [wrs[k].addr.eq(ot.addr), wrs[k].en.eq(ad.o.valid & ot.en),
-                             wrs[k].data.eq(Mux(ot.red, ad.o.payload.sum, ot.b))]
                 wb.append((ad.o.valid, ot))
+            # write-back: every lane's adder has the same latency, lane k is element addr + k
+            m.d.comb += [bwr.addr.eq(wb[0][1].addr),
+                         bwr.en.eq(Cat(*[v & t.en for v, t in wb])),
+                         bwr.data.eq(Cat(*[Mux(t.red, ad.o.payload.sum, t.b)
+                                           for (v, t), ad in zip(wb, adders)]))]
             # write-back of a fragment's last beat: progress, message completion
             v0, t0 = wb[0]
             nen = sum(t.en for _, t in wb)
@@ -595,11 +604,15 @@ class Nic(wiring.Component):
                                     m.d.sync += xstep[q][f].eq(host.wdata)
                 with m.Case(2):
                     with m.If((off < p.depth) & ~running):
-                        m.d.comb += [h_wr.addr.eq(off), h_wr.data.eq(host.wdata), h_wr.en.eq(1)]
+                        m.d.comb += buf.wr[P].en.eq(1)
                     with m.Else():
                         m.d.comb += ev_hrange.eq(1)
         # reads
-        m.d.comb += [h_rd.addr.eq(off), s_rd.addr.eq(off)]
+        # the host is the buffer's first reader (never refused, so reads also work while
+        # RUNNING) and its last writer (writes only while not RUNNING, so never contended)
+        m.d.comb += [buf.rd[0].req.eq(host.re & (region == 2)), buf.rd[0].addr.eq(off),
+                     buf.wr[P].addr.eq(off), buf.wr[P].data.eq(host.wdata),
+                     s_rd.addr.eq(off)]
         with m.If(host.re & (region == 0)):
             with m.Switch(off):
                 status = Cat(running, done, err_flags.any(), scan_failed)
@@ -620,13 +633,20 @@ class Nic(wiring.Component):
                         m.d.sync += rreg.eq(v)
                 with m.Default():
                     m.d.sync += rreg.eq(0)
+        # registers and step log answer after one cycle, the buffer after READ_LATENCY:
+        # delay the former so every read has the same latency
+        early = Signal(32)
         with m.Switch(rsel):
             with m.Case(0):
-                m.d.comb += host.rdata.eq(rreg)
-            with m.Case(2):
-                m.d.comb += host.rdata.eq(h_rd.data)
+                m.d.comb += early.eq(rreg)
             with m.Case(3):
-                m.d.comb += host.rdata.eq(s_rd.data)
+                m.d.comb += early.eq(s_rd.data)
+        rsel_q, early_q = rsel, early
+        for k in range(1, HOST_READ_LATENCY):
+            rsel_n, early_n = Signal(2, name=f"rsel_q{k}"), Signal(32, name=f"early_q{k}")
+            m.d.sync += [rsel_n.eq(rsel_q), early_n.eq(early_q)]
+            rsel_q, early_q = rsel_n, early_n
+        m.d.comb += host.rdata.eq(Mux(rsel_q == 2, buf.rd[0].data[:32], early_q))
 
 
         # ------------------------------------------------------------ errors
@@ -636,7 +656,8 @@ class Nic(wiring.Component):
                ErrBit.BAD_OP: [ev_badop], ErrBit.ENTRY_RANGE: [ev_erange],
                ErrBit.FRAG_RANGE: [r[0] for r in rx_err],
                ErrBit.UNEXPECTED: [r[1] for r in rx_err],
-               ErrBit.SEQUENCE: [r[2] for r in rx_err]}
+               ErrBit.SEQUENCE: [r[2] for r in rx_err],
+               ErrBit.BANK_CONFLICT: [buf.conflict]}
         allev = [s for lst in evs.values() for s in lst]
         m.d.comb += err_n.eq(sum(allev))
         with m.If(clear):

@@ -25,7 +25,7 @@ from treenic import topology as topo_mod
 from treenic.topology import Topology, is_switch
 
 from ..link.link import LinkModel
-from .core import Nic
+from .core import HOST_READ_LATENCY, Nic
 from .params import NicParams
 
 __all__ = ["Fabric", "wiring_plan", "nic_verilog", "fabric_verilog"]
@@ -101,6 +101,10 @@ class Fabric(wiring.Component):
         m.d.comb += [self.hw.ready.eq(1),
                      self.hr.ready.eq(~self.hw.valid & ~rd_busy & ~resp_v)]
         rd = self.hr.valid & self.hr.ready
+        # a host read answers HOST_READ_LATENCY cycles later: shift its request along
+        rd_pipe = Signal(HOST_READ_LATENCY)
+        m.d.sync += rd_pipe.eq(Cat(rd, rd_pipe[:-1]))
+        m.d.comb += rd_busy.eq(rd_pipe.any())
         for u, nic in enumerate(nics):
             sel_w = self.hw.valid & (self.hw.payload.node == u)
             sel_r = rd & (self.hr.payload.node == u)
@@ -108,12 +112,12 @@ class Fabric(wiring.Component):
                          nic.host.re.eq(sel_r),
                          nic.host.addr.eq(Mux_(sel_w, self.hw.payload.addr,
                                                self.hr.payload.addr))]
-            with m.If(rd_busy & (rd_node == u)):
+            with m.If(rd_pipe[-1] & (rd_node == u)):
                 m.d.sync += resp.eq(nic.host.rdata)
-        m.d.sync += rd_busy.eq(rd)
+
         with m.If(rd):
             m.d.sync += rd_node.eq(self.hr.payload.node)
-        with m.If(rd_busy):
+        with m.If(rd_pipe[-1]):
             m.d.sync += resp_v.eq(1)
         with m.Elif(self.hrd.ready):
             m.d.sync += resp_v.eq(0)

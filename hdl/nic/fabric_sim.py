@@ -33,7 +33,7 @@ class FabricError(RuntimeError):
 
 
 def params_for(schedule: Schedule, elements: int, *, mode: str = "message",
-               width: int = 64, sub_words: int = 64, credits: int = 16,
+               width: int = 64, sub_words: int = 16, credits: int = 16,
                packet_words: int = 64) -> NicParams:
     """Smallest sensible NIC build for a schedule (power-of-two buffer depth)."""
     depth = 1 << max(4, (max(1, elements) - 1).bit_length())

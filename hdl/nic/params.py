@@ -27,7 +27,11 @@ Register map (host bus, 32-bit words; word address = region << (AW-2) | offset):
                            error count, all causes), 6 RX_DROPPED (flits dropped by the
                            depacketiser), 7 RX_BAD (fragments rejected by the NIC checks)
     region 1  schedule table: row i, word k at i * row_stride + k (write only)
-    region 2  gradient buffer: element e (read/write while not RUNNING)
+    region 2  gradient buffer: element e (write while not RUNNING, read any time: the
+              host is the banked buffer's highest-priority reader)
+
+Every read answers HOST_READ_LATENCY (3) cycles after ``re`` (the buffer's read latency;
+registers and the step log are delayed to match); reads may be issued back to back.
     region 3  read: step cycle log, word s = cycles the node spent in timestep s;
               write: ORDER table, word f << ceil(log2 P) | q = the step at which port q's
               REDUCE contribution to flow f arrives (reset to "unknown" by CLEAR).  With it
@@ -89,6 +93,7 @@ class ErrBit(enum.IntEnum):
     UNEXPECTED = 5       # contribution/gather from a port the table does not expect
     SEQUENCE = 6         # fragment offset does not continue the open message
     LINK = 7             # depacketiser error (unknown flow/op, seq, length, orphan, overflow)
+    BANK_CONFLICT = 8    # two write-backs met in one buffer bank (internal; never expected)
 
 
 class Ctrl(enum.IntEnum):
@@ -115,7 +120,8 @@ class NicParams:
     max_nodes: nodes = flows the table may name; max_entries / max_steps: table rows /
     schedule steps; mode: "message" (MultiTree sub-packets) or "packet"; sub_words:
     sub-packet length; packet_words: packet payload in packet mode; credits: receive
-    buffer (flits) per port = sender credits.
+    buffer (flits) per port = sender credits; banks: gradient-buffer banks (power of two,
+    default 4·ports·lanes rounded up, capped at depth; see :mod:`.buffer`).
     """
     ports: int = 4
     width: int = 64
@@ -127,8 +133,16 @@ class NicParams:
     sub_words: int = DEFAULT_SUB_WORDS
     packet_words: int = 64
     credits: int = 16
+    banks: int | None = None
 
     def __post_init__(self):
+        if self.banks is None:
+            # twice the words the ports can stream per cycle (TX + RX reads) leaves the
+            # bank arbiter slack; at most depth
+            b = 1 << ceil_log2(4 * self.ports * self.lanes)
+            while b > 2 and b > self.depth:
+                b //= 2
+            object.__setattr__(self, "banks", max(b, 2, self.lanes))
         if self.max_entries is None:
             object.__setattr__(self, "max_entries", 8 * self.max_nodes)
         if self.max_steps is None:

@@ -20,6 +20,7 @@ from treenic.firmware.image import build_images
 from treenic.hdl.link.model import packetise
 from treenic.hdl.nic.host import buffer_writes, image_writes, order_writes
 from treenic.hdl.nic.model import expected_buffers
+from treenic.hdl.nic.core import HOST_READ_LATENCY
 from treenic.hdl.nic.params import NicParams, Reg
 from treenic.schedule.execute import execute
 from treenic.schedule.ir import Op, Schedule
@@ -72,6 +73,8 @@ async def host_read(dut, addr):
     dut.host__re.value = 1
     await RisingEdge(dut.clk)
     dut.host__re.value = 0
+    for _ in range(HOST_READ_LATENCY - 1):
+        await RisingEdge(dut.clk)
     await ReadOnly()
     v = int(dut.host__rdata.value)
     await RisingEdge(dut.clk)
