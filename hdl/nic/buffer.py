@@ -14,11 +14,14 @@ share the banks the way a GPU's shared memory does::
       req/addr ──► arbiter (fixed priority: lower     addr/en/data ──► per-bank
                    index first; granted iff no          select (lower index wins,
                    higher-priority requesting           `conflict` pulses)
-                   reader touches one of its banks)            │
+                   reader touches one of its banks;            │
+                   bank rows: highest-priority
+                   requester, grant-independent)               │
                           │  registered                        │ registered
                           ▼                                    ▼
                bank 0 … bank B-1: Memory(32 × depth/B), 1 read + 1 write port
                           │
+                          ▼ output register (the RAM's clock-to-out is slow)
                           ▼ per-reader lane mux (registered) ──► data, valid
 
 Contract (:class:`BankedBufferModel` is the same thing in Python, cycle by cycle):
@@ -47,8 +50,9 @@ from amaranth.utils import ceil_log2, exact_log2
 __all__ = ["BankedBuffer", "BankedBufferModel", "READ_LATENCY", "BufferReadSignature",
            "BufferWriteSignature"]
 
-#: cycles from a granted request to its data (request register, RAM, lane-mux register)
-READ_LATENCY = 3
+#: cycles from a granted request to its data (request register, RAM, RAM output register,
+#: lane-mux register)
+READ_LATENCY = 4
 
 
 class BufferReadSignature(wiring.Signature):
@@ -121,44 +125,57 @@ class BankedBuffer(wiring.Component):
             rams.append((ram.read_port(), ram.write_port()))
 
         # ---------------------------------------------------------------- readers
+        # reader j blocks reader r (j < r) when both request and their lane windows
+        # [lo, lo + L) overlap modulo B: |lo_j - lo_r| mod B < L -- one narrow subtract
+        # and compare instead of AND-ing two B-bit bank masks (shorter grant path)
         ones = Const((1 << L) - 1, L)
         rinfo = []
         for rd in self.rd:
             lo, hi, hi1 = split(rd.addr)
-            hits = lane_hits(lo, ones)
-            mask = Cat(*[Cat(*h).any() for h in hits])
-            rinfo.append((lo, hi, hi1, hits, mask))
+            rinfo.append((lo, hi, hi1, lane_hits(lo, ones)))
+
+        def overlap(lo_a, lo_b):
+            if 2 * L - 1 >= B:
+                return Const(1)
+            return ((lo_a - lo_b + (L - 1))[:LB] <= 2 * L - 2)
+
         for r, rd in enumerate(self.rd):
-            mask = rinfo[r][4]
-            blocked = Cat(Const(0, 1), *[self.rd[j].req & (rinfo[j][4] & mask).any()
+            blocked = Cat(Const(0, 1), *[self.rd[j].req & overlap(rinfo[j][0], rinfo[r][0])
                                          for j in range(r)]).any()
             m.d.comb += rd.grant.eq(rd.req & ~blocked)
 
+        # bank b reads the row of the highest-priority reader requesting it.  That is the
+        # granted reader whenever one is granted there (a reader is blocked by requests,
+        # not grants, so nobody below it can be granted in b); otherwise the read is
+        # spurious and nobody looks at it.  Not waiting for the grants keeps the row
+        # select off the arbitration path.
         a_en = [Signal(name=f"rq_en{b}") for b in range(B)]
         a_row = [Signal(RB, name=f"rq_row{b}") for b in range(B)]
         for b in range(B):
-            # granted readers never share a bank: at most one hit per bank
-            sel = [(rd.grant & Cat(*rinfo[r][3][b]).any(),
-                    Mux(rinfo[r][0] > b, rinfo[r][2], rinfo[r][1]))   # wrapped: next row
-                   for r, rd in enumerate(self.rd)]
-            m.d.sync += [a_en[b].eq(Cat(*[h for h, _ in sel]).any()),
-                         a_row[b].eq(onehot(sel, RB))]
+            want = [rd.req & Cat(*rinfo[r][3][b]).any() for r, rd in enumerate(self.rd)]
+            first = [want[r] & ~Cat(Const(0, 1), *want[:r]).any() for r in range(len(want))]
+            sel = [(first[r], Mux(rinfo[r][0] > b, rinfo[r][2], rinfo[r][1]))  # wrapped: next row
+                   for r in range(len(want))]
+            m.d.sync += [a_en[b].eq(Cat(*want).any()), a_row[b].eq(onehot(sel, RB))]
 
-        bank_data = Array(rp.data for rp, _ in rams)
         for b, (rp, _) in enumerate(rams):
             m.d.comb += rp.addr.eq(a_row[b])
+        # the block RAM's output is slow (DP16KD clock-to-out): register it in place
+        # before the wide lane multiplexer
+        bank_q = [Signal(32, name=f"bank{b}_q") for b in range(B)]
+        m.d.sync += [bank_q[b].eq(rp.data) for b, (rp, _) in enumerate(rams)]
+        bank_data = Array(bank_q)
 
-        # read data: two cycles after the request the banks hold it; route lane k of
-        # reader r from bank (lo + k) mod B and register
+        # read data: three cycles after the request the bank registers hold it; route
+        # lane k of reader r from bank (lo + k) mod B and register
         for r, rd in enumerate(self.rd):
             lo = rinfo[r][0]
-            lo_q1, lo_q2 = Signal.like(lo), Signal.like(lo)
+            lo_q = [Signal.like(lo, name=f"rd{r}_lo_q{i}") for i in range(READ_LATENCY - 1)]
             v = [Signal(name=f"rd{r}_v{i}") for i in range(READ_LATENCY)]
-            m.d.sync += [lo_q1.eq(lo), lo_q2.eq(lo_q1), v[0].eq(rd.grant),
-                         *[v[i].eq(v[i - 1]) for i in range(1, READ_LATENCY)]]
+            m.d.sync += [lo_q[0].eq(lo), *[lo_q[i].eq(lo_q[i - 1]) for i in range(1, len(lo_q))],
+                         v[0].eq(rd.grant), *[v[i].eq(v[i - 1]) for i in range(1, READ_LATENCY)]]
             out = Signal(32 * L, name=f"rd{r}_data")
-            m.d.sync += out.eq(Cat(*[bank_data[(lo_q2 + k)[:LB]]
-                                     for k in range(L)]))
+            m.d.sync += out.eq(Cat(*[bank_data[(lo_q[-1] + k)[:LB]] for k in range(L)]))
             m.d.comb += [rd.valid.eq(v[-1]), rd.data.eq(out)]
 
         # ---------------------------------------------------------------- writers

@@ -246,8 +246,25 @@ class Nic(wiring.Component):
             m.submodules[f"dp{i}"] = dp
             wiring.connect(m, wiring.flipped(getattr(self, f"rx{i}")), dp.rx)
             m.d.comb += [dp.flow_enable.eq(flow_enable), dp.status.clear.eq(clear)]
-            h = dp.hdr.payload
-            m.d.comb += [q_hv[i].eq(dp.hdr.valid), q_hred[i].eq(h.op == Op.REDUCE),
+            # --- header stage: one registered header per port (the depacketiser's FIFO
+            # head moves here), plus its table lookups, registered from the header the
+            # stage holds next cycle.  The tables are static while RUNNING, so the lookups
+            # are never stale; the accept decision below then sees only registers and the
+            # ports' live progress (a long path otherwise: flow tables -> adders ->
+            # compares -> order gate -> pop).  A header can be decided the cycle after it
+            # arrives: fragments of two or more beats still stream back to back.
+            h = Signal(fmt.header, name=f"rx{i}_h")
+            hv = Signal(name=f"rx{i}_hv")
+            take = Signal(name=f"rx{i}_take")
+            load = Signal(name=f"rx{i}_load")
+            m.d.comb += [load.eq(~hv & dp.hdr.valid), dp.hdr.ready.eq(~hv)]
+            with m.If(load):
+                m.d.sync += [h.eq(dp.hdr.payload), hv.eq(1)]
+            with m.Elif(take):
+                m.d.sync += hv.eq(0)
+            hn = Signal(fmt.header, name=f"rx{i}_hn")      # the header held next cycle
+            m.d.comb += [hn.eq(Mux(load, dp.hdr.payload, h)),
+                         q_hv[i].eq(hv), q_hred[i].eq(h.op == Op.REDUCE),
                          q_hflow[i].eq(h.flow), q_hstep[i].eq(h.step)]
             adders = [FP32Adder(tag_width=TAGW) for _ in range(W)]
             for k, ad in enumerate(adders):
@@ -255,27 +272,34 @@ class Nic(wiring.Component):
                 m.d.comb += ad.o.ready.eq(1)
             brd, bwr = buf.rd[1 + i], buf.wr[i]
 
-            # --- header checks (IDLE, peeking)
-            f_ = h.flow
-            fs, fz = A_fstart[f_], A_fsize[f_]
+            # registered lookups of the staged header (computed from ``hn``)
+            fn = hn.flow
+            fs_n = A_fstart[fn]
+            fs = Signal(AB, name=f"rx{i}_fs")
             fend = Signal(AB + 1, name=f"rx{i}_fend")
-            m.d.comb += fend.eq(fs + fz)
             hend = Signal(AB + 1, name=f"rx{i}_hend")
-            m.d.comb += hend.eq(h.offset + h.length)
-            range_ok = (h.offset >= fs) & (hend <= fend)
+            range_ok = Signal(name=f"rx{i}_range_ok")
+            role_exp = Signal(name=f"rx{i}_role_exp")     # port i has a role in this flow
+            step_ok = Signal(name=f"rx{i}_step_ok")
+            at_start = Signal(name=f"rx{i}_at_start")
+            fend_n, hend_n = fs_n + A_fsize[fn], hn.offset + hn.length
+            xs_own = A_xstep[i][fn]
+            red_n = hn.op == Op.REDUCE
+            m.d.sync += [fs.eq(fs_n), fend.eq(fend_n), hend.eq(hend_n),
+                         range_ok.eq((hn.offset >= fs_n) & (hend_n <= fend_n)),
+                         role_exp.eq(Mux(red_n, expect_bits[i].bit_select(fn, 1),
+                                         A_gport[fn] == i)),
+                         step_ok.eq(~red_n | (xs_own == XNIL) | (xs_own == hn.step)),
+                         at_start.eq(hn.offset == fs_n)]
+            f_ = h.flow
             is_red = h.op == Op.REDUCE
             role_ok = Signal(name=f"rx{i}_role_ok")
-            with m.If(is_red):
-                m.d.comb += role_ok.eq(expect_bits[i].bit_select(f_, 1) & ~red_done[i].bit_select(f_, 1))
-            with m.Else():
-                m.d.comb += role_ok.eq((A_gport[f_] == i) & ~gat_done[i].bit_select(f_, 1))
+            m.d.comb += role_ok.eq(role_exp & ~Mux(is_red, red_done[i], gat_done[i]).bit_select(f_, 1))
             # sequence: continue the open message, or start at the chunk start
             same_msg = q_mact[i] & (q_mflow[i] == h.flow) & (q_mred[i] == is_red) & \
                 (q_mstep[i] == h.step)
             next_off = Signal(AB + 1, name=f"rx{i}_next_off")
-            xs_own = A_xstep[i][f_]
-            step_ok = ~is_red | (xs_own == XNIL) | (xs_own == h.step)
-            seq_ok = Mux(same_msg, h.offset == next_off, h.offset == fs) & step_ok
+            seq_ok = Mux(same_msg, h.offset == next_off, at_start) & step_ok
             # a new message waits until the previous one is written back
             may_start = same_msg | ~q_mact[i]
             # order gate (REDUCE only)
@@ -283,15 +307,20 @@ class Nic(wiring.Component):
             for qq in range(P):
                 if qq == i:
                     continue
-                need = expect_bits[qq].bit_select(f_, 1) & ~red_done[qq].bit_select(f_, 1)
+                # static per (header, q): q owes flow f a contribution; host-provided
+                # arrival step of that contribution (ORDER region) and whether it is earlier
+                exp_q = Signal(name=f"rx{i}_exp{qq}")
+                known = Signal(name=f"rx{i}_known{qq}")
+                x_before = Signal(name=f"rx{i}_xbefore{qq}")
+                xs_n = A_xstep[qq][fn]
+                m.d.sync += [exp_q.eq(expect_bits[qq].bit_select(fn, 1)),
+                             known.eq(xs_n != XNIL),
+                             x_before.eq((xs_n < hn.step) | ((xs_n == hn.step) & (qq < i)))]
+                need = exp_q & ~red_done[qq].bit_select(f_, 1)
                 on_f_m = q_mact[qq] & q_mred[qq] & (q_mflow[qq] == f_)
                 on_f_h = ~q_mact[qq] & q_hv[qq] & q_hred[qq] & (q_hflow[qq] == f_)
                 qstep = Mux(q_mact[qq], q_mstep[qq], Mux(q_hv[qq], q_hstep[qq], q_lb[qq]))
                 q_before = (qstep < h.step) | ((qstep == h.step) & (qq < i))
-                # host-provided arrival step of q's contribution to f (ORDER region)
-                xs = A_xstep[qq][f_]
-                known = xs != XNIL
-                x_before = (xs < h.step) | ((xs == h.step) & (qq < i))
                 ok = Signal(name=f"rx{i}_gate{qq}")
                 with m.If(known):
                     m.d.comb += ok.eq(~x_before | (on_f_m & (q_done_to[qq] >= hend)))
@@ -326,7 +355,7 @@ class Nic(wiring.Component):
 
             beat = Signal(name=f"rx{i}_beat")
             def accept_good():
-                m.d.comb += dp.hdr.ready.eq(1)
+                m.d.comb += take.eq(1)
                 m.d.sync += [cur_addr.eq(h.offset), cur_left.eq(h.length),
                              cur_red.eq(is_red), cur_flow.eq(h.flow),
                              cur_mlast.eq(hend == fend),
@@ -339,13 +368,13 @@ class Nic(wiring.Component):
 
             good_hdr = range_ok & role_ok & seq_ok
             go_good = Signal(name=f"rx{i}_go_good")
-            m.d.comb += go_good.eq(dp.hdr.valid & running & good_hdr & may_start &
+            m.d.comb += go_good.eq(hv & running & good_hdr & may_start &
                                    (~is_red | order_ok))
             with m.FSM(name=f"rx{i}_fsm"):
                 with m.State("IDLE"):
-                    with m.If(dp.hdr.valid & running):
+                    with m.If(hv & running):
                         with m.If(~good_hdr & may_start):
-                            m.d.comb += dp.hdr.ready.eq(1)
+                            m.d.comb += take.eq(1)
                             m.d.comb += [ev_range.eq(~range_ok),
                                          ev_unexp.eq(range_ok & ~role_ok),
                                          ev_seq.eq(range_ok & role_ok & ~seq_ok)]
@@ -430,15 +459,22 @@ class Nic(wiring.Component):
             rx_counters.append((frags, rwords, dp.status.counts[0], dp.status.dropped, bad))
 
         # ------------------------------------------------------------ scan + issue logic
-        e = data.View(p.row, t_rd.data[:p.row.size])
+        # the table row is registered out of the RAM (slow clock-to-out) before the scan
+        # checks and the issue logic look at it: a row is seen two cycles after its address
+        e_q = Signal(p.row.size)
+        m.d.sync += e_q.eq(t_rd.data[:p.row.size])
+        e = data.View(p.row, e_q)
         head_ok = Signal()
+        head_w = Signal()                 # head row read, in the register next cycle
         scan_i = Signal(range(p.max_entries + 1))
-        scan_v = Signal()
+        scan_p = Signal()                 # a row read is in flight
+        scan_v = Signal()                 # ... and in ``e`` now
         scan_bad = Signal()
         tx_all_idle = tx_idle.all()
         # every expected receive (REDUCE contributions, GATHER from the parent) written back
+        # (registered: it only grows while RUNNING, so one cycle late is only conservative)
         rx_all_done = Signal()
-        m.d.comb += rx_all_done.eq(Cat(*[
+        m.d.sync += rx_all_done.eq(Cat(*[
             ((expect_red[f] & ~Cat(*[red_done[q][f] for q in range(P)])) == 0) &
             ((gport[f] == p.port_nil) | Cat(*[gat_done[q][f] for q in range(P)]).any())
             for f in range(F)]).all())
@@ -460,7 +496,7 @@ class Nic(wiring.Component):
                         m.d.comb += ev_tindex.eq(1)
                         m.d.sync += scan_failed.eq(1)
                     with m.Else():
-                        m.d.sync += [scan_i.eq(0), scan_v.eq(0), scan_bad.eq(0),
+                        m.d.sync += [scan_i.eq(0), scan_p.eq(0), scan_v.eq(0), scan_bad.eq(0),
                                      done.eq(0), scan_failed.eq(0), cycles.eq(0)]
                         for f in range(F):
                             m.d.sync += [expect_red[f].eq(0), gport[f].eq(p.port_nil),
@@ -470,7 +506,7 @@ class Nic(wiring.Component):
                 m.d.comb += t_rd.addr.eq(scan_i)
                 with m.If(scan_i < n_entries):
                     m.d.sync += scan_i.eq(scan_i + 1)
-                m.d.sync += scan_v.eq(scan_i < n_entries)
+                m.d.sync += [scan_p.eq(scan_i < n_entries), scan_v.eq(scan_p)]
                 with m.If(scan_v):
                     bad_op = e.op == 3
                     bad_rng = (e.op != NOP) & (((e.start + e.size) > elements) |
@@ -489,7 +525,7 @@ class Nic(wiring.Component):
                                     m.d.sync += expect_red[f].eq(expect_red[f] | e.cports)
                                 with m.If((e.op == GATHER) & (e.pport != p.port_nil)):
                                     m.d.sync += gport[f].eq(e.pport)
-                with m.If(~scan_v & (scan_i == n_entries)):
+                with m.If(~scan_v & ~scan_p & (scan_i == n_entries)):
                     m.next = "FINISH"
             with m.State("FINISH"):
                 with m.If(scan_bad):
@@ -503,11 +539,11 @@ class Nic(wiring.Component):
                                      gat_done[q].eq(Cat(*[(fsize[f] == 0) & (gport[f] == q)
                                                           for f in range(F)]))]
                     m.d.comb += run_init.eq(1)
-                    m.d.sync += [hp.eq(0), head_ok.eq(0), ts.eq(1), lk.eq(0),
+                    m.d.sync += [hp.eq(0), head_w.eq(0), head_ok.eq(0), ts.eq(1), lk.eq(0),
                                  running.eq(1), step_start.eq(0)]
                     m.next = "RUN"
             with m.State("RUN"):
-                m.d.sync += [cycles.eq(cycles + 1), head_ok.eq(1)]
+                m.d.sync += [cycles.eq(cycles + 1), head_w.eq(1), head_ok.eq(head_w)]
                 with m.If(lk != 0):
                     m.d.sync += lk.eq(lk - 1)
                 advance = Signal()
@@ -549,7 +585,7 @@ class Nic(wiring.Component):
                                      s_wr.en.eq(1)]
                         m.d.sync += [ts.eq(ts + 1), step_start.eq(cycles)]
                 with m.If(advance):
-                    m.d.sync += [hp.eq(hp + 1), head_ok.eq(0)]
+                    m.d.sync += [hp.eq(hp + 1), head_w.eq(0), head_ok.eq(0)]
         m.d.comb += [self.done.eq(done), self.running.eq(running)]
 
         # ------------------------------------------------------------ host bus
@@ -658,17 +694,27 @@ class Nic(wiring.Component):
                ErrBit.UNEXPECTED: [r[1] for r in rx_err],
                ErrBit.SEQUENCE: [r[2] for r in rx_err],
                ErrBit.BANK_CONFLICT: [buf.conflict]}
-        allev = [s for lst in evs.values() for s in lst]
-        m.d.comb += err_n.eq(sum(allev))
+        # receive-side and bank events come out of deep logic (header checks, the
+        # crossbar): register them before they are counted (a 32-bit add) and flagged.
+        # Host-bus and scan events stay direct, so a read right after a rejected host
+        # write already sees its flag.
+        late = (ErrBit.FRAG_RANGE, ErrBit.UNEXPECTED, ErrBit.SEQUENCE, ErrBit.BANK_CONFLICT)
+        ev_flat = []
+        flag_bits = []
+        for bit in ErrBit:
+            lst = evs.get(bit, [])
+            if bit in late:
+                lst_q = [Signal(name=f"ev_{bit.name.lower()}_q{k}") for k in range(len(lst))]
+                m.d.sync += [d.eq(v) for d, v in zip(lst_q, lst)]
+                lst = lst_q
+            ev_flat += lst
+            flag_bits.append(Cat(Const(0, 1), *lst).any() |
+                             (link_err if bit == ErrBit.LINK else 0))
+        m.d.comb += err_n.eq(sum(ev_flat))
         with m.If(clear):
             m.d.sync += [err_flags.eq(0), err_count.eq(0), done.eq(0), scan_failed.eq(0)]
             m.d.sync += [xstep[q][f].eq(XNIL) for q in range(P) for f in range(F)]
         with m.Else():
-            m.d.sync += err_count.eq(err_count + err_n)
-            for bit, lst in evs.items():
-                with m.If(Cat(*lst).any()):
-                    m.d.sync += err_flags[int(bit)].eq(1)
-            with m.If(link_err):
-                m.d.sync += err_flags[int(ErrBit.LINK)].eq(1)
+            m.d.sync += [err_count.eq(err_count + err_n), err_flags.eq(err_flags | Cat(*flag_bits))]
         m.d.comb += self.error.eq(err_flags.any())
         return m
