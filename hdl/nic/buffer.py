@@ -108,15 +108,30 @@ class BankedBuffer(wiring.Component):
         def onehot(pairs, width):
             """AND-OR multiplexer: ``pairs`` = [(select, value)], selects one-hot (or
             none: 0) -- cheaper in LUT4s than a priority chain of 2:1 muxes."""
-            terms = [sel.replicate(width) & val for sel, val in pairs] or [Const(0, width)]
+            terms = []
+            for sel, val in pairs:
+                # name the select first: ``replicate`` of an expression copies the whole
+                # expression per bit into the netlist (Verilator then needs ~20 GiB)
+                s = Signal()
+                m.d.comb += s.eq(sel)
+                terms.append(s.replicate(width) & val)
+            terms = terms or [Const(0, width)]
             while len(terms) > 1:           # balanced OR tree (shallow expressions)
                 terms = [terms[i] | terms[i + 1] if i + 1 < len(terms) else terms[i]
                          for i in range(0, len(terms), 2)]
             return terms[0]
 
-        def lane_hits(lo, en):
+        def wire(expr, name):
+            """A named 1-bit signal for a decode term used many times (Amaranth would
+            otherwise emit the expression again at every use)."""
+            s = Signal(name=name)
+            m.d.comb += s.eq(expr)
+            return s
+
+        def lane_hits(lo, en, tag):
             """hits[b][k]: lane k (enabled) lands in bank b."""
-            return [[en[k] & (lo == (b - k) % B) for k in range(L)] for b in range(B)]
+            return [[wire(en[k] & (lo == (b - k) % B), f"{tag}_b{b}_l{k}") for k in range(L)]
+                    for b in range(B)]
 
         rams = []
         for b in range(B):
@@ -130,9 +145,9 @@ class BankedBuffer(wiring.Component):
         # and compare instead of AND-ing two B-bit bank masks (shorter grant path)
         ones = Const((1 << L) - 1, L)
         rinfo = []
-        for rd in self.rd:
+        for r, rd in enumerate(self.rd):
             lo, hi, hi1 = split(rd.addr)
-            rinfo.append((lo, hi, hi1, lane_hits(lo, ones)))
+            rinfo.append((lo, hi, hi1, lane_hits(lo, ones, f"rd{r}_hit")))
 
         def overlap(lo_a, lo_b):
             if 2 * L - 1 >= B:
@@ -152,7 +167,8 @@ class BankedBuffer(wiring.Component):
         a_en = [Signal(name=f"rq_en{b}") for b in range(B)]
         a_row = [Signal(RB, name=f"rq_row{b}") for b in range(B)]
         for b in range(B):
-            want = [rd.req & Cat(*rinfo[r][3][b]).any() for r, rd in enumerate(self.rd)]
+            want = [wire(rd.req & Cat(*rinfo[r][3][b]).any(), f"rd{r}_want{b}")
+                    for r, rd in enumerate(self.rd)]
             first = [want[r] & ~Cat(Const(0, 1), *want[:r]).any() for r in range(len(want))]
             sel = [(first[r], Mux(rinfo[r][0] > b, rinfo[r][2], rinfo[r][1]))  # wrapped: next row
                    for r in range(len(want))]
@@ -184,11 +200,11 @@ class BankedBuffer(wiring.Component):
         w_data = [Signal(32, name=f"wq_data{b}") for b in range(B)]
         conflicts = []
         winfo = []
-        for wr in self.wr:
+        for w, wr in enumerate(self.wr):
             lo, hi, hi1 = split(wr.addr)
-            winfo.append((lo, hi, hi1, lane_hits(lo, wr.en)))
+            winfo.append((lo, hi, hi1, lane_hits(lo, wr.en, f"wr{w}_hit")))
         for b in range(B):
-            hit = [Cat(*wi[3][b]).any() for wi in winfo]
+            hit = [wire(Cat(*wi[3][b]).any(), f"wr{w}_hit{b}") for w, wi in enumerate(winfo)]
             # the lowest-index writer in this bank wins
             win = [hit[w] & ~Cat(Const(0, 1), *hit[:w]).any() for w in range(len(hit))]
             for w in range(len(hit)):
