@@ -147,6 +147,7 @@ class Nic(wiring.Component):
         gport = [Signal(p.pport_bits, name=f"gport{f}", init=p.port_nil) for f in range(F)]
         fstart = [Signal(AB, name=f"fstart{f}") for f in range(F)]
         fsize = [Signal(AB, name=f"fsize{f}") for f in range(F)]
+        fendt = [Signal(AB + 1, name=f"fend{f}") for f in range(F)]   # start + size, at scan
         A_gport = Array(gport)
         # ORDER region: step at which port q's contribution to flow f arrives (XNIL: unknown,
         # then the order gate falls back to the links' step lower bounds)
@@ -155,7 +156,7 @@ class Nic(wiring.Component):
                  for q in range(P)]
         A_xstep = [Array(xstep[q]) for q in range(P)]
         expect_bits = [Cat(*[expect_red[f][q] for f in range(F)]) for q in range(P)]
-        A_fstart, A_fsize = Array(fstart), Array(fsize)
+        A_fstart, A_fend = Array(fstart), Array(fendt)
         # arrived bits, owned per receiving port (no write conflicts)
         red_done = [Signal(F, name=f"red_done_p{q}") for q in range(P)]
         gat_done = [Signal(F, name=f"gat_done_p{q}") for q in range(P)]
@@ -246,25 +247,31 @@ class Nic(wiring.Component):
             m.submodules[f"dp{i}"] = dp
             wiring.connect(m, wiring.flipped(getattr(self, f"rx{i}")), dp.rx)
             m.d.comb += [dp.flow_enable.eq(flow_enable), dp.status.clear.eq(clear)]
-            # --- header stage: one registered header per port (the depacketiser's FIFO
-            # head moves here), plus its table lookups, registered from the header the
-            # stage holds next cycle.  The tables are static while RUNNING, so the lookups
-            # are never stale; the accept decision below then sees only registers and the
-            # ports' live progress (a long path otherwise: flow tables -> adders ->
-            # compares -> order gate -> pop).  A header can be decided the cycle after it
-            # arrives: fragments of two or more beats still stream back to back.
+            # --- header stage, two registers per port: ``h0`` takes the depacketiser's
+            # FIFO head; moving it on to ``h`` also registers its table lookups (computed
+            # from ``h0``, a register).  The tables are static while RUNNING, so the
+            # lookups are never stale; the accept decision below then sees only registers
+            # and the ports' live progress (a long path otherwise: FIFO -> flow tables ->
+            # adders -> compares -> order gate -> pop).  Neither register's load depends on
+            # the accept decision; with ``h0`` holding the next header, fragments of two or
+            # more beats still stream back to back.
+            h0 = Signal(fmt.header, name=f"rx{i}_h0")
+            h0v = Signal(name=f"rx{i}_h0v")
             h = Signal(fmt.header, name=f"rx{i}_h")
             hv = Signal(name=f"rx{i}_hv")
             take = Signal(name=f"rx{i}_take")
-            load = Signal(name=f"rx{i}_load")
-            m.d.comb += [load.eq(~hv & dp.hdr.valid), dp.hdr.ready.eq(~hv)]
+            load = Signal(name=f"rx{i}_load")        # h0 -> h (and the lookups)
+            m.d.comb += [load.eq(~hv & h0v), dp.hdr.ready.eq(~h0v | load)]
+            with m.If(dp.hdr.valid & dp.hdr.ready):
+                m.d.sync += [h0.eq(dp.hdr.payload), h0v.eq(1)]
+            with m.Elif(load):
+                m.d.sync += h0v.eq(0)
             with m.If(load):
-                m.d.sync += [h.eq(dp.hdr.payload), hv.eq(1)]
+                m.d.sync += [h.eq(h0), hv.eq(1)]
             with m.Elif(take):
                 m.d.sync += hv.eq(0)
-            hn = Signal(fmt.header, name=f"rx{i}_hn")      # the header held next cycle
-            m.d.comb += [hn.eq(Mux(load, dp.hdr.payload, h)),
-                         q_hv[i].eq(hv), q_hred[i].eq(h.op == Op.REDUCE),
+            hn = h0                                          # the header ``h`` gets next
+            m.d.comb += [q_hv[i].eq(hv), q_hred[i].eq(h.op == Op.REDUCE),
                          q_hflow[i].eq(h.flow), q_hstep[i].eq(h.step)]
             adders = [FP32Adder(tag_width=TAGW) for _ in range(W)]
             for k, ad in enumerate(adders):
@@ -282,15 +289,16 @@ class Nic(wiring.Component):
             role_exp = Signal(name=f"rx{i}_role_exp")     # port i has a role in this flow
             step_ok = Signal(name=f"rx{i}_step_ok")
             at_start = Signal(name=f"rx{i}_at_start")
-            fend_n, hend_n = fs_n + A_fsize[fn], hn.offset + hn.length
+            fend_n, hend_n = A_fend[fn], hn.offset + hn.length
             xs_own = A_xstep[i][fn]
             red_n = hn.op == Op.REDUCE
-            m.d.sync += [fs.eq(fs_n), fend.eq(fend_n), hend.eq(hend_n),
-                         range_ok.eq((hn.offset >= fs_n) & (hend_n <= fend_n)),
-                         role_exp.eq(Mux(red_n, expect_bits[i].bit_select(fn, 1),
-                                         A_gport[fn] == i)),
-                         step_ok.eq(~red_n | (xs_own == XNIL) | (xs_own == hn.step)),
-                         at_start.eq(hn.offset == fs_n)]
+            with m.If(load):
+                m.d.sync += [fs.eq(fs_n), fend.eq(fend_n), hend.eq(hend_n),
+                             range_ok.eq((hn.offset >= fs_n) & (hend_n <= fend_n)),
+                             role_exp.eq(Mux(red_n, expect_bits[i].bit_select(fn, 1),
+                                             A_gport[fn] == i)),
+                             step_ok.eq(~red_n | (xs_own == XNIL) | (xs_own == hn.step)),
+                             at_start.eq(hn.offset == fs_n)]
             f_ = h.flow
             is_red = h.op == Op.REDUCE
             role_ok = Signal(name=f"rx{i}_role_ok")
@@ -313,9 +321,10 @@ class Nic(wiring.Component):
                 known = Signal(name=f"rx{i}_known{qq}")
                 x_before = Signal(name=f"rx{i}_xbefore{qq}")
                 xs_n = A_xstep[qq][fn]
-                m.d.sync += [exp_q.eq(expect_bits[qq].bit_select(fn, 1)),
-                             known.eq(xs_n != XNIL),
-                             x_before.eq((xs_n < hn.step) | ((xs_n == hn.step) & (qq < i)))]
+                with m.If(load):
+                    m.d.sync += [exp_q.eq(expect_bits[qq].bit_select(fn, 1)),
+                                 known.eq(xs_n != XNIL),
+                                 x_before.eq((xs_n < hn.step) | ((xs_n == hn.step) & (qq < i)))]
                 need = exp_q & ~red_done[qq].bit_select(f_, 1)
                 on_f_m = q_mact[qq] & q_mred[qq] & (q_mflow[qq] == f_)
                 on_f_h = ~q_mact[qq] & q_hv[qq] & q_hred[qq] & (q_hflow[qq] == f_)
@@ -500,7 +509,7 @@ class Nic(wiring.Component):
                                      done.eq(0), scan_failed.eq(0), cycles.eq(0)]
                         for f in range(F):
                             m.d.sync += [expect_red[f].eq(0), gport[f].eq(p.port_nil),
-                                         fstart[f].eq(0), fsize[f].eq(0)]
+                                         fstart[f].eq(0), fsize[f].eq(0), fendt[f].eq(0)]
                         m.next = "SCAN"
             with m.State("SCAN"):
                 m.d.comb += t_rd.addr.eq(scan_i)
@@ -520,7 +529,8 @@ class Nic(wiring.Component):
                     with m.Elif(e.op != NOP):
                         for f in range(F):
                             with m.If(e.flow == f):
-                                m.d.sync += [fstart[f].eq(e.start), fsize[f].eq(e.size)]
+                                m.d.sync += [fstart[f].eq(e.start), fsize[f].eq(e.size),
+                                             fendt[f].eq(e.start + e.size)]
                                 with m.If(e.op == REDUCE):
                                     m.d.sync += expect_red[f].eq(expect_red[f] | e.cports)
                                 with m.If((e.op == GATHER) & (e.pport != p.port_nil)):
