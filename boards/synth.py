@@ -94,6 +94,19 @@ def _nic_core():
 
 register_top("nic_core", _nic_core, headline=True)
 
+#: the same core with a small buffer (8 KiB in 8 banks): same control logic and ports, a
+#: quarter of the crossbar; place and route take ~15 min here instead of over 40, so this
+#: is where timing work is iterated (not a default top)
+NIC_SMALL_PARAMS = dict(NIC_CORE_PARAMS, depth=2048, banks=8)
+
+
+def _nic_core_small():
+    from treenic.hdl.nic import Nic, NicParams
+    return Nic(NicParams(**NIC_SMALL_PARAMS))
+
+
+register_top("nic_core_small", _nic_core_small)
+
 
 def _gradient_buffer():     # the NIC core's banked buffer at its synthesis size
     from treenic.hdl.nic.buffer import BankedBuffer
