@@ -228,6 +228,12 @@ class Nic(wiring.Component):
         q_mflow = [Signal(p.flow_bits, name=f"rx{i}_mflow") for i in range(P)]
         q_mstep = [Signal(p.step_bits, name=f"rx{i}_mstep") for i in range(P)]
         q_done_to = [Signal(AB + 1, name=f"rx{i}_done_to") for i in range(P)]
+        # q_done_to only grows within a message; it jumps back when a new one starts
+        # (restart).  The order gate compares it one cycle late and distrusts the compare
+        # for a cycle after a restart (or a new header of its own): stale is then only slow.
+        q_restart = [Signal(name=f"rx{i}_restart") for i in range(P)]
+        q_restart_q = [Signal(name=f"rx{i}_restart_q") for i in range(P)]
+        m.d.sync += [q_restart_q[i].eq(q_restart[i]) for i in range(P)]
         q_lb = [Signal(p.step_bits, name=f"rx{i}_lb") for i in range(P)]
         q_hv = [Signal(name=f"rx{i}_hv") for i in range(P)]
         q_hred = [Signal(name=f"rx{i}_hred") for i in range(P)]
@@ -266,6 +272,8 @@ class Nic(wiring.Component):
                 m.d.sync += [h0.eq(dp.hdr.payload), h0v.eq(1)]
             with m.Elif(load):
                 m.d.sync += h0v.eq(0)
+            fresh = Signal(name=f"rx{i}_fresh")
+            m.d.sync += fresh.eq(load)
             with m.If(load):
                 m.d.sync += [h.eq(h0), hv.eq(1)]
             with m.Elif(take):
@@ -326,15 +334,20 @@ class Nic(wiring.Component):
                                  known.eq(xs_n != XNIL),
                                  x_before.eq((xs_n < hn.step) | ((xs_n == hn.step) & (qq < i)))]
                 need = exp_q & ~red_done[qq].bit_select(f_, 1)
+                # q has written flow f up to the end of this header's data (registered,
+                # see q_restart above; ``fresh``: ``h`` and ``hend`` changed last cycle)
+                reach = Signal(name=f"rx{i}_reach{qq}")
+                m.d.sync += reach.eq(q_done_to[qq] >= hend)
+                reached = reach & ~q_restart_q[qq] & ~fresh
                 on_f_m = q_mact[qq] & q_mred[qq] & (q_mflow[qq] == f_)
                 on_f_h = ~q_mact[qq] & q_hv[qq] & q_hred[qq] & (q_hflow[qq] == f_)
                 qstep = Mux(q_mact[qq], q_mstep[qq], Mux(q_hv[qq], q_hstep[qq], q_lb[qq]))
                 q_before = (qstep < h.step) | ((qstep == h.step) & (qq < i))
                 ok = Signal(name=f"rx{i}_gate{qq}")
                 with m.If(known):
-                    m.d.comb += ok.eq(~x_before | (on_f_m & (q_done_to[qq] >= hend)))
+                    m.d.comb += ok.eq(~x_before | (on_f_m & reached))
                 with m.Elif(on_f_m):
-                    m.d.comb += ok.eq(~q_before | (q_done_to[qq] >= hend))
+                    m.d.comb += ok.eq(~q_before | reached)
                 with m.Elif(on_f_h):
                     m.d.comb += ok.eq(~q_before)
                 with m.Else():
@@ -374,6 +387,7 @@ class Nic(wiring.Component):
                              frags.eq(frags + 1)]
                 with m.If(~same_msg):
                     m.d.sync += q_done_to[i].eq(h.offset)
+                    m.d.comb += q_restart[i].eq(1)
 
             good_hdr = range_ok & role_ok & seq_ok
             go_good = Signal(name=f"rx{i}_go_good")
