@@ -222,7 +222,7 @@ def open_nic(backend: str, rank: int, world: int, topology=None, algorithm="mult
     or a ready :class:`Schedule`; ``topology`` a spec or Topology (default ``ring:<world>``).
 
     Options: ``model``: ``fabric`` (LocalFabric; else torch.distributed), ``group``,
-    ``engine`` ("golden"); ``torch``: ``group``, ``verify`` (check sizes across ranks per
+    ``engine`` ("golden"), ``timeout`` (seconds per collective; default the fabric's own); ``torch``: ``group``, ``verify`` (check sizes across ranks per
     call, default True); ``rtl``: ``address`` (host, port) of the fabric server (required),
     ``timeout`` (seconds per request, default 30)."""
     schedule = schedule_for(algorithm, topology, world)
@@ -233,7 +233,7 @@ def open_nic(backend: str, rank: int, world: int, topology=None, algorithm="mult
 
 class _ModelBackend:
     def __init__(self, comm: Communicator, fabric: LocalFabric | None = None, group=None,
-                 engine: str = "golden", timeout: float = 30.0):
+                 engine: str = "golden", timeout: float | None = None):
         self.comm = comm
         self.fabric = fabric
         self.group = group
