@@ -254,9 +254,9 @@ class Nic(wiring.Component):
             wiring.connect(m, wiring.flipped(getattr(self, f"rx{i}")), dp.rx)
             m.d.comb += [dp.flow_enable.eq(flow_enable), dp.status.clear.eq(clear)]
             # --- header stage, two registers per port: ``h0`` takes the depacketiser's
-            # FIFO head; moving it on to ``h`` also registers its table lookups (computed
-            # from ``h0``, a register).  The tables are static while RUNNING, so the
-            # lookups are never stale; the accept decision below then sees only registers
+            # FIFO head and moves on to ``h``; the table lookups of the header in ``h`` are
+            # registered from registers (``h0``/``h``).  The tables are static while
+            # RUNNING, so the lookups are never stale then; the accept decision below then sees only registers
             # and the ports' live progress (a long path otherwise: FIFO -> flow tables ->
             # adders -> compares -> order gate -> pop).  Neither register's load depends on
             # the accept decision; with ``h0`` holding the next header, fragments of two or
@@ -278,7 +278,10 @@ class Nic(wiring.Component):
                 m.d.sync += [h.eq(h0), hv.eq(1)]
             with m.Elif(take):
                 m.d.sync += hv.eq(0)
-            hn = h0                                          # the header ``h`` gets next
+            # lookups are registered every cycle from the header ``h`` holds next cycle (a
+            # header may wait in ``h`` from before START, while the scan fills the tables)
+            hn = Signal(fmt.header, name=f"rx{i}_hn")
+            m.d.comb += hn.eq(Mux(load, h0, h))
             m.d.comb += [q_hv[i].eq(hv), q_hred[i].eq(h.op == Op.REDUCE),
                          q_hflow[i].eq(h.flow), q_hstep[i].eq(h.step)]
             adders = [FP32Adder(tag_width=TAGW) for _ in range(W)]
@@ -300,13 +303,12 @@ class Nic(wiring.Component):
             fend_n, hend_n = A_fend[fn], hn.offset + hn.length
             xs_own = A_xstep[i][fn]
             red_n = hn.op == Op.REDUCE
-            with m.If(load):
-                m.d.sync += [fs.eq(fs_n), fend.eq(fend_n), hend.eq(hend_n),
-                             range_ok.eq((hn.offset >= fs_n) & (hend_n <= fend_n)),
-                             role_exp.eq(Mux(red_n, expect_bits[i].bit_select(fn, 1),
-                                             A_gport[fn] == i)),
-                             step_ok.eq(~red_n | (xs_own == XNIL) | (xs_own == hn.step)),
-                             at_start.eq(hn.offset == fs_n)]
+            m.d.sync += [fs.eq(fs_n), fend.eq(fend_n), hend.eq(hend_n),
+                         range_ok.eq((hn.offset >= fs_n) & (hend_n <= fend_n)),
+                         role_exp.eq(Mux(red_n, expect_bits[i].bit_select(fn, 1),
+                                         A_gport[fn] == i)),
+                         step_ok.eq(~red_n | (xs_own == XNIL) | (xs_own == hn.step)),
+                         at_start.eq(hn.offset == fs_n)]
             f_ = h.flow
             is_red = h.op == Op.REDUCE
             role_ok = Signal(name=f"rx{i}_role_ok")
@@ -329,10 +331,9 @@ class Nic(wiring.Component):
                 known = Signal(name=f"rx{i}_known{qq}")
                 x_before = Signal(name=f"rx{i}_xbefore{qq}")
                 xs_n = A_xstep[qq][fn]
-                with m.If(load):
-                    m.d.sync += [exp_q.eq(expect_bits[qq].bit_select(fn, 1)),
-                                 known.eq(xs_n != XNIL),
-                                 x_before.eq((xs_n < hn.step) | ((xs_n == hn.step) & (qq < i)))]
+                m.d.sync += [exp_q.eq(expect_bits[qq].bit_select(fn, 1)),
+                             known.eq(xs_n != XNIL),
+                             x_before.eq((xs_n < hn.step) | ((xs_n == hn.step) & (qq < i)))]
                 need = exp_q & ~red_done[qq].bit_select(f_, 1)
                 # q has written flow f up to the end of this header's data (registered,
                 # see q_restart above; ``fresh``: ``h`` and ``hend`` changed last cycle)
