@@ -105,28 +105,23 @@ class BankedBuffer(wiring.Component):
             hi = (addr >> LB)[:RB]
             return lo, hi, (hi + 1)[:RB]
 
+        def wire(expr, name=None):
+            """A named 1-bit signal for a term used many times: Amaranth emits an
+            expression again at every use (and ``replicate`` once per bit), which made
+            the 16-NIC fabric's Verilog too big for Verilator in 24 GiB."""
+            s = Signal(name=name)
+            m.d.comb += s.eq(expr)
+            return s
+
         def onehot(pairs, width):
             """AND-OR multiplexer: ``pairs`` = [(select, value)], selects one-hot (or
             none: 0) -- cheaper in LUT4s than a priority chain of 2:1 muxes."""
-            terms = []
-            for sel, val in pairs:
-                # name the select first: ``replicate`` of an expression copies the whole
-                # expression per bit into the netlist (Verilator then needs ~20 GiB)
-                s = Signal()
-                m.d.comb += s.eq(sel)
-                terms.append(s.replicate(width) & val)
+            terms = [wire(sel).replicate(width) & val for sel, val in pairs]
             terms = terms or [Const(0, width)]
             while len(terms) > 1:           # balanced OR tree (shallow expressions)
                 terms = [terms[i] | terms[i + 1] if i + 1 < len(terms) else terms[i]
                          for i in range(0, len(terms), 2)]
             return terms[0]
-
-        def wire(expr, name):
-            """A named 1-bit signal for a decode term used many times (Amaranth would
-            otherwise emit the expression again at every use)."""
-            s = Signal(name=name)
-            m.d.comb += s.eq(expr)
-            return s
 
         def lane_hits(lo, en, tag):
             """hits[b][k]: lane k (enabled) lands in bank b."""

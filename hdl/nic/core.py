@@ -254,19 +254,18 @@ class Nic(wiring.Component):
             wiring.connect(m, wiring.flipped(getattr(self, f"rx{i}")), dp.rx)
             m.d.comb += [dp.flow_enable.eq(flow_enable), dp.status.clear.eq(clear)]
             # --- header stage, two registers per port: ``h0`` takes the depacketiser's
-            # FIFO head and moves on to ``h``; the table lookups of the header in ``h`` are
-            # registered from registers (``h0``/``h``).  The tables are static while
-            # RUNNING, so the lookups are never stale then; the accept decision below then sees only registers
-            # and the ports' live progress (a long path otherwise: FIFO -> flow tables ->
-            # adders -> compares -> order gate -> pop).  Neither register's load depends on
-            # the accept decision; with ``h0`` holding the next header, fragments of two or
-            # more beats still stream back to back.
+            # FIFO head and moves on to ``h``.  The table lookups for ``h`` are registered
+            # from ``h0``/``h`` (registers, not the FIFO), so the accept decision below sees
+            # only registers and the ports' live progress (a long path otherwise: FIFO ->
+            # flow tables -> adders -> compares -> order gate -> pop).  Neither register's
+            # load depends on the accept decision; with ``h0`` holding the next header,
+            # fragments of two or more beats still stream back to back.
             h0 = Signal(fmt.header, name=f"rx{i}_h0")
             h0v = Signal(name=f"rx{i}_h0v")
             h = Signal(fmt.header, name=f"rx{i}_h")
             hv = Signal(name=f"rx{i}_hv")
             take = Signal(name=f"rx{i}_take")
-            load = Signal(name=f"rx{i}_load")        # h0 -> h (and the lookups)
+            load = Signal(name=f"rx{i}_load")        # h0 -> h
             m.d.comb += [load.eq(~hv & h0v), dp.hdr.ready.eq(~h0v | load)]
             with m.If(dp.hdr.valid & dp.hdr.ready):
                 m.d.sync += [h0.eq(dp.hdr.payload), h0v.eq(1)]
@@ -293,7 +292,6 @@ class Nic(wiring.Component):
             # registered lookups of the staged header (computed from ``hn``)
             fn = hn.flow
             fs_n = A_fstart[fn]
-            fs = Signal(AB, name=f"rx{i}_fs")
             fend = Signal(AB + 1, name=f"rx{i}_fend")
             hend = Signal(AB + 1, name=f"rx{i}_hend")
             range_ok = Signal(name=f"rx{i}_range_ok")
@@ -303,7 +301,7 @@ class Nic(wiring.Component):
             fend_n, hend_n = A_fend[fn], hn.offset + hn.length
             xs_own = A_xstep[i][fn]
             red_n = hn.op == Op.REDUCE
-            m.d.sync += [fs.eq(fs_n), fend.eq(fend_n), hend.eq(hend_n),
+            m.d.sync += [fend.eq(fend_n), hend.eq(hend_n),
                          range_ok.eq((hn.offset >= fs_n) & (hend_n <= fend_n)),
                          role_exp.eq(Mux(red_n, expect_bits[i].bit_select(fn, 1),
                                          A_gport[fn] == i)),
@@ -312,7 +310,8 @@ class Nic(wiring.Component):
             f_ = h.flow
             is_red = h.op == Op.REDUCE
             role_ok = Signal(name=f"rx{i}_role_ok")
-            m.d.comb += role_ok.eq(role_exp & ~Mux(is_red, red_done[i], gat_done[i]).bit_select(f_, 1))
+            arrived = Mux(is_red, red_done[i], gat_done[i]).bit_select(f_, 1)
+            m.d.comb += role_ok.eq(role_exp & ~arrived)
             # sequence: continue the open message, or start at the chunk start
             same_msg = q_mact[i] & (q_mflow[i] == h.flow) & (q_mred[i] == is_red) & \
                 (q_mstep[i] == h.step)

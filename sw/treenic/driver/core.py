@@ -222,9 +222,10 @@ def open_nic(backend: str, rank: int, world: int, topology=None, algorithm="mult
     or a ready :class:`Schedule`; ``topology`` a spec or Topology (default ``ring:<world>``).
 
     Options: ``model``: ``fabric`` (LocalFabric; else torch.distributed), ``group``,
-    ``engine`` ("golden"), ``timeout`` (seconds per collective; default the fabric's own); ``torch``: ``group``, ``verify`` (check sizes across ranks per
-    call, default True); ``rtl``: ``address`` (host, port) of the fabric server (required),
-    ``timeout`` (seconds per request, default 30)."""
+    ``engine`` ("golden"), ``timeout`` (seconds per collective; default: the fabric's
+    own); ``torch``: ``group``, ``verify`` (check sizes across ranks per call, default
+    True); ``rtl``: ``address`` (host, port) of the fabric server (required), ``timeout``
+    (seconds per request, default 30)."""
     schedule = schedule_for(algorithm, topology, world)
     return Communicator(backend, rank, world, schedule, **opts)
 
