@@ -155,17 +155,19 @@ def _rx_flits(params, **hdr):
     return packetise(h, words, "message", params.fmt, sub_words=params.sub_words)
 
 
-@pytest.mark.parametrize("case", ["gather_ok", "unknown_flow", "outside_chunk",
-                                  "unexpected_port", "reduce_children"])
+@pytest.mark.parametrize("case", ["gather_ok", "gather_before_start", "unknown_flow",
+                                  "outside_chunk", "unexpected_port", "reduce_children"])
 def test_receive_checks(case):
-    """Port 0 = parent of flow 1 (GATHER), port 1 = child of flow 0 (REDUCE root)."""
+    """Port 0 = parent of flow 1 (GATHER), port 1 = child of flow 0 (REDUCE root).
+    ``gather_before_start``: the message arrives before START, so its header waits in the
+    RX stage while the scan fills the per-flow tables; its checks must see the filled ones."""
     rows = [row(P2, 1, 0, 2, None, [1], 0, 4),       # root of flow 0, child on port 1
             row(P2, 2, 1, 3, 0, [], 4, 4)]            # leaf of flow 1, parent on port 0
     base = np.full(8, 2.0, dtype=np.float32)
     data = np.array([1.5, -2.25, 1e-40, 7.0], dtype=np.float32)
     bits = data.view(np.uint32).tolist()
     port, flits = 0, []
-    if case == "gather_ok":
+    if case in ("gather_ok", "gather_before_start"):
         flits = _rx_flits(P2, flow=1, op=2, step=3, offset=4, words=bits)
     elif case == "unknown_flow":
         flits = _rx_flits(P2, flow=3, op=2, step=3, offset=4, words=bits)
@@ -183,13 +185,18 @@ def test_receive_checks(case):
         for a, v in buffer_writes(P2, base):
             await wr(a, v)
         await load_rows(P2, wr, rows)
-        await wr(Reg.CTRL, 1)
+        early = case == "gather_before_start"
+        if not early:
+            await wr(Reg.CTRL, 1)
         rx = nic.rx0 if port == 0 else nic.rx1
         for f in flits:
             ctx.set(rx.valid, 1)
             ctx.set(rx.flit.as_value(), f)
             await ctx.tick()
         ctx.set(rx.valid, 0)
+        if early:
+            await ctx.tick().repeat(20)
+            await wr(Reg.CTRL, 1)
         await ctx.tick().repeat(60)
         out["buf"] = [await rd(P2.buf_addr(e)) for e in range(8)]
         out["err"] = await rd(Reg.ERR_FLAGS)
@@ -197,7 +204,7 @@ def test_receive_checks(case):
     o = run_nic(P2, body)
     got = np.array(o["buf"], dtype=np.uint32)
     b = base.view(np.uint32)
-    if case == "gather_ok":
+    if case in ("gather_ok", "gather_before_start"):
         assert o["err"] == 0
         assert got.tolist() == b[:4].tolist() + bits
         assert not o["status"] & Status.DONE     # flow 0 still waits for its child
