@@ -78,3 +78,10 @@ def test_registry_and_markdown():
 def test_unknown_top_is_an_error(tmp_path):
     with pytest.raises(SystemExit):
         synth.main(["--out", str(tmp_path), "--top", "no_such_top"])
+
+
+def test_pnr_platform_constrains_the_clock_to_the_target():
+    plat = synth._platform(125.0)
+    clk = plat.lookup("clk100", 0)
+    assert clk.clock.frequency == pytest.approx(125e6)
+    assert synth._platform(90.0).lookup("clk100", 0).clock.frequency == pytest.approx(90e6)

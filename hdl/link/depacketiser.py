@@ -20,7 +20,8 @@ Receive path::
   sub-packets.  Semantics (error causes, what is dropped) are exactly
   :func:`treenic.hdl.link.model.depacketise`; see there.
 * Errors are counted per cause (:class:`~treenic.hdl.link.flit.ErrorCause`), the last
-  cause is kept in ``status.code``; ``status.clear`` zeroes them.
+  cause is kept in ``status.code``; ``status.clear`` zeroes them.  Status lags the flit
+  that caused it by one cycle (events are registered before counting).
 """
 
 from amaranth.hdl import Module, Signal, Mux, Cat, Const
@@ -355,17 +356,25 @@ class Depacketiser(wiring.Component):
         for c, sig in causes.items():
             m.d.comb += ev[c].eq(go & sig)
         m.d.comb += ev[ErrorCause.OVERFLOW].eq(overflow)
+        # Events are registered before they are counted, so the counters' adders hang off
+        # a register rather than the flit checks (a timing path); status lags one cycle.
+        # A clear in an event's own cycle still drops it, as if counted and cleared.
+        ev_q = {c: Signal(name=f"ev_{c.name.lower()}_q") for c in ev}
+        drop_q = Signal(2)
+        frag_q = Signal()
+        m.d.sync += [ev_q[c].eq(sig & ~s.clear) for c, sig in ev.items()]
+        m.d.sync += [drop_q.eq(Mux(s.clear, 0, (go & ~accept) + overflow)),
+                     frag_q.eq(go & commit & ~s.clear)]
         n_err = Signal(range(N_CAUSES + 1))
-        m.d.comb += n_err.eq(sum(ev.values()))
+        m.d.comb += n_err.eq(sum(ev_q.values()))
         with m.If(s.clear):
             m.d.sync += [s.code.eq(0), s.dropped.eq(0), s.frags.eq(0)]
             m.d.sync += [s.counts[i].eq(0) for i in range(N_CAUSES)]
         with m.Else():
             m.d.sync += s.counts[0].eq(s.counts[0] + n_err)
-            for c, sig in ev.items():
+            for c, sig in ev_q.items():
                 with m.If(sig):
                     m.d.sync += [s.counts[int(c)].eq(s.counts[int(c)] + 1),
                                  s.code.eq(int(c))]   # later (higher) causes win
-            m.d.sync += [s.dropped.eq(s.dropped + (go & ~accept) + overflow),
-                         s.frags.eq(s.frags + (go & commit))]
+            m.d.sync += [s.dropped.eq(s.dropped + drop_q), s.frags.eq(s.frags + frag_q)]
         return m
