@@ -457,15 +457,23 @@ class Nic(wiring.Component):
                              ad.i.valid.eq(s1.v), ad.i.payload.a.eq(brd.data[32 * k:32 * k + 32]),
                              ad.i.payload.b.eq(b_k), ad.i.payload.tag.eq(t)]
                 ot = data.View(tag_lay, ad.o.payload.tag)
-                wb.append((ad.o.valid, ot))
+                # write-back register: the sum leaves the adder for this register only, so
+                # the adder's last stage stays compact; the long trip to the bank write
+                # muxes starts here (a timing path).  Progress and completion below follow
+                # this register, so nothing can read ahead of the write it waits for.
+                wv = Signal(name=f"rx{i}_wbv{k}")
+                wt = Signal(tag_lay, name=f"rx{i}_wbt{k}")
+                wd = Signal(32, name=f"rx{i}_wbd{k}")
+                m.d.sync += [wv.eq(ad.o.valid), wt.eq(ot),
+                             wd.eq(Mux(ot.red, ad.o.payload.sum, ot.b))]
+                wb.append((wv, wt, wd))
             # write-back: every lane's adder has the same latency, lane k is element addr + k
             m.d.comb += [bwr.addr.eq(wb[0][1].addr),
-                         bwr.en.eq(Cat(*[v & t.en for v, t in wb])),
-                         bwr.data.eq(Cat(*[Mux(t.red, ad.o.payload.sum, t.b)
-                                           for (v, t), ad in zip(wb, adders)]))]
+                         bwr.en.eq(Cat(*[v & t.en for v, t, _ in wb])),
+                         bwr.data.eq(Cat(*[d for _, _, d in wb]))]
             # write-back of a fragment's last beat: progress, message completion
-            v0, t0 = wb[0]
-            nen = sum(t.en for _, t in wb)
+            v0, t0, _ = wb[0]
+            nen = sum(t.en for _, t, _ in wb)
             with m.If(v0 & t0.flast):
                 m.d.sync += q_done_to[i].eq(t0.addr + nen)
                 with m.If(t0.mlast):
