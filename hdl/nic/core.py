@@ -433,14 +433,16 @@ class Nic(wiring.Component):
             # stage 0: request the read (above), register the beat; the read data meets
             # the beat READ_LATENCY cycles later at the adders
             m.d.comb += brd.addr.eq(cur_addr)
-            m.d.sync += st[0].v.eq(beat)
+            # (the stage's fields load every cycle, ``v`` says whether they hold a beat: the
+            # grant then drives a handful of enables, not the whole beat register)
+            m.d.sync += [st[0].v.eq(beat),
+                         st[0].data.eq(dp.data.payload.data), st[0].addr.eq(cur_addr),
+                         st[0].red.eq(cur_red), st[0].flast.eq(cur_left <= W),
+                         st[0].mlast.eq(cur_mlast & (cur_left <= W)),
+                         st[0].flow.eq(cur_flow),
+                         st[0].mask.eq(Cat(*[cur_left > k for k in range(W)]))]
             with m.If(beat):
-                m.d.sync += [st[0].data.eq(dp.data.payload.data), st[0].addr.eq(cur_addr),
-                             st[0].red.eq(cur_red), st[0].flast.eq(cur_left <= W),
-                             st[0].mlast.eq(cur_mlast & (cur_left <= W)),
-                             st[0].flow.eq(cur_flow),
-                             st[0].mask.eq(Cat(*[cur_left > k for k in range(W)])),
-                             rwords.eq(rwords + Mux(cur_left > W, W, cur_left))]
+                m.d.sync += rwords.eq(rwords + Mux(cur_left > W, W, cur_left))
             m.d.sync += [st[k].eq(st[k - 1]) for k in range(1, READ_LATENCY)]
             s1 = st[-1]
             # -> adders (tag carries everything needed at write-back)
