@@ -3,7 +3,7 @@
 Receive path::
 
     rx.flit ──► per-VC input FIFO ──► round-robin ──► checker ──────► fragment buffer
-                (depth = credits)     VC arbiter      (per-VC         (one region per VC:
+                (≥ credits, buffered) VC arbiter      (per-VC         (one region per VC:
                   │ pop returns a credit (rx.credit)   context)        commit / rollback)
                   ▼                                                        │
               OVERFLOW if full               hdr FIFO ──► hdr     len FIFO ──► reader ──► data
@@ -106,7 +106,11 @@ class Depacketiser(wiring.Component):
         fifos = []
         overflow = Signal()
         for v in range(V):
-            f = fifo.SyncFIFO(width=fmt.flit.size, depth=self.credits)
+            # buffered: the head flit comes from a register, not through the distributed
+            # RAM's read mux, into the decode/check logic below (a timing path).  One more
+            # entry than credits: its w_rdy only counts the RAM part (depth - 1), which must
+            # hold every flit in flight while the output register is being refilled
+            f = fifo.SyncFIFOBuffered(width=fmt.flit.size, depth=self.credits + 1)
             m.submodules[f"vc{v}_fifo"] = f
             fifos.append(f)
             m.d.comb += [f.w_data.eq(rx.flit.as_value()),
