@@ -168,8 +168,15 @@ class Nic(wiring.Component):
             return Cat(*[gat_done[q].bit_select(flow, 1) for q in range(P)]).any()
 
         # ------------------------------------------------------------ TX units
+        # The issue decision and the TX units meet through registers (timing): ``tx_go``
+        # is registered before it loads a unit (with the row's fields, ``tx_*``), and the
+        # issue logic sees the units' idle flags a cycle late, masked for the two cycles
+        # after a start, so a unit is never seen idle between its start and its load.
         tx_idle = Signal(P)
+        tx_idle_q = Signal(P)
         tx_go = Signal(P)                 # start pulse from the issue logic
+        tx_go_q = Signal(P)
+        m.d.sync += [tx_go_q.eq(tx_go), tx_idle_q.eq(tx_idle & ~tx_go & ~tx_go_q)]
         tx_flow = Signal(p.flow_bits)
         tx_op = Signal(2)
         tx_step = Signal(p.step_bits)
@@ -210,7 +217,7 @@ class Nic(wiring.Component):
                 m.d.sync += hdr_pend.eq(0)
             m.d.comb += tx_idle[i].eq(~hdr_pend & (left == 0) & (inflight == 0) & ~q.r_rdy &
                                       pk.hdr.ready)
-            with m.If(tx_go[i]):
+            with m.If(tx_go_q[i]):
                 m.d.sync += [addr.eq(tx_start), left.eq(tx_size), hdr_pend.eq(1),
                              hdr.vc.eq(0), hdr.next.eq(i), hdr.eject.eq(i),
                              hdr.dest.eq(peer[i]), hdr.src.eq(node_id),
@@ -503,7 +510,7 @@ class Nic(wiring.Component):
         scan_p = Signal()                 # a row read is in flight
         scan_v = Signal()                 # ... and in ``e`` now
         scan_bad = Signal()
-        tx_all_idle = tx_idle.all()
+        tx_all_idle = tx_idle_q.all()
         # every expected receive (REDUCE contributions, GATHER from the parent) written back
         # (registered: it only grows while RUNNING, so one cycle late is only conservative)
         rx_all_done = Signal()
@@ -518,7 +525,7 @@ class Nic(wiring.Component):
         ev_tindex = Signal()
         ev_hrange = Signal()
 
-        m.d.comb += [tx_flow.eq(e.flow), tx_op.eq(e.op), tx_step.eq(e.step),
+        m.d.sync += [tx_flow.eq(e.flow), tx_op.eq(e.op), tx_step.eq(e.step),
                      tx_start.eq(e.start), tx_size.eq(e.size)]
         # defaults for the table read port: head entry
         m.d.comb += t_rd.addr.eq(hp)
@@ -603,7 +610,7 @@ class Nic(wiring.Component):
                                     m.d.comb += advance.eq(1)
                                 with m.Elif(deps):
                                     for i in range(P):
-                                        with m.If((e.pport == i) & tx_idle[i]):
+                                        with m.If((e.pport == i) & tx_idle_q[i]):
                                             m.d.comb += [tx_go[i].eq(1), advance.eq(1)]
                             with m.Case(GATHER):
                                 exp_f = Cat(*[expect_bits[q].bit_select(e.flow, 1)
@@ -612,7 +619,7 @@ class Nic(wiring.Component):
                                 deps = Mux(e.pport == p.port_nil, root_ok, gat_done_of(e.flow))
                                 with m.If((e.cports == 0) | (e.size == 0)):
                                     m.d.comb += advance.eq(1)      # receive-only: see above
-                                with m.Elif(deps & ((e.cports & ~tx_idle) == 0)):
+                                with m.Elif(deps & ((e.cports & ~tx_idle_q) == 0)):
                                     m.d.comb += [tx_go.eq(e.cports), advance.eq(1)]
                     with m.Elif((lk == 0) & tx_all_idle):
                         m.d.comb += [s_wr.addr.eq(ts), s_wr.data.eq(cycles - step_start),
