@@ -260,6 +260,13 @@ class Nic(wiring.Component):
             m.submodules[f"dp{i}"] = dp
             wiring.connect(m, wiring.flipped(getattr(self, f"rx{i}")), dp.rx)
             m.d.comb += [dp.flow_enable.eq(flow_enable), dp.status.clear.eq(clear)]
+            # payload skid queue: the bank grant pops this local queue (registered
+            # valid/data), not the depacketiser's read logic, so the grant -- decided
+            # across all ports -- ends here (a timing path); three deep for one beat per cycle
+            rxq = fifo.SyncFIFOBuffered(width=W * 32, depth=3)
+            m.submodules[f"rxq{i}"] = rxq
+            m.d.comb += [rxq.w_data.eq(dp.data.payload.data), rxq.w_en.eq(dp.data.valid),
+                         dp.data.ready.eq(rxq.w_rdy)]
             # --- header stage, two registers per port: ``h0`` takes the depacketiser's
             # FIFO head and moves on to ``h``.  The table lookups for ``h`` are registered
             # from ``h0``/``h`` (registers, not the FIFO), so the accept decision below sees
@@ -418,7 +425,7 @@ class Nic(wiring.Component):
                                 m.next = "STREAM"
                 with m.State("STREAM"):
                     # a beat goes once the buffer grants its read (bank arbitration)
-                    m.d.comb += [brd.req.eq(dp.data.valid), dp.data.ready.eq(brd.grant),
+                    m.d.comb += [brd.req.eq(rxq.r_rdy), rxq.r_en.eq(brd.grant),
                                  beat.eq(brd.grant)]
                     with m.If(beat):
                         m.d.sync += [cur_addr.eq(cur_addr + W),
@@ -431,8 +438,8 @@ class Nic(wiring.Component):
                                 accept_good()
                                 m.next = "STREAM"
                 with m.State("DROP"):
-                    m.d.comb += dp.data.ready.eq(1)
-                    with m.If(dp.data.valid):
+                    m.d.comb += rxq.r_en.eq(1)
+                    with m.If(rxq.r_rdy):
                         m.d.sync += cur_left.eq(Mux(cur_left > W, cur_left - W, 0))
                         with m.If(cur_left <= W):
                             m.next = "IDLE"
@@ -443,7 +450,7 @@ class Nic(wiring.Component):
             # (the stage's fields load every cycle, ``v`` says whether they hold a beat: the
             # grant then drives a handful of enables, not the whole beat register)
             m.d.sync += [st[0].v.eq(beat),
-                         st[0].data.eq(dp.data.payload.data), st[0].addr.eq(cur_addr),
+                         st[0].data.eq(rxq.r_data), st[0].addr.eq(cur_addr),
                          st[0].red.eq(cur_red), st[0].flast.eq(cur_left <= W),
                          st[0].mlast.eq(cur_mlast & (cur_left <= W)),
                          st[0].flow.eq(cur_flow),
