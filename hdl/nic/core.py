@@ -56,6 +56,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from ..fp32 import FP32Adder
+from ..skid import SkidBuffer
 from ..link.flit import LinkSignature, Op
 from ..link.packetiser import Packetiser
 from ..link.depacketiser import Depacketiser
@@ -260,13 +261,13 @@ class Nic(wiring.Component):
             m.submodules[f"dp{i}"] = dp
             wiring.connect(m, wiring.flipped(getattr(self, f"rx{i}")), dp.rx)
             m.d.comb += [dp.flow_enable.eq(flow_enable), dp.status.clear.eq(clear)]
-            # payload skid queue: the bank grant pops this local queue (registered
-            # valid/data), not the depacketiser's read logic, so the grant -- decided
-            # across all ports -- ends here (a timing path); three deep for one beat per cycle
-            rxq = fifo.SyncFIFOBuffered(width=W * 32, depth=3)
+            # payload skid buffer: the bank grant -- decided across all ports -- pops this
+            # local register, not the depacketiser's read logic (a timing path).  One cycle
+            # of latency; a two-deep FIFO (two cycles) cost 4 % more cycles on mesh:2x2.
+            rxq = SkidBuffer(dp.data.payload.shape())
             m.submodules[f"rxq{i}"] = rxq
-            m.d.comb += [rxq.w_data.eq(dp.data.payload.data), rxq.w_en.eq(dp.data.valid),
-                         dp.data.ready.eq(rxq.w_rdy)]
+            wiring.connect(m, dp.data, rxq.i)
+            rxd = rxq.o
             # --- header stage, two registers per port: ``h0`` takes the depacketiser's
             # FIFO head and moves on to ``h``.  The table lookups for ``h`` are registered
             # from ``h0``/``h`` (registers, not the FIFO), so the accept decision below sees
@@ -425,7 +426,7 @@ class Nic(wiring.Component):
                                 m.next = "STREAM"
                 with m.State("STREAM"):
                     # a beat goes once the buffer grants its read (bank arbitration)
-                    m.d.comb += [brd.req.eq(rxq.r_rdy), rxq.r_en.eq(brd.grant),
+                    m.d.comb += [brd.req.eq(rxd.valid), rxd.ready.eq(brd.grant),
                                  beat.eq(brd.grant)]
                     with m.If(beat):
                         m.d.sync += [cur_addr.eq(cur_addr + W),
@@ -438,8 +439,8 @@ class Nic(wiring.Component):
                                 accept_good()
                                 m.next = "STREAM"
                 with m.State("DROP"):
-                    m.d.comb += rxq.r_en.eq(1)
-                    with m.If(rxq.r_rdy):
+                    m.d.comb += rxd.ready.eq(1)
+                    with m.If(rxd.valid):
                         m.d.sync += cur_left.eq(Mux(cur_left > W, cur_left - W, 0))
                         with m.If(cur_left <= W):
                             m.next = "IDLE"
@@ -450,7 +451,7 @@ class Nic(wiring.Component):
             # (the stage's fields load every cycle, ``v`` says whether they hold a beat: the
             # grant then drives a handful of enables, not the whole beat register)
             m.d.sync += [st[0].v.eq(beat),
-                         st[0].data.eq(rxq.r_data), st[0].addr.eq(cur_addr),
+                         st[0].data.eq(rxd.payload.data), st[0].addr.eq(cur_addr),
                          st[0].red.eq(cur_red), st[0].flast.eq(cur_left <= W),
                          st[0].mlast.eq(cur_mlast & (cur_left <= W)),
                          st[0].flow.eq(cur_flow),
