@@ -7,6 +7,7 @@ link utilisation, and message-based vs packet-mode payload efficiency from the N
 counters.  Every run is checked bit for bit against the golden executor.
 
     python -m treenic.hdl.nic.bench --out build/bench [--quick]
+    python -m treenic.hdl.nic.bench --topology mesh:2x2 --elements 4096 --message-only
 """
 from __future__ import annotations
 
@@ -68,22 +69,25 @@ def _one(spec, alg, elements, mode, *, stall=0, latency=1, seed=1):
     }
 
 
-def run(out_dir, quick: bool = False) -> dict:
-    """Run the NIC benchmarks; writes ``out_dir/nic_bench.json``; returns the dict."""
+def run(out_dir, quick: bool = False, *, topology: str = "torus:4x4",
+        elements: int | None = None, message_only: bool = False) -> dict:
+    """Run the NIC benchmarks; writes ``out_dir/nic_bench.json``; returns the dict.
+    ``message_only``: just the no-stall message-mode run (one Verilator build)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    E = 4096 if quick else 16384          # 16 KiB / 64 KiB per node
-    res = {"message": _one("torus:4x4", "multitree", E, "message"),
-           "packet": _one("torus:4x4", "multitree", E, "packet")}
-    if not quick:
-        res["message_stalls"] = _one("torus:4x4", "multitree", E, "message", stall=32,
-                                     latency=2)
-    m, pk = res["message"], res["packet"]
+    E = elements or (4096 if quick else 16384)          # 16 KiB / 64 KiB per node
+    res = {"message": _one(topology, "multitree", E, "message")}
+    if not message_only:
+        res["packet"] = _one(topology, "multitree", E, "packet")
+        if not quick:
+            res["message_stalls"] = _one(topology, "multitree", E, "message", stall=32,
+                                         latency=2)
+    m, pk = res["message"], res.get("packet")
     res["summary"] = {
         "cycles_over_ideal_message": m["cycles_over_ideal"],
         "payload_efficiency_message": m["payload_efficiency"],
-        "payload_efficiency_packet": pk["payload_efficiency"],
-        "message_vs_packet_cycles": pk["cycles"] / m["cycles"],
+        "payload_efficiency_packet": pk["payload_efficiency"] if pk else None,
+        "message_vs_packet_cycles": pk["cycles"] / m["cycles"] if pk else None,
         "all_bit_exact": all(r["bit_exact"] for k, r in res.items() if k != "summary"),
     }
     (out_dir / "nic_bench.json").write_text(json.dumps(res, indent=1))
@@ -93,9 +97,16 @@ def run(out_dir, quick: bool = False) -> dict:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="build/bench")
-    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="16 KiB per node")
+    ap.add_argument("--topology", default="torus:4x4")
+    ap.add_argument("--elements", type=int, help="float32 elements per node")
+    ap.add_argument("--message-only", action="store_true",
+                    help="only the message-mode run without stalls")
     a = ap.parse_args(argv)
-    r = run(a.out, a.quick)
+    if a.elements is not None and a.elements <= 0:
+        ap.error("--elements must be positive")
+    r = run(a.out, a.quick, topology=a.topology, elements=a.elements,
+            message_only=a.message_only)
     print(json.dumps(r, indent=1))
 
 
