@@ -14,7 +14,7 @@ ports and in-NIC reduction.
      │      ▼ start/size                                                      │
      │  TX unit p: DMA (lanes reads/cycle) ─► FIFO ─► Packetiser ─► tx[p]     │
      │                                                                        │
-     │  rx[p] ─► Depacketiser ─► RX unit p: checks (flow role, chunk range,   │
+     │  rx[p] ─► Depacketiser ─► Skid ─► RX unit p: checks (flow role, range, │
      │        sequence) + order gate (§5: ascending (step, port) per element) │
      │        ─► buffer read ─► FP32Adder × lanes ─► buffer write             │
      │        ─► per-flow arrived bits (children / parent) ─► issue logic     │
@@ -263,7 +263,7 @@ class Nic(wiring.Component):
             m.d.comb += [dp.flow_enable.eq(flow_enable), dp.status.clear.eq(clear)]
             # payload skid buffer: the bank grant -- decided across all ports -- pops this
             # local register, not the depacketiser's read logic (a timing path).  One cycle
-            # of latency; a two-deep FIFO (two cycles) cost 4 % more cycles on mesh:2x2.
+            # of latency; a 3-deep FIFO (two cycles) cost 4 % more cycles on mesh:2x2.
             rxq = SkidBuffer(dp.data.payload.shape())
             m.submodules[f"rxq{i}"] = rxq
             wiring.connect(m, dp.data, rxq.i)
