@@ -57,7 +57,6 @@ __all__ = ["TOPS", "DEFAULT_TOPS", "register_top", "synth_top", "parse_yosys_sta
 
 DEVICE = "LFE5UM5G-85F-8BG554"
 CLOCK_MHZ = 125.0           # the NIC's Fmax target; the P&R constraint unless overridden
-NEXTPNR_OPTS = ""           # extra nextpnr-ecp5 options (placer/router experiments)
 
 
 def _fp32_add():
@@ -245,25 +244,27 @@ def _area(name: str, component, out: Path, env) -> dict:
 
 def _platform(clock_mhz: float):
     """The ECPIX-5 85F with its clock pin constrained to ``clock_mhz``."""
-    from amaranth.build import Attrs, Clock, Pins, Resource
+    from amaranth.build import Clock, Resource
     from amaranth_boards.ecpix5 import ECPIX585Platform
 
+    def retimed(r):     # the board's own clock resource, only its constraint changed
+        return Resource(r.name, r.number, *r.ios, Clock(clock_mhz * 1e6), r.attrs)
+
     class TimingPlatform(ECPIX585Platform):
-        resources = [Resource("clk100", 0, Pins("K23", dir="i"), Clock(clock_mhz * 1e6),
-                              Attrs(IO_TYPE="LVCMOS33"))
-                     if r.name == "clk100" else r for r in ECPIX585Platform.resources]
+        resources = [retimed(r) if r.name == ECPIX585Platform.default_clk else r
+                     for r in ECPIX585Platform.resources]
     return TimingPlatform()
 
 
 def _pnr(name: str, component, out: Path, env, seed: int,
-         clock_mhz: float = CLOCK_MHZ) -> dict:
+         clock_mhz: float = CLOCK_MHZ, nextpnr_opts: str = "") -> dict:
     out.mkdir(parents=True, exist_ok=True)
     plat = _platform(clock_mhz)
     saved = dict(os.environ)
     os.environ.update({k: env[k] for k in ("YOSYS", "NEXTPNR_ECP5", "ECPPACK", "PATH")})
     try:
         plat.build(SynthWrapper(component), name=name, build_dir=str(out), do_program=False,
-                   nextpnr_opts=f"--seed {seed} --timing-allow-fail {NEXTPNR_OPTS}".strip())
+                   nextpnr_opts=f"--seed {seed} --timing-allow-fail {nextpnr_opts}".strip())
     finally:
         os.environ.clear()
         os.environ.update(saved)
@@ -274,7 +275,7 @@ def _pnr(name: str, component, out: Path, env, seed: int,
 
 
 def synth_top(name: str, out_dir: Path, *, seed: int = 1, timing: bool = True,
-              clock_mhz: float = CLOCK_MHZ) -> dict:
+              clock_mhz: float = CLOCK_MHZ, nextpnr_opts: str = "") -> dict:
     """Area (+ place-and-route timing) of one registered top; returns its report."""
     if name not in TOPS:
         raise KeyError(f"unknown top {name!r}; registered: {sorted(TOPS)}")
@@ -285,7 +286,8 @@ def synth_top(name: str, out_dir: Path, *, seed: int = 1, timing: bool = True,
            "brams": area["brams"], "carry_cells": area["carry"], "lutram": area["lutram"],
            "dsps": area["dsps"], "yosys_cells": area["cells"]}
     if timing:
-        pnr = _pnr(name, TOPS[name](), out_dir / name / "pnr", env, seed, clock_mhz)
+        pnr = _pnr(name, TOPS[name](), out_dir / name / "pnr", env, seed, clock_mhz,
+                   nextpnr_opts)
         util = pnr["utilisation"]
         rep.update({"fmax_mhz": pnr["fmax_mhz"], "clock_constraint_mhz": clock_mhz,
                     "fmax_per_clock": pnr["fmax_per_clock"],
@@ -328,7 +330,11 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
     ap.add_argument("--clock-mhz", type=float, default=CLOCK_MHZ,
                     help="clock constraint for place and route (default: %(default)s, the target)")
+    ap.add_argument("--nextpnr-opts", default="",
+                    help="extra nextpnr-ecp5 options, e.g. '--router router2 --tmg-ripup'")
     args = ap.parse_args(argv)
+    if not args.clock_mhz > 0:
+        ap.error(f"--clock-mhz must be positive, not {args.clock_mhz}")
     if args.list:
         for t in TOPS:
             print(t + (" (default)" if t in DEFAULT_TOPS else ""))
@@ -342,7 +348,7 @@ def main(argv=None) -> int:
     for t in tops:
         print(f"[synth] {t} ...", flush=True)
         b = synth_top(t, args.out, seed=args.seed, timing=not args.no_timing,
-                      clock_mhz=args.clock_mhz)
+                      clock_mhz=args.clock_mhz, nextpnr_opts=args.nextpnr_opts)
         print(f"[synth] {t}: Fmax {b['fmax_mhz']} MHz, LUT4 {b['luts']}, FF {b['ffs']}, "
               f"DP16KD {b['brams']} ({b['seconds']} s)", flush=True)
         blocks.append(b)

@@ -85,3 +85,9 @@ def test_pnr_platform_constrains_the_clock_to_the_target():
     clk = plat.lookup("clk100", 0)
     assert clk.clock.frequency == pytest.approx(125e6)
     assert synth._platform(90.0).lookup("clk100", 0).clock.frequency == pytest.approx(90e6)
+
+
+def test_nonpositive_clock_is_an_error(tmp_path):
+    with pytest.raises(SystemExit):
+        synth.main(["--out", str(tmp_path / "x"), "--clock-mhz", "0"])
+    assert not (tmp_path / "x").exists()            # nothing written
