@@ -312,3 +312,11 @@ def test_tx_streams_one_flit_per_cycle():
     o = run_nic(p, body)
     assert len(o["cyc"]) == 101                      # 1 head + 100 payload flits
     assert o["cyc"][-1] - o["cyc"][0] <= 101         # at most one bubble per message
+
+
+@pytest.mark.parametrize("args", [["--elements", "0"], ["--topology", "foo:1"]])
+def test_nic_bench_rejects_bad_arguments(args, tmp_path):
+    from treenic.hdl.nic import bench
+    with pytest.raises(SystemExit):
+        bench.main(args + ["--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()              # rejected before any build

@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from treenic.schedule.execute import execute
+from treenic.topology import TopologyError, parse
 
 from .fabric_sim import FabricSim
 from .model import expected_port_counters, ideal_cycles, step_link_flits
@@ -105,6 +106,10 @@ def main(argv=None):
     a = ap.parse_args(argv)
     if a.elements is not None and a.elements <= 0:
         ap.error("--elements must be positive")
+    try:
+        parse(a.topology)
+    except TopologyError as e:
+        ap.error(str(e))
     r = run(a.out, a.quick, topology=a.topology, elements=a.elements,
             message_only=a.message_only)
     print(json.dumps(r, indent=1))
