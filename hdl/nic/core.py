@@ -292,10 +292,23 @@ class Nic(wiring.Component):
                 m.d.sync += [h.eq(h0), hv.eq(1)]
             with m.Elif(take):
                 m.d.sync += hv.eq(0)
-            # lookups are registered every cycle from the header ``h`` holds next cycle (a
-            # header may wait in ``h`` from before START, while the scan fills the tables)
-            hn = Signal(fmt.header, name=f"rx{i}_hn")
-            m.d.comb += hn.eq(Mux(load, h0, h))
+            # The per-flow table lookups are registered from ``h`` itself, every cycle (a
+            # header may wait in ``h`` from before START while the scan fills the tables),
+            # and depend only on the header's key (flow, op, step).  The checks of the
+            # offset and length are registered from the header ``h`` holds next cycle, with
+            # the lookups of the key ``h`` holds now.  The next fragment of the same message
+            # is therefore judged the cycle after its load, as before; a new key waits two
+            # cycles (``stale``), and so does everything after the tables change (not
+            # RUNNING).  The lookups once came from the ``h0``/``h`` mux -- the worst path
+            # of the core after place and route.
+            stale = Signal(range(3), name=f"rx{i}_stale")
+            key_h, key_0 = Cat(h.flow, h.op, h.step), Cat(h0.flow, h0.op, h0.step)
+            with m.If(~running | (load & (key_0 != key_h))):
+                m.d.sync += stale.eq(2)
+            with m.Elif(stale != 0):
+                m.d.sync += stale.eq(stale - 1)
+            hv_ok = Signal(name=f"rx{i}_hv_ok")
+            m.d.comb += hv_ok.eq(hv & (stale == 0))
             m.d.comb += [q_hv[i].eq(hv), q_hred[i].eq(h.op == Op.REDUCE),
                          q_hflow[i].eq(h.flow), q_hstep[i].eq(h.step)]
             adders = [FP32Adder(tag_width=TAGW) for _ in range(W)]
@@ -304,24 +317,28 @@ class Nic(wiring.Component):
                 m.d.comb += ad.o.ready.eq(1)
             brd, bwr = buf.rd[1 + i], buf.wr[i]
 
-            # registered lookups of the staged header (computed from ``hn``)
-            fn = hn.flow
-            fs_n = A_fstart[fn]
+            # registered lookups of the key ``h`` holds, checks of the header it holds next
+            fn = h.flow
+            fs_k = Signal(AB, name=f"rx{i}_fstart")
             fend = Signal(AB + 1, name=f"rx{i}_fend")
             hend = Signal(AB + 1, name=f"rx{i}_hend")
             range_ok = Signal(name=f"rx{i}_range_ok")
             role_exp = Signal(name=f"rx{i}_role_exp")     # port i has a role in this flow
             step_ok = Signal(name=f"rx{i}_step_ok")
             at_start = Signal(name=f"rx{i}_at_start")
-            fend_n, hend_n = A_fend[fn], hn.offset + hn.length
             xs_own = A_xstep[i][fn]
-            red_n = hn.op == Op.REDUCE
-            m.d.sync += [fend.eq(fend_n), hend.eq(hend_n),
-                         range_ok.eq((hn.offset >= fs_n) & (hend_n <= fend_n)),
+            red_n = h.op == Op.REDUCE
+            m.d.sync += [fs_k.eq(A_fstart[fn]), fend.eq(A_fend[fn]),
                          role_exp.eq(Mux(red_n, expect_bits[i].bit_select(fn, 1),
                                          A_gport[fn] == i)),
-                         step_ok.eq(~red_n | (xs_own == XNIL) | (xs_own == hn.step)),
-                         at_start.eq(hn.offset == fs_n)]
+                         step_ok.eq(~red_n | (xs_own == XNIL) | (xs_own == h.step))]
+            # (``load`` selects after the compares, not before: off the compare path)
+            h0_end = h0.offset + h0.length
+            with m.If(load):
+                m.d.sync += hend.eq(h0_end)
+            m.d.sync += [range_ok.eq(Mux(load, (h0.offset >= fs_k) & (h0_end <= fend),
+                                         (h.offset >= fs_k) & (hend <= fend))),
+                         at_start.eq(Mux(load, h0.offset == fs_k, h.offset == fs_k))]
             f_ = h.flow
             is_red = h.op == Op.REDUCE
             role_ok = Signal(name=f"rx{i}_role_ok")
@@ -347,7 +364,7 @@ class Nic(wiring.Component):
                 xs_n = A_xstep[qq][fn]
                 m.d.sync += [exp_q.eq(expect_bits[qq].bit_select(fn, 1)),
                              known.eq(xs_n != XNIL),
-                             x_before.eq((xs_n < hn.step) | ((xs_n == hn.step) & (qq < i)))]
+                             x_before.eq((xs_n < h.step) | ((xs_n == h.step) & (qq < i)))]
                 need = exp_q & ~red_done[qq].bit_select(f_, 1)
                 # q has written flow f up to the end of this header's data (registered,
                 # see q_restart above; ``fresh``: ``h`` and ``hend`` changed last cycle)
@@ -406,11 +423,11 @@ class Nic(wiring.Component):
 
             good_hdr = range_ok & role_ok & seq_ok
             go_good = Signal(name=f"rx{i}_go_good")
-            m.d.comb += go_good.eq(hv & running & good_hdr & may_start &
+            m.d.comb += go_good.eq(hv_ok & running & good_hdr & may_start &
                                    (~is_red | order_ok))
             with m.FSM(name=f"rx{i}_fsm"):
                 with m.State("IDLE"):
-                    with m.If(hv & running):
+                    with m.If(hv_ok & running):
                         with m.If(~good_hdr & may_start):
                             m.d.comb += take.eq(1)
                             m.d.comb += [ev_range.eq(~range_ok),
