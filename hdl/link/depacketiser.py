@@ -179,24 +179,34 @@ class Depacketiser(wiring.Component):
         st = [Signal(2, name=f"state{v}") for v in range(V)]
         pk = [Signal(name=f"pmode{v}") for v in range(V)]
         hd = [Signal(fmt.header, name=f"hdr{v}") for v in range(V)]
-        dn = [Signal(fmt.length_bits, name=f"done{v}") for v in range(V)]
+        # words left in the message, words in the open fragment, the fragment's offset, and
+        # two flags kept ahead in registers so that no subtract/compare sits between the
+        # context and the accept/commit decision (a timing path): ``lastf`` = the next
+        # payload flit is the message's last (left <= W), ``subtf`` = it ends a sub-packet
+        # (in the fragment >= sub_words - W)
+        rm = [Signal(fmt.length_bits, name=f"left{v}") for v in range(V)]
         sb = [Signal(fmt.length_bits, name=f"sub{v}") for v in range(V)]
-        c_st, c_pk = Signal(2), Signal()
-        c_hd = Signal(fmt.header)
-        c_dn, c_sb = Signal(fmt.length_bits), Signal(fmt.length_bits)
+        OW = len(hd[0].offset)
+        fo = [Signal(OW, name=f"foff{v}") for v in range(V)]
+        lf = [Signal(name=f"lastf{v}") for v in range(V)]
+        sf = [Signal(name=f"subtf{v}") for v in range(V)]
+        # (per-VC registers, the selected VC's context ``c_*``, its next value ``n_*``)
+        shapes = [("state", 2), ("pmode", 1), ("hdr", fmt.header), ("left", fmt.length_bits),
+                  ("sub", fmt.length_bits), ("foff", OW), ("lastf", 1), ("subtf", 1)]
+        regs_all = [st, pk, hd, rm, sb, fo, lf, sf]
+        cur_ctx = [Signal(shape, name=f"c_{n}") for n, shape in shapes]
+        nxt = [Signal(shape, name=f"n_{n}") for n, shape in shapes]
+        ctx = list(zip(regs_all, cur_ctx))
+        c_st, c_pk, c_hd, c_rm, c_sb, c_fo, c_lf, c_sf = cur_ctx
+        n_st, n_pk, n_hd, n_rm, n_sb, n_fo, n_lf, n_sf = nxt
         for v in range(V):
             with m.If(sel == v):
-                m.d.comb += [c_st.eq(st[v]), c_pk.eq(pk[v]), c_hd.eq(hd[v]), c_dn.eq(dn[v]),
-                             c_sb.eq(sb[v])]
-        n_st, n_pk = Signal(2), Signal()
-        n_hd = Signal(fmt.header)
-        n_dn, n_sb = Signal(fmt.length_bits), Signal(fmt.length_bits)
-        m.d.comb += [n_st.eq(c_st), n_pk.eq(c_pk), n_hd.eq(c_hd), n_dn.eq(c_dn), n_sb.eq(c_sb)]
+                m.d.comb += [c.eq(regs[v]) for regs, c in ctx]
+        m.d.comb += [n.eq(c) for (_, c), n in zip(ctx, nxt)]
         with m.If(go):
             for v in range(V):
                 with m.If(sel == v):
-                    m.d.sync += [st[v].eq(n_st), pk[v].eq(n_pk), hd[v].eq(n_hd),
-                                 dn[v].eq(n_dn), sb[v].eq(n_sb)]
+                    m.d.sync += [regs[v].eq(n) for (regs, _), n in zip(ctx, nxt)]
 
         # ---------------------------------------------------------------- decode
         t = cur.type
@@ -237,18 +247,19 @@ class Depacketiser(wiring.Component):
             with m.Case(FlitType.HEAD_TAIL):
                 m.d.comb += len_bad.eq(new_hd.length != 0)
 
-        rem = Signal(fmt.length_bits)
-        m.d.comb += rem.eq(c_hd.length - c_dn)
-        last_flit = Signal()
-        m.d.comb += last_flit.eq(rem <= W)
+        last_flit = c_lf
         k = Signal(range(W + 1))
-        m.d.comb += k.eq(Mux(last_flit, rem, W))
+        m.d.comb += k.eq(Mux(last_flit, c_rm, W))
+        # ``subtf`` after a fragment starts, and after a W-word payload flit
+        sub_tail_at_0 = Const(self.sub_words - W <= 0)
+        sub_tail_after = (Const(1) if self.sub_words - 2 * W <= 0
+                          else c_sb >= self.sub_words - 2 * W)
         exp = Signal(FlitType)
         with m.If(c_pk):
             m.d.comb += exp.eq(Mux(last_flit, FlitType.TAIL, FlitType.BODY))
         with m.Elif(last_flit):
             m.d.comb += exp.eq(FlitType.MSG_TAIL)
-        with m.Elif(c_sb >= self.sub_words - W):
+        with m.Elif(c_sf):
             m.d.comb += exp.eq(FlitType.SUB_TAIL)
         with m.Else():
             m.d.comb += exp.eq(FlitType.SUB_BODY)
@@ -276,7 +287,9 @@ class Depacketiser(wiring.Component):
             with m.If(~flow_ok | ~op_ok | len_bad):
                 m.d.comb += n_st.eq(Mux(t == FlitType.HEAD_TAIL, IDLE, DISCARD))
             with m.Else():
-                m.d.comb += [accept.eq(1), n_hd.eq(new_hd), n_dn.eq(0), n_sb.eq(0),
+                m.d.comb += [accept.eq(1), n_hd.eq(new_hd), n_rm.eq(new_hd.length),
+                             n_sb.eq(0), n_fo.eq(new_hd.offset),
+                             n_lf.eq(new_hd.length <= W), n_sf.eq(sub_tail_at_0),
                              n_pk.eq(t != FlitType.SUB_HEAD)]
                 with m.If(t == FlitType.HEAD_TAIL):
                     m.d.comb += [n_st.eq(IDLE), commit.eq(1), commit_hd.eq(new_hd),
@@ -289,13 +302,16 @@ class Depacketiser(wiring.Component):
             m.d.comb += n_st.eq(Mux(is_tailtype, IDLE, DISCARD))
         with m.Else():  # ACTIVE, payload flit
             with m.If(t == exp):
-                m.d.comb += [accept.eq(1), wr.eq(1), n_dn.eq(c_dn + k), n_sb.eq(c_sb + k)]
+                # (a payload flit that is not the message's last carries W words)
+                m.d.comb += [accept.eq(1), wr.eq(1), n_rm.eq(c_rm - k), n_sb.eq(c_sb + k),
+                             n_lf.eq(c_rm <= 2 * W), n_sf.eq(sub_tail_after)]
                 with m.If(is_tailtype | (t == FlitType.SUB_TAIL)):
                     m.d.comb += [commit.eq(1), commit_hd.eq(c_hd),
-                                 commit_hd.offset.eq(c_hd.offset + c_dn - c_sb),
+                                 commit_hd.offset.eq(c_fo),
                                  commit_hd.length.eq(c_sb + k),
                                  commit_hd.last.eq(is_tailtype),
-                                 frag_len.eq(c_sb + k), n_sb.eq(0)]
+                                 frag_len.eq(c_sb + k), n_sb.eq(0),
+                                 n_fo.eq(c_fo + c_sb + k), n_sf.eq(sub_tail_at_0)]
                 with m.If(is_tailtype):
                     m.d.comb += n_st.eq(IDLE)
             with m.Else():
@@ -317,7 +333,8 @@ class Depacketiser(wiring.Component):
                      wp.en.eq(go & wr)]
         m.d.comb += [hdr_fifo.w_data.eq(commit_hd), hdr_fifo.w_en.eq(go & commit),
                      len_fifo.w_data.eq(Cat(frag_len, sel)),
-                     len_fifo.w_en.eq(go & commit & (frag_len != 0))]
+                     # a payload commit has words (a message of length 0 is HEAD_TAIL)
+                     len_fifo.w_en.eq(go & commit & wr)]
 
         # ---------------------------------------------------------------- read side
         words_left = Signal(fragw)

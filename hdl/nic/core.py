@@ -473,8 +473,10 @@ class Nic(wiring.Component):
                          st[0].mlast.eq(cur_mlast & (cur_left <= W)),
                          st[0].flow.eq(cur_flow),
                          st[0].mask.eq(Cat(*[cur_left > k for k in range(W)]))]
-            with m.If(beat):
-                m.d.sync += rwords.eq(rwords + Mux(cur_left > W, W, cur_left))
+            # words received, counted from the registered beat (the grant stays off this
+            # 32-bit adder's enable)
+            with m.If(st[0].v):
+                m.d.sync += rwords.eq(rwords + sum(st[0].mask[k] for k in range(W)))
             m.d.sync += [st[k].eq(st[k - 1]) for k in range(1, READ_LATENCY)]
             s1 = st[-1]
             # -> adders (tag carries everything needed at write-back)
