@@ -8,8 +8,8 @@ Receive path::
                   ▼                                                        │
               OVERFLOW if full               hdr FIFO ──► hdr     len FIFO ──► reader ──► data
 
-* One message context per VC (IDLE / ACTIVE / DISCARD, header, words done, words in the
-  open fragment) and one buffer region per VC, so the arbiter may switch VC on every flit:
+* One message context per VC (IDLE / ACTIVE / DISCARD, header, words left, words in and
+  offset of the open fragment) and one buffer region per VC, so the arbiter may switch VC on every flit:
   flits of different VCs interleave freely and a VC stuck mid-message (e.g. a lost tail)
   never blocks the others.
 * Payload words are written speculatively into the VC's buffer region and become visible
