@@ -9,9 +9,9 @@ Receive path::
               OVERFLOW if full               hdr FIFO ──► hdr     len FIFO ──► reader ──► data
 
 * One message context per VC (IDLE / ACTIVE / DISCARD, header, words left, words in and
-  offset of the open fragment) and one buffer region per VC, so the arbiter may switch VC on every flit:
-  flits of different VCs interleave freely and a VC stuck mid-message (e.g. a lost tail)
-  never blocks the others.
+  offset of the open fragment) and one buffer region per VC, so the arbiter may switch VC
+  on every flit: flits of different VCs interleave freely and a VC stuck mid-message (e.g.
+  a lost tail) never blocks the others.
 * Payload words are written speculatively into the VC's buffer region and become visible
   to the output only when the fragment (sub-packet, or packet in packet mode) ends
   correctly (**commit**: its header and length are queued, in commit order); any error
