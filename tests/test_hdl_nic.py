@@ -320,3 +320,10 @@ def test_nic_bench_rejects_bad_arguments(args, tmp_path):
     with pytest.raises(SystemExit):
         bench.main(args + ["--out", str(tmp_path / "o")])
     assert not (tmp_path / "o").exists()              # rejected before any build
+
+
+def test_nic_bench_run_rejects_nonpositive_elements(tmp_path):
+    from treenic.hdl.nic import bench
+    with pytest.raises(ValueError, match="elements must be positive"):
+        bench.run(tmp_path / "o", elements=0)
+    assert not (tmp_path / "o").exists()

@@ -74,9 +74,11 @@ def run(out_dir, quick: bool = False, *, topology: str = "torus:4x4",
         elements: int | None = None, message_only: bool = False) -> dict:
     """Run the NIC benchmarks; writes ``out_dir/nic_bench.json``; returns the dict.
     ``message_only``: just the no-stall message-mode run (one Verilator build)."""
+    if elements is not None and elements <= 0:
+        raise ValueError(f"elements must be positive, not {elements}")
+    E = elements if elements is not None else (4096 if quick else 16384)   # 16/64 KiB per node
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    E = elements or (4096 if quick else 16384)          # 16 KiB / 64 KiB per node
     res = {"message": _one(topology, "multitree", E, "message")}
     if not message_only:
         res["packet"] = _one(topology, "multitree", E, "packet")
