@@ -23,7 +23,8 @@ For every top two runs are made:
 
 Outputs: ``<out>/report.json``, ``<out>/report.md``, per-top build folders
 ``<out>/<top>/{area,pnr}/`` with the Yosys (``*.rpt``/``area.log``) and nextpnr
-(``*.tim``) logs.  ``report.json`` has the top-level keys ``device``, ``fmax_mhz``,
+(``*.tim``) logs, and ``pnr/timing.md``: every failing endpoint grouped by RTL register
+with its deepest path (:mod:`treenic.boards.timing`; nextpnr's log names one path only).  ``report.json`` has the top-level keys ``device``, ``fmax_mhz``,
 ``luts``, ``ffs``, ``brams`` (of the first/default top, for dashboards) and ``blocks``:
 one entry per top with the same keys plus details.
 
@@ -258,19 +259,35 @@ def _platform(clock_mhz: float):
 
 def _pnr(name: str, component, out: Path, env, seed: int,
          clock_mhz: float = CLOCK_MHZ, nextpnr_opts: str = "") -> dict:
+    from .timing import analyse, format_report, summarise, trace_paths
+
+    out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
     plat = _platform(clock_mhz)
     saved = dict(os.environ)
     os.environ.update({k: env[k] for k in ("YOSYS", "NEXTPNR_ECP5", "ECPPACK", "PATH")})
+    # the timing report of every endpoint (``timing.md``) needs nextpnr's per-endpoint
+    # arrivals and the routed netlist
+    extra = (f"--report {out / 'report.json'} --detailed-timing-report "
+             f"--write {out / 'routed.json'}")
     try:
         plat.build(SynthWrapper(component), name=name, build_dir=str(out), do_program=False,
-                   nextpnr_opts=f"--seed {seed} --timing-allow-fail {nextpnr_opts}".strip())
+                   nextpnr_opts=f"--seed {seed} --timing-allow-fail {extra} {nextpnr_opts}".strip())
     finally:
         os.environ.clear()
         os.environ.update(saved)
     res = parse_nextpnr_log((out / f"{name}.tim").read_text())
     res["wrapper_yosys"] = {k: v for k, v in parse_yosys_stat((out / f"{name}.rpt").read_text()).items()
                             if k != "cells"}
+    period = 1000.0 / clock_mhz
+    eps = analyse(json.loads((out / "report.json").read_text()), period)
+    trace_paths(json.loads((out / "routed.json").read_text()), eps)
+    (out / "timing.md").write_text(format_report(eps, period))
+    res["failing_endpoints"] = sum(e.slack < 0 for e in eps)
+    res["worst_registers"] = [
+        {"register": g["register"], "worst_slack_ns": round(g["worst_slack"], 3),
+         "failing": g["failing"], "endpoints": g["endpoints"]}
+        for g in summarise(eps, 15)]
     return res
 
 
@@ -291,6 +308,8 @@ def synth_top(name: str, out_dir: Path, *, seed: int = 1, timing: bool = True,
         util = pnr["utilisation"]
         rep.update({"fmax_mhz": pnr["fmax_mhz"], "clock_constraint_mhz": clock_mhz,
                     "fmax_per_clock": pnr["fmax_per_clock"],
+                    "failing_endpoints": pnr["failing_endpoints"],
+                    "worst_registers": pnr["worst_registers"],
                     "pnr_utilisation_with_wrapper": {k: list(v) for k, v in util.items()},
                     "wrapper_cells": pnr["wrapper_yosys"]})
     else:

@@ -91,3 +91,73 @@ def test_nonpositive_clock_is_an_error(tmp_path):
     with pytest.raises(SystemExit):
         synth.main(["--out", str(tmp_path / "x"), "--clock-mhz", "0"])
     assert not (tmp_path / "x").exists()            # nothing written
+
+
+# --------------------------------------------------------------- whole-design timing
+from treenic.boards import timing   # noqa: E402
+
+# a -> lut1 -> lut2 -> b.DI (late), a -> b.CE (early), c (another register) -> lut2,
+# and an asynchronous reset path that must not count
+REPORT = {
+    "fmax": {"clk": {"achieved": 100.0, "constraint": 125}},
+    "critical_paths": [{"from": "posedge clk", "to": "posedge clk", "path": [
+        {"type": "clk-to-q", "delay": 0.3, "from": {"cell": "a_TRELLIS_FF_Q", "port": "Q"},
+         "to": {"cell": "a_TRELLIS_FF_Q", "port": "Q"}},
+        {"type": "setup", "delay": 0.2, "from": {"cell": "b_TRELLIS_FF_Q_3", "port": "DI"},
+         "to": {"cell": "b_TRELLIS_FF_Q_3", "port": "DI"}}]}],
+    "detailed_net_timings": [
+        {"net": "b_TRELLIS_FF_Q_3_DI", "driver": "b_LUT4_Z", "port": "F", "event": "posedge clk",
+         "endpoints": [{"cell": "b_TRELLIS_FF_Q_3", "port": "DI", "delay": [1.0, 9.8],
+                        "event": "posedge clk"}]},
+        {"net": "a", "driver": "a_TRELLIS_FF_Q", "port": "Q", "event": "posedge clk",
+         "endpoints": [{"cell": "b_TRELLIS_FF_Q_3", "port": "CE", "delay": [0.9, 0.9],
+                        "event": "posedge clk"},
+                       {"cell": "b_TRELLIS_FF_Q", "port": "DI", "delay": [0.7, 7.5],
+                        "event": "posedge clk"}]},
+        {"net": "rst", "driver": "rst_TRELLIS_FF_Q", "port": "Q", "event": "<async>",
+         "endpoints": [{"cell": "b_TRELLIS_FF_Q", "port": "LSR", "delay": [20.0, 20.0],
+                        "event": "<async>"}]},
+    ]}
+
+
+def _cell(t, ins, outs):
+    return {"type": t, "port_directions": {**{p: "input" for p in ins},
+                                            **{p: "output" for p in outs}},
+            "connections": {**ins, **outs}}
+
+
+ROUTED = {"modules": {"top": {
+    "cells": {"a_TRELLIS_FF_Q": _cell("TRELLIS_FF", {"DI": [9]}, {"Q": [1]}),
+              "c_TRELLIS_FF_Q": _cell("TRELLIS_FF", {"DI": [9]}, {"Q": [2]}),
+              "lut1": _cell("TRELLIS_COMB", {"A": [1]}, {"F": [3]}),
+              "b_LUT4_Z": _cell("TRELLIS_COMB", {"A": [3], "B": [2]}, {"F": [4]}),
+              "b_TRELLIS_FF_Q_3": _cell("TRELLIS_FF", {"DI": [4], "CE": [1]}, {"Q": [5]})},
+    "netnames": {"a": {"bits": [1]}, "c": {"bits": [2]},
+                 "x_LUT4_Z": {"bits": [3], "hide_name": 1}, "b_TRELLIS_FF_Q_3_DI": {"bits": [4]},
+                 "b[3]": {"bits": [5]}}}}}
+
+
+def test_timing_every_endpoint_slack_and_grouping():
+    eps = timing.analyse(REPORT, 8.0)
+    assert [(e.cell, e.port) for e in eps] == [("b_TRELLIS_FF_Q_3", "DI"),
+                                               ("b_TRELLIS_FF_Q", "DI"),
+                                               ("b_TRELLIS_FF_Q_3", "CE")]   # no async LSR
+    worst = eps[0]
+    assert worst.register == "b"
+    # setup of DI taken from the critical path's segment: 8 - 0.2 - 9.8
+    assert worst.slack == pytest.approx(-2.0)
+    assert eps[1].slack == pytest.approx(0.3)
+    g = timing.summarise(eps)
+    assert len(g) == 1 and g[0]["failing"] == 1 and g[0]["endpoints"] == 3
+    with pytest.raises(ValueError, match="detailed"):
+        timing.analyse({"critical_paths": []}, 8.0)
+
+
+def test_timing_traces_the_deepest_path_to_its_start_register():
+    eps = timing.analyse(REPORT, 8.0)
+    timing.trace_paths(ROUTED, eps)
+    assert [n for n, _ in eps[0].path] == ["a", "x_LUT4_Z", "b_TRELLIS_FF_Q_3_DI"]
+    assert [lv for _, lv in eps[0].path] == [0, 1, 2]
+    md = timing.format_report(eps, 8.0)
+    assert "1 of 3 endpoints fail" in md and "a @0 → x @1 → b @2" in md
+    assert timing.rtl_name("rx0_h_TRELLIS_FF_Q_DI_LUT4_Z[2]") == "rx0_h"
