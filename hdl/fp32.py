@@ -13,7 +13,7 @@ Contract
   quiet NaN ``0x7FC00000`` (sign 0, payload dropped).  The golden canonicalises numpy's
   NaNs the same way, so NaN results compare bit for bit as well.
 
-Micro-architecture (6 stages, one result per cycle, latency 6 cycles)::
+Micro-architecture (7 stages, one result per cycle, latency 7 cycles)::
 
     S1  unpack/classify, magnitude compare and swap (|x| >= |y|), exponent differences
         (both directions in parallel with the compare)
@@ -22,7 +22,10 @@ Micro-architecture (6 stages, one result per cycle, latency 6 cycles)::
     S3  leading-zero count (log-depth tree)
     S4  normalise: carry -> shift right 1; else shift left by the leading-zero count,
         limited so the exponent stays >= 1 (gradual underflow)
-    S5  round to nearest even, repack, override specials (NaN, inf, overflow)
+    S5  round to nearest even (one 24-bit carry chain), exponent + 1 and overflow
+        flags computed beside it
+    S6  repack, override specials (NaN, inf, overflow) -- selects only (rounding and
+        packing in one stage was the adder's worst path inside the NIC core)
 
 Streaming: ``i`` (payload ``a``, ``b``, ``tag``) and ``o`` (payload ``sum``, ``tag``)
 follow the ``amaranth.lib.stream`` rules.  Every stage holds a valid bit; stage *k*
@@ -50,7 +53,7 @@ __all__ = ["FP32Adder", "fp32_add_golden", "fp32_add_exact", "CANONICAL_NAN",
            "f32_to_bits", "bits_to_f32", "LATENCY", "DIRECTED_CASES", "random_operand_pairs"]
 
 CANONICAL_NAN = 0x7FC00000
-LATENCY = 6
+LATENCY = 7
 
 
 # ----------------------------------------------------------------------------------
@@ -360,26 +363,37 @@ class FP32Adder(wiring.Component):
             m.d.sync += [s4_sign.eq(s3_sign), s4_nan.eq(s3_nan), s4_inf.eq(s3_inf),
                          s4_tag.eq(s3_tag)]
 
-        # ---- S5: round to nearest even and pack ------------------------------------
+        # ---- S5: round to nearest even ---------------------------------------------
         mant = s4_n[3:27]
         guard = s4_n[2]
         rest = s4_n[:2] != 0
         up = guard & (rest | mant[0])
-        mr = Signal(25)
-        m.d.comb += mr.eq(mant + up)
+        s5_mr = Signal(25)      # rounded significand; [24]: rounding carried out
+        s5_e = Signal(9)
+        s5_e1 = Signal(10)      # s5_e + 1, for a carry out of the rounding
+        s5_sign = Signal()
+        s5_nan = Signal()
+        s5_inf = Signal()
+        s5_tag = Signal(tw)
+        with m.If(en[6]):
+            m.d.sync += [s5_mr.eq(mant + up), s5_e.eq(s4_e), s5_e1.eq(s4_e + 1),
+                         s5_sign.eq(s4_sign), s5_nan.eq(s4_nan), s5_inf.eq(s4_inf),
+                         s5_tag.eq(s4_tag)]
+
+        # ---- S6: pack, specials ---------------------------------------------------
         e_r = Signal(10)
         frac = Signal(23)
         m.d.comb += [
-            e_r.eq(Mux(mr[24], s4_e + 1, s4_e)),
-            frac.eq(Mux(mr[24], mr[1:24], mr[:23])),
+            e_r.eq(Mux(s5_mr[24], s5_e1, s5_e)),
+            frac.eq(Mux(s5_mr[24], s5_mr[1:24], s5_mr[:23])),
         ]
-        hidden = mr[23] | mr[24]
+        hidden = s5_mr[23] | s5_mr[24]
         packed = Signal(32)
         m.d.comb += packed.eq(
-            Mux(s4_nan, CANONICAL_NAN,
-                Mux(s4_inf | (e_r >= 255), Cat(Const(0, 23), Const(0xFF, 8), s4_sign),
-                    Cat(frac, Mux(hidden, e_r[:8], 0), s4_sign))))
+            Mux(s5_nan, CANONICAL_NAN,
+                Mux(s5_inf | (e_r >= 255), Cat(Const(0, 23), Const(0xFF, 8), s5_sign),
+                    Cat(frac, Mux(hidden, e_r[:8], 0), s5_sign))))
         with m.If(en[N]):
-            m.d.sync += [self.o.payload.sum.eq(packed), self.o.payload.tag.eq(s4_tag)]
+            m.d.sync += [self.o.payload.sum.eq(packed), self.o.payload.tag.eq(s5_tag)]
         m.d.comb += self.o.valid.eq(v[N])
         return m

@@ -119,8 +119,7 @@ class Nic(wiring.Component):
         peer = [Signal(16, name=f"peer{i}") for i in range(P)]
         err_flags = Signal(len(ErrBit))
         err_count = Signal(32)
-        err_ev = Signal(len(ErrBit))      # this cycle's error events (comb, ORed below)
-        err_n = Signal(range(3 * P + 8))   # number of events this cycle
+        err_n = Signal(range(3 * P + 8))   # number of events last cycle (registered)
         cycles = Signal(32)
         ts = Signal(p.step_bits)
         hp = Signal(range(p.max_entries + 1))
@@ -128,7 +127,9 @@ class Nic(wiring.Component):
         scan_failed = Signal()
         done = Signal()
         running = Signal()
-        clear = Signal()
+        clear_req = Signal()
+        clear = Signal()                  # registered: it resets counters across the core
+        m.d.sync += clear.eq(clear_req)
 
         # ------------------------------------------------------------ memories
         RW = p.row_words
@@ -537,6 +538,11 @@ class Nic(wiring.Component):
         scan_p = Signal()                 # a row read is in flight
         scan_v = Signal()                 # ... and in ``e`` now
         scan_bad = Signal()
+        sc_v = Signal()                   # scan stage 2: the row and its checks
+        sc = Signal(p.row)
+        sc_end = Signal(AB + 1)
+        sc_bad_op = Signal()
+        sc_bad_rng = Signal()
         tx_all_idle = tx_idle_q.all()
         # every expected receive (REDUCE contributions, GATHER from the parent) written back
         # (registered: it only grows while RUNNING, so one cycle late is only conservative)
@@ -563,37 +569,42 @@ class Nic(wiring.Component):
                         m.d.comb += ev_tindex.eq(1)
                         m.d.sync += scan_failed.eq(1)
                     with m.Else():
-                        m.d.sync += [scan_i.eq(0), scan_p.eq(0), scan_v.eq(0), scan_bad.eq(0),
+                        m.d.sync += [scan_i.eq(0), scan_p.eq(0), scan_v.eq(0), sc_v.eq(0),
+                                     scan_bad.eq(0),
                                      done.eq(0), scan_failed.eq(0), cycles.eq(0)]
                         for f in range(F):
                             m.d.sync += [expect_red[f].eq(0), gport[f].eq(p.port_nil),
                                          fstart[f].eq(0), fsize[f].eq(0), fendt[f].eq(0)]
                         m.next = "SCAN"
             with m.State("SCAN"):
+                # two stages per row: the checks (a carry chain) are registered with the
+                # row before the per-flow tables are written (their enables fan out
+                # to every flow's registers)
                 m.d.comb += t_rd.addr.eq(scan_i)
                 with m.If(scan_i < n_entries):
                     m.d.sync += scan_i.eq(scan_i + 1)
-                m.d.sync += [scan_p.eq(scan_i < n_entries), scan_v.eq(scan_p)]
-                with m.If(scan_v):
-                    bad_op = e.op == 3
-                    bad_rng = (e.op != NOP) & (((e.start + e.size) > elements) |
-                                               (e.flow >= nflows))
-                    with m.If(bad_op):
+                m.d.sync += [scan_p.eq(scan_i < n_entries), scan_v.eq(scan_p),
+                             sc_v.eq(scan_v), sc.eq(e), sc_end.eq(e.start + e.size),
+                             sc_bad_op.eq(e.op == 3),
+                             sc_bad_rng.eq((e.op != NOP) & (((e.start + e.size) > elements) |
+                                                            (e.flow >= nflows)))]
+                with m.If(sc_v):
+                    with m.If(sc_bad_op):
                         m.d.comb += ev_badop.eq(1)
                         m.d.sync += scan_bad.eq(1)
-                    with m.Elif(bad_rng):
+                    with m.Elif(sc_bad_rng):
                         m.d.comb += ev_erange.eq(1)
                         m.d.sync += scan_bad.eq(1)
-                    with m.Elif(e.op != NOP):
+                    with m.Elif(sc.op != NOP):
                         for f in range(F):
-                            with m.If(e.flow == f):
-                                m.d.sync += [fstart[f].eq(e.start), fsize[f].eq(e.size),
-                                             fendt[f].eq(e.start + e.size)]
-                                with m.If(e.op == REDUCE):
-                                    m.d.sync += expect_red[f].eq(expect_red[f] | e.cports)
-                                with m.If((e.op == GATHER) & (e.pport != p.port_nil)):
-                                    m.d.sync += gport[f].eq(e.pport)
-                with m.If(~scan_v & ~scan_p & (scan_i == n_entries)):
+                            with m.If(sc.flow == f):
+                                m.d.sync += [fstart[f].eq(sc.start), fsize[f].eq(sc.size),
+                                             fendt[f].eq(sc_end)]
+                                with m.If(sc.op == REDUCE):
+                                    m.d.sync += expect_red[f].eq(expect_red[f] | sc.cports)
+                                with m.If((sc.op == GATHER) & (sc.pport != p.port_nil)):
+                                    m.d.sync += gport[f].eq(sc.pport)
+                with m.If(~sc_v & ~scan_v & ~scan_p & (scan_i == n_entries)):
                     m.next = "FINISH"
             with m.State("FINISH"):
                 with m.If(scan_bad):
@@ -667,7 +678,7 @@ class Nic(wiring.Component):
                     with m.Switch(off):
                         with m.Case(Reg.CTRL):
                             with m.If(host.wdata[1]):
-                                m.d.comb += clear.eq(1)
+                                m.d.comb += clear_req.eq(1)
                         with m.Case(Reg.NODE):
                             m.d.sync += node_id.eq(host.wdata)
                         with m.Case(Reg.ENTRIES):
@@ -717,8 +728,14 @@ class Nic(wiring.Component):
         m.d.comb += [buf.rd[0].req.eq(host.re & (region == 2)), buf.rd[0].addr.eq(off),
                      buf.wr[P].addr.eq(off), buf.wr[P].data.eq(host.wdata),
                      s_rd.addr.eq(off)]
-        with m.If(host.re & (region == 0)):
-            with m.Switch(off):
+        # register reads are decoded a cycle after ``re`` from the registered offset (the
+        # 40-way register mux starts at a register), then delayed like the step log to
+        # answer HOST_READ_LATENCY cycles after ``re``, as the buffer does
+        rre = Signal()
+        roff = Signal.like(off)
+        m.d.sync += [rre.eq(host.re & (region == 0)), roff.eq(off)]
+        with m.If(rre):
+            with m.Switch(roff):
                 status = Cat(running, done, err_flags.any(), scan_failed)
                 regs = {Reg.ID: ID_VALUE, Reg.STATUS: status, Reg.NODE: node_id,
                         Reg.ENTRIES: n_entries, Reg.LOCKSTEP: lockstep, Reg.ELEMENTS: elements,
@@ -737,16 +754,19 @@ class Nic(wiring.Component):
                         m.d.sync += rreg.eq(v)
                 with m.Default():
                     m.d.sync += rreg.eq(0)
-        # registers and step log answer after one cycle, the buffer after READ_LATENCY:
-        # delay the former so every read has the same latency
+        # registers answer two cycles after ``re``, the step log one, the buffer after
+        # READ_LATENCY: bring the first two to the same point, then delay them
+        rsel1 = Signal(2)
+        s_rd_q = Signal(32)
+        m.d.sync += [rsel1.eq(rsel), s_rd_q.eq(s_rd.data)]
         early = Signal(32)
-        with m.Switch(rsel):
+        with m.Switch(rsel1):
             with m.Case(0):
                 m.d.comb += early.eq(rreg)
             with m.Case(3):
-                m.d.comb += early.eq(s_rd.data)
-        rsel_q, early_q = rsel, early
-        for k in range(1, HOST_READ_LATENCY):
+                m.d.comb += early.eq(s_rd_q)
+        rsel_q, early_q = rsel1, early
+        for k in range(2, HOST_READ_LATENCY):
             rsel_n, early_n = Signal(2, name=f"rsel_q{k}"), Signal(32, name=f"early_q{k}")
             m.d.sync += [rsel_n.eq(rsel_q), early_n.eq(early_q)]
             rsel_q, early_q = rsel_n, early_n
@@ -762,23 +782,21 @@ class Nic(wiring.Component):
                ErrBit.UNEXPECTED: [r[1] for r in rx_err],
                ErrBit.SEQUENCE: [r[2] for r in rx_err],
                ErrBit.BANK_CONFLICT: [buf.conflict]}
-        # receive-side and bank events come out of deep logic (header checks, the
-        # crossbar): register them before they are counted (a 32-bit add) and flagged.
-        # Host-bus and scan events stay direct, so a read right after a rejected host
-        # write already sees its flag.
-        late = (ErrBit.FRAG_RANGE, ErrBit.UNEXPECTED, ErrBit.SEQUENCE, ErrBit.BANK_CONFLICT)
+        # Every event is registered once before it is flagged, and the event count once
+        # more before the 32-bit add (the events come out of deep logic: header checks,
+        # the crossbar, host-bus decode).  A host read is decoded a cycle after ``re``
+        # (below), so a read right after a rejected host write still sees its flag.  A
+        # clear drops the events of its own cycle and of the cycle before.
         ev_flat = []
         flag_bits = []
         for bit in ErrBit:
             lst = evs.get(bit, [])
-            if bit in late:
-                lst_q = [Signal(name=f"ev_{bit.name.lower()}_q{k}") for k in range(len(lst))]
-                m.d.sync += [d.eq(v) for d, v in zip(lst_q, lst)]
-                lst = lst_q
-            ev_flat += lst
-            flag_bits.append(Cat(Const(0, 1), *lst).any() |
+            lst_q = [Signal(name=f"ev_{bit.name.lower()}_q{k}") for k in range(len(lst))]
+            m.d.sync += [d.eq(v & ~clear) for d, v in zip(lst_q, lst)]
+            ev_flat += lst_q
+            flag_bits.append(Cat(Const(0, 1), *lst_q).any() |
                              (link_err if bit == ErrBit.LINK else 0))
-        m.d.comb += err_n.eq(sum(ev_flat))
+        m.d.sync += err_n.eq(Mux(clear, 0, sum(ev_flat)))
         with m.If(clear):
             m.d.sync += [err_flags.eq(0), err_count.eq(0), done.eq(0), scan_failed.eq(0)]
             m.d.sync += [xstep[q][f].eq(XNIL) for q in range(P) for f in range(F)]
