@@ -2,12 +2,25 @@
 
 Receive path::
 
-    rx.flit ──► per-VC input FIFO ──► round-robin ──► checker ──────► fragment buffer
-                (≥ credits, buffered) VC arbiter      (per-VC         (one region per VC:
-                  │ pop returns a credit (rx.credit)   context)        commit / rollback)
-                  ▼                                                        │
-              OVERFLOW if full               hdr FIFO ──► hdr     len FIFO ──► reader ──► data
+    rx.flit ──► per-VC input FIFO ──► round-robin ──► check register ──► fragment buffer
+                (≥ credits, buffered;  VC arbiter      (per-VC context)   (one region per VC:
+                 head checks on its     │                    │             commit / rollback)
+                 output register)       pop: rx.credit   commit register         │
+                  │                                          ▼                   ▼
+              OVERFLOW if full                hdr FIFO ──► hdr     len FIFO ──► reader ──► data
 
+* **Pop**: the arbiter pops a flit only if all it can lead to is sure to fit: a slot in
+  its VC's buffer region and an entry in each descriptor FIFO.  Those are registered flags,
+  worked out a cycle ahead and conservatively (the flit and commit still in the stages
+  below count as if they used room), so the pop is a few gates away from registers.  A
+  head flit's own checks (flow, op, length) are made on the input FIFO's output register
+  and registered with the flit.
+* **Check** (one cycle, never stalls): the popped flit is checked against its VC's context,
+  which it updates, and written into the buffer; all of it is enabled by the register's
+  valid bit, not by a decision of the same cycle.
+* **Commit register**: a fragment's header and length are registered, then written into
+  the hdr / len FIFOs (room was reserved at the pop).  A fragment reaches the FIFOs two
+  cycles after the pop of its last flit.
 * One message context per VC (IDLE / ACTIVE / DISCARD, header, words left, words in and
   offset of the open fragment) and one buffer region per VC, so the arbiter may switch VC
   on every flit: flits of different VCs interleave freely and a VC stuck mid-message (e.g.
@@ -20,8 +33,9 @@ Receive path::
   sub-packets.  Semantics (error causes, what is dropped) are exactly
   :func:`treenic.hdl.link.model.depacketise`; see there.
 * Errors are counted per cause (:class:`~treenic.hdl.link.flit.ErrorCause`), the last
-  cause is kept in ``status.code``; ``status.clear`` zeroes them.  Status lags the flit
-  that caused it by one cycle (events are registered before counting).
+  cause is kept in ``status.code``; ``status.clear`` zeroes them.  Status lags the check
+  of the flit that caused it by one cycle (events are registered before counting), its
+  pop by two.
 """
 
 from amaranth.hdl import Module, Signal, Mux, Cat, Const
@@ -70,10 +84,13 @@ class Depacketiser(wiring.Component):
         credits: input buffer depth per VC (the sender's initial credits).
         buf_flits: fragment buffer region per VC (flits, power of 2, >= the largest
             fragment); default twice the largest fragment.
+        desc_depth: hdr / len FIFO depth (>= 2).  The pop reserves room for the commits
+            still in flight, so one fragment per cycle needs 7 (a distributed RAM holds
+            16 entries at the same cost).
     """
 
     def __init__(self, fmt: FlitFormat | None = None, *, sub_words: int = DEFAULT_SUB_WORDS,
-                 credits: int = 8, buf_flits: int | None = None, desc_depth: int = 4):
+                 credits: int = 8, buf_flits: int | None = None, desc_depth: int = 8):
         self.fmt = fmt = fmt or FlitFormat()
         if sub_words <= 0 or sub_words % fmt.lanes:
             raise ValueError("sub_words must be a positive multiple of the words per flit")
@@ -85,6 +102,8 @@ class Depacketiser(wiring.Component):
             buf_flits = 1 << ceil_log2(2 * need)
         if buf_flits < need or buf_flits & (buf_flits - 1):
             raise ValueError(f"buf_flits must be a power of 2 >= {need}")
+        if desc_depth < 2:
+            raise ValueError("desc_depth must be >= 2")
         self.buf_flits = buf_flits
         self.desc_depth = desc_depth
         super().__init__({
@@ -107,15 +126,16 @@ class Depacketiser(wiring.Component):
         overflow = Signal()
         for v in range(V):
             # buffered: the head flit comes from a register, not through the distributed
-            # RAM's read mux, into the decode/check logic below (a timing path).  One more
-            # entry than credits: its w_rdy only counts the RAM part (depth - 1), which must
-            # hold every flit in flight while the output register is being refilled
-            f = fifo.SyncFIFOBuffered(width=fmt.flit.size, depth=self.credits + 1)
-            m.submodules[f"vc{v}_fifo"] = f
-            fifos.append(f)
-            m.d.comb += [f.w_data.eq(rx.flit.as_value()),
-                         f.w_en.eq(rx.valid & (rx.flit.vc == v))]
-            with m.If(rx.valid & (rx.flit.vc == v) & ~f.w_rdy):
+            # RAM's read mux, into the arbiter and the check register.  One more entry than
+            # credits: its w_rdy only counts the RAM part (depth - 1), which must hold every
+            # flit in flight while the output register is being refilled.  A credit goes
+            # back when the flit is popped (the check stage below never stalls)
+            q = fifo.SyncFIFOBuffered(width=fmt.flit.size, depth=self.credits + 1)
+            m.submodules[f"vc{v}_fifo"] = q
+            fifos.append(q)
+            m.d.comb += [q.w_data.eq(rx.flit.as_value()),
+                         q.w_en.eq(rx.valid & (rx.flit.vc == v))]
+            with m.If(rx.valid & (rx.flit.vc == v) & ~q.w_rdy):
                 m.d.comb += overflow.eq(1)
         if V < (1 << fmt.vc_bits):
             with m.If(rx.valid & (rx.flit.vc >= V)):
@@ -132,9 +152,6 @@ class Depacketiser(wiring.Component):
         wptr = [Signal(abits + 1, name=f"wptr{v}") for v in range(V)]
         cptr = [Signal(abits + 1, name=f"cptr{v}") for v in range(V)]
         rptr = [Signal(abits + 1, name=f"rptr{v}") for v in range(V)]
-        space = Signal(V)
-        for v in range(V):
-            m.d.comb += space[v].eq((wptr[v] - rptr[v])[:abits + 1] < D)
 
         fragw = ceil_log2(self.max_frag + 1)
         m.submodules.hdr_fifo = hdr_fifo = fifo.SyncFIFOBuffered(
@@ -145,12 +162,107 @@ class Depacketiser(wiring.Component):
                      self.hdr.payload.eq(hdr_fifo.r_data),
                      hdr_fifo.r_en.eq(self.hdr.ready)]
 
+        # ---------------------------------------------------------------- stage registers
+        # check stage: the popped flit and its VC (``f_v``: valid)
+        f_v = Signal()
+        f_vc = Signal(fmt.vc_bits)
+        f = Signal(fmt.flit)
+        # the checks of a head flit, made on the input FIFO's head register (see below)
+        chk_layout = data.StructLayout({
+            "e_flow": 1, "e_op": 1, "e_len": 1,     # the error, if any (one at most)
+            "short": 1,                             # length <= W (one payload flit)
+        })
+        f_chk = Signal(chk_layout)
+        # commit register: a fragment's header and length, written into the FIFOs next
+        cq_hv = Signal()              # write the hdr FIFO
+        cq_lv = Signal()              # write the len FIFO (a commit with words)
+        cq_hd = Signal(fmt.header)
+        cq_len = Signal(fragw + fmt.vc_bits)
+        # the check stage holds a flit of VC v
+        in_chk = [f_v if V == 1 else f_v & (f_vc == v) for v in range(V)]
+
+        # ---------------------------------------------------------------- pop flags
+        # Registered a cycle ahead, so that no subtract/compare of pointers or FIFO levels
+        # sits between them and the pop (a timing path).  A flit popped next cycle writes
+        # its buffer slot the cycle after, and its commit reaches the FIFOs one later.
+        # Bounds on what it will find, from this cycle's registers:
+        # * its VC's region holds <= wptr - rptr + the flit checked now (if of that VC) +
+        #   the flit popped now (if of that VC; it is checked next cycle);
+        # * a FIFO holds <= level + the commit register + the flit checked now + the flit
+        #   popped now (each may commit once).
+        # The flit popped now is not known yet: one flag per case, picked next cycle by
+        # what the check register then holds (``ok_idle``: nothing, ``ok_same``: a flit of
+        # this VC, ``ok_other``: one of another VC).  Reads only free room and rollbacks
+        # only move wptr back, so the flags err on the safe side by at most the flits and
+        # commits in flight, and are exact once the stages are empty.
+        # (x + n < limit for the few n in flight: compares with constants, selected by the
+        # in-flight bits, rather than an adder in front of a compare)
+        def below(x, n, limit):
+            return x < limit - n if limit > n else Const(0)
+
+        def fits(x, extra, limit):          # x + sum(extra) < limit
+            return Cat(*(below(x, i, limit) for i in range(len(extra) + 1))).bit_select(
+                sum(extra), 1)
+
+        nd = self.desc_depth - 1      # entries the FIFOs' w_rdy counts (RAM part)
+        room0 = Signal()              # room for the commits in flight
+        room1 = Signal()              # ... and for one more
+        m.d.comb += [
+            room0.eq(fits(hdr_fifo.level, [cq_hv, f_v], nd) &
+                     fits(len_fifo.level, [cq_lv, f_v], nd)),
+            room1.eq(fits(hdr_fifo.level, [cq_hv, f_v, 1], nd) &
+                     fits(len_fifo.level, [cq_lv, f_v, 1], nd)),
+        ]
+        ok_idle = Signal(V)
+        ok_same = Signal(V)
+        ok_other = Signal(V)
+        for v in range(V):
+            occ = (wptr[v] - rptr[v])[:abits + 1]
+            m.d.sync += [ok_idle[v].eq(fits(occ, [in_chk[v]], D) & room0),
+                         ok_same[v].eq(fits(occ, [in_chk[v], 1], D) & room1)]
+            if V > 1:
+                m.d.sync += ok_other[v].eq(fits(occ, [in_chk[v]], D) & room1)
+
+        # ---------------------------------------------------------------- head checks
+        # A head's checks (flow known, op, length) need only the flit itself: they are
+        # made on each input FIFO's head register, before the arbiter's mux, and registered
+        # with the flit, so the check stage's accept/commit decision starts from flags
+        flow_en = Cat(self.flow_enable, Const(0, (1 << fmt.flow_bits)))
+        head_chk = []
+        for v in range(V):
+            hf = data.View(fmt.flit, fifos[v].r_data)
+            ht = hf.type
+            sh = data.View(fmt.sub_head, hf.data[:fmt.sub_head.size])
+            ph = data.View(fmt.pkt_head, hf.data[:fmt.pkt_head.size])
+            is_sub = ht == FlitType.SUB_HEAD
+            # (each check on both layouts, then one select by the type)
+            flow_ok = Mux(is_sub, flow_en.bit_select(sh.flow, 1),
+                          flow_en.bit_select(ph.flow, 1))
+            op = Mux(is_sub, sh.op, ph.op)
+            op_ok = (op == Op.REDUCE) | (op == Op.GATHER)
+            len_bad = Signal(name=f"len_bad{v}")
+            with m.Switch(ht):
+                with m.Case(FlitType.SUB_HEAD):
+                    m.d.comb += len_bad.eq(sh.length == 0)
+                with m.Case(FlitType.HEAD):
+                    m.d.comb += len_bad.eq((ph.length == 0) |
+                                           (ph.length > fmt.max_packet_words))
+                with m.Case(FlitType.HEAD_TAIL):
+                    m.d.comb += len_bad.eq(ph.length != 0)
+            c = Signal(chk_layout, name=f"head_chk{v}")
+            m.d.comb += [c.e_flow.eq(~flow_ok), c.e_op.eq(flow_ok & ~op_ok),
+                         c.e_len.eq(flow_ok & op_ok & len_bad),
+                         c.short.eq(Mux(is_sub, sh.length <= W, ph.length <= W))]
+            head_chk.append(c)
+
         # ---------------------------------------------------------------- arbiter
-        # round robin over the VCs that have a flit and buffer space; may switch VC on
-        # every flit (a VC stuck in a message never blocks the others)
+        # round robin over the VCs that have a flit and room; may switch VC on every flit
+        # (a VC stuck in a message never blocks the others)
         elig = Signal(V)
         for v in range(V):
-            m.d.comb += elig[v].eq(fifos[v].r_rdy & space[v])
+            ok = Mux(f_v, ok_same[v] if V == 1 else Mux(f_vc == v, ok_same[v], ok_other[v]),
+                     ok_idle[v])
+            m.d.comb += elig[v].eq(fifos[v].r_rdy & ok)
         last_vc = Signal(fmt.vc_bits)
         sel = Signal(fmt.vc_bits)
         for v in range(V):
@@ -159,21 +271,22 @@ class Depacketiser(wiring.Component):
                     cand = (v + off) % V
                     with m.If(elig[cand]):
                         m.d.comb += sel.eq(cand)
-        cur_valid = Signal()
+        pop = Signal()
         cur = Signal(fmt.flit)
+        cur_chk = Signal(chk_layout)
         for v in range(V):
             with m.If(sel == v):
-                m.d.comb += [cur_valid.eq(elig[v]), cur.eq(fifos[v].r_data)]
-
-        go = Signal()
-        m.d.comb += go.eq(cur_valid & hdr_fifo.w_rdy & len_fifo.w_rdy)
-        with m.If(go):
+                m.d.comb += [pop.eq(elig[v]), cur.eq(fifos[v].r_data),
+                             cur_chk.eq(head_chk[v])]
+        with m.If(pop):
             m.d.sync += last_vc.eq(sel)
         credit = Signal(V)
         for v in range(V):
-            m.d.comb += fifos[v].r_en.eq(go & (sel == v))
-            m.d.comb += credit[v].eq(go & (sel == v))
+            m.d.comb += fifos[v].r_en.eq(pop & (sel == v))
+            m.d.comb += credit[v].eq(pop & (sel == v))
         m.d.sync += rx.credit.eq(credit)
+        # (the flit register loads every cycle: only its valid bit depends on the pop)
+        m.d.sync += [f_v.eq(pop), f_vc.eq(sel), f.eq(cur), f_chk.eq(cur_chk)]
 
         # ---------------------------------------------------------------- per-VC contexts
         st = [Signal(2, name=f"state{v}") for v in range(V)]
@@ -183,16 +296,17 @@ class Depacketiser(wiring.Component):
         # two flags kept ahead in registers so that no subtract/compare sits between the
         # context and the accept/commit decision (a timing path): ``lastf`` = the next
         # payload flit is the message's last (left <= W), ``subtf`` = it ends a sub-packet
-        # (in the fragment >= sub_words - W)
+        # (in the fragment >= sub_words - W).  A fragment never exceeds max_frag words,
+        # so ``sub`` is only as wide as a fragment length.
         rm = [Signal(fmt.length_bits, name=f"left{v}") for v in range(V)]
-        sb = [Signal(fmt.length_bits, name=f"sub{v}") for v in range(V)]
+        sb = [Signal(fragw, name=f"sub{v}") for v in range(V)]
         OW = len(hd[0].offset)
         fo = [Signal(OW, name=f"foff{v}") for v in range(V)]
         lf = [Signal(name=f"lastf{v}") for v in range(V)]
         sf = [Signal(name=f"subtf{v}") for v in range(V)]
-        # (per-VC registers, the selected VC's context ``c_*``, its next value ``n_*``)
+        # (per-VC registers, the checked VC's context ``c_*``, its next value ``n_*``)
         shapes = [("state", 2), ("pmode", 1), ("hdr", fmt.header), ("left", fmt.length_bits),
-                  ("sub", fmt.length_bits), ("foff", OW), ("lastf", 1), ("subtf", 1)]
+                  ("sub", fragw), ("foff", OW), ("lastf", 1), ("subtf", 1)]
         regs_all = [st, pk, hd, rm, sb, fo, lf, sf]
         cur_ctx = [Signal(shape, name=f"c_{n}") for n, shape in shapes]
         nxt = [Signal(shape, name=f"n_{n}") for n, shape in shapes]
@@ -200,23 +314,27 @@ class Depacketiser(wiring.Component):
         c_st, c_pk, c_hd, c_rm, c_sb, c_fo, c_lf, c_sf = cur_ctx
         n_st, n_pk, n_hd, n_rm, n_sb, n_fo, n_lf, n_sf = nxt
         for v in range(V):
-            with m.If(sel == v):
+            with m.If(f_vc == v):
                 m.d.comb += [c.eq(regs[v]) for regs, c in ctx]
         m.d.comb += [n.eq(c) for (_, c), n in zip(ctx, nxt)]
-        with m.If(go):
-            for v in range(V):
-                with m.If(sel == v):
-                    m.d.sync += [regs[v].eq(n) for (regs, _), n in zip(ctx, nxt)]
+        # every checked flit updates its VC's context: the enable is a register
+        for v in range(V):
+            with m.If(in_chk[v]):
+                m.d.sync += [regs[v].eq(n) for (regs, _), n in zip(ctx, nxt)]
 
         # ---------------------------------------------------------------- decode
-        t = cur.type
-        d = cur.data
+        t = f.type
+        d = f.data
         is_head = Signal()
         is_tailtype = Signal()
+        is_ht = Signal()
+        is_subtail = Signal()
         m.d.comb += [
             is_head.eq((t == FlitType.SUB_HEAD) | (t == FlitType.HEAD) |
                        (t == FlitType.HEAD_TAIL)),
             is_tailtype.eq((t == FlitType.MSG_TAIL) | (t == FlitType.TAIL)),
+            is_ht.eq(t == FlitType.HEAD_TAIL),
+            is_subtail.eq(t == FlitType.SUB_TAIL),
         ]
         sh = data.View(fmt.sub_head, d[:fmt.sub_head.size])
         ph = data.View(fmt.pkt_head, d[:fmt.pkt_head.size])
@@ -231,25 +349,14 @@ class Depacketiser(wiring.Component):
                          new_hd.flow.eq(ph.flow), new_hd.op.eq(ph.op),
                          new_hd.step.eq(ph.step), new_hd.offset.eq(ph.offset),
                          new_hd.length.eq(ph.length), new_hd.packet.eq(1)]
-        m.d.comb += new_hd.vc.eq(sel)
-        flow_en = Cat(self.flow_enable, Const(0, (1 << fmt.flow_bits)))
-        flow_ok = Signal()
-        m.d.comb += flow_ok.eq(flow_en.bit_select(new_hd.flow, 1))
-        op_ok = Signal()
-        m.d.comb += op_ok.eq((new_hd.op == Op.REDUCE) | (new_hd.op == Op.GATHER))
-        len_bad = Signal()
-        with m.Switch(t):
-            with m.Case(FlitType.SUB_HEAD):
-                m.d.comb += len_bad.eq(new_hd.length == 0)
-            with m.Case(FlitType.HEAD):
-                m.d.comb += len_bad.eq((new_hd.length == 0) |
-                                       (new_hd.length > fmt.max_packet_words))
-            with m.Case(FlitType.HEAD_TAIL):
-                m.d.comb += len_bad.eq(new_hd.length != 0)
+        m.d.comb += new_hd.vc.eq(f_vc)
 
         last_flit = c_lf
         k = Signal(range(W + 1))
         m.d.comb += k.eq(Mux(last_flit, c_rm, W))
+        # words in the fragment once this flit is in (a fragment fits ``fragw`` bits)
+        frag_len = Signal(fragw)
+        m.d.comb += frag_len.eq(c_sb + k)
         # ``subtf`` after a fragment starts, and after a W-word payload flit
         sub_tail_at_0 = Const(self.sub_words - W <= 0)
         sub_tail_after = (Const(1) if self.sub_words - 2 * W <= 0
@@ -264,6 +371,25 @@ class Depacketiser(wiring.Component):
         with m.Else():
             m.d.comb += exp.eq(FlitType.SUB_BODY)
 
+        # ---------------------------------------------------------------- next context
+        # Only the state depends on the checks.  Everything else is loaded by any head and
+        # advanced by any other flit: a context that is not ACTIVE is never read, and only
+        # a good head makes it ACTIVE (after reloading it), so the checks stay off these
+        # registers' paths.  (A payload flit that is not the message's last carries W
+        # words; a SUB_TAIL never is the last.)
+        with m.If(is_head):
+            m.d.comb += [n_hd.eq(new_hd), n_rm.eq(new_hd.length), n_sb.eq(0),
+                         n_fo.eq(new_hd.offset), n_lf.eq(f_chk.short),
+                         n_sf.eq(sub_tail_at_0), n_pk.eq(t != FlitType.SUB_HEAD)]
+        with m.Else():
+            m.d.comb += [n_rm.eq(c_rm - k), n_lf.eq(c_rm <= 2 * W)]
+            with m.If(is_tailtype | is_subtail):
+                m.d.comb += [n_sb.eq(0), n_sf.eq(sub_tail_at_0)]
+            with m.Else():
+                m.d.comb += [n_sb.eq(frag_len), n_sf.eq(sub_tail_after)]
+            with m.If(is_subtail):
+                m.d.comb += n_fo.eq(c_fo + c_sb + W)
+
         # ---------------------------------------------------------------- actions
         e_orphan, e_seq, e_flow, e_op, e_len = (Signal(name=n) for n in
                                                 ("e_orphan", "e_seq", "e_flow", "e_op",
@@ -272,28 +398,18 @@ class Depacketiser(wiring.Component):
         wr = Signal()
         rollback = Signal()
         commit = Signal()
-        commit_hd = Signal(fmt.header)
-        frag_len = Signal(fragw)
 
         with m.If(is_head):
             with m.If(c_st == ACTIVE):
                 m.d.comb += [e_seq.eq(1), rollback.eq(1)]
-            with m.If(~flow_ok):
-                m.d.comb += e_flow.eq(1)
-            with m.Elif(~op_ok):
-                m.d.comb += e_op.eq(1)
-            with m.Elif(len_bad):
-                m.d.comb += e_len.eq(1)
-            with m.If(~flow_ok | ~op_ok | len_bad):
-                m.d.comb += n_st.eq(Mux(t == FlitType.HEAD_TAIL, IDLE, DISCARD))
+            m.d.comb += [e_flow.eq(f_chk.e_flow), e_op.eq(f_chk.e_op),
+                         e_len.eq(f_chk.e_len)]
+            with m.If(f_chk.e_flow | f_chk.e_op | f_chk.e_len):
+                m.d.comb += n_st.eq(Mux(is_ht, IDLE, DISCARD))
             with m.Else():
-                m.d.comb += [accept.eq(1), n_hd.eq(new_hd), n_rm.eq(new_hd.length),
-                             n_sb.eq(0), n_fo.eq(new_hd.offset),
-                             n_lf.eq(new_hd.length <= W), n_sf.eq(sub_tail_at_0),
-                             n_pk.eq(t != FlitType.SUB_HEAD)]
-                with m.If(t == FlitType.HEAD_TAIL):
-                    m.d.comb += [n_st.eq(IDLE), commit.eq(1), commit_hd.eq(new_hd),
-                                 commit_hd.last.eq(1), frag_len.eq(0)]
+                m.d.comb += accept.eq(1)
+                with m.If(is_ht):
+                    m.d.comb += [n_st.eq(IDLE), commit.eq(1)]
                 with m.Else():
                     m.d.comb += n_st.eq(ACTIVE)
         with m.Elif(c_st == IDLE):
@@ -302,39 +418,51 @@ class Depacketiser(wiring.Component):
             m.d.comb += n_st.eq(Mux(is_tailtype, IDLE, DISCARD))
         with m.Else():  # ACTIVE, payload flit
             with m.If(t == exp):
-                # (a payload flit that is not the message's last carries W words)
-                m.d.comb += [accept.eq(1), wr.eq(1), n_rm.eq(c_rm - k), n_sb.eq(c_sb + k),
-                             n_lf.eq(c_rm <= 2 * W), n_sf.eq(sub_tail_after)]
-                with m.If(is_tailtype | (t == FlitType.SUB_TAIL)):
-                    m.d.comb += [commit.eq(1), commit_hd.eq(c_hd),
-                                 commit_hd.offset.eq(c_fo),
-                                 commit_hd.length.eq(c_sb + k),
-                                 commit_hd.last.eq(is_tailtype),
-                                 frag_len.eq(c_sb + k), n_sb.eq(0),
-                                 n_fo.eq(c_fo + c_sb + k), n_sf.eq(sub_tail_at_0)]
+                m.d.comb += [accept.eq(1), wr.eq(1)]
+                with m.If(is_tailtype | is_subtail):
+                    m.d.comb += commit.eq(1)
                 with m.If(is_tailtype):
                     m.d.comb += n_st.eq(IDLE)
             with m.Else():
                 m.d.comb += [e_seq.eq(1), rollback.eq(1),
                              n_st.eq(Mux(is_tailtype, IDLE, DISCARD))]
 
-        # buffer pointers and descriptors
+        # buffer pointers.  The pop made sure that the slot at wptr is free, so every
+        # checked flit is written there (the write enable is a register); only an accepted
+        # payload flit moves wptr past it.
         c_wptr = Signal(abits + 1)
         for v in range(V):
-            with m.If(sel == v):
+            with m.If(f_vc == v):
                 m.d.comb += c_wptr.eq(wptr[v])
-                with m.If(go & rollback):
+            with m.If(in_chk[v]):
+                with m.If(rollback):
                     m.d.sync += wptr[v].eq(cptr[v])
-                with m.Elif(go & wr):
+                with m.Elif(wr):
                     m.d.sync += wptr[v].eq(wptr[v] + 1)
                     with m.If(commit):
                         m.d.sync += cptr[v].eq(wptr[v] + 1)
-        m.d.comb += [wp.addr.eq(Cat(c_wptr[:abits], sel)), wp.data.eq(d),
-                     wp.en.eq(go & wr)]
-        m.d.comb += [hdr_fifo.w_data.eq(commit_hd), hdr_fifo.w_en.eq(go & commit),
-                     len_fifo.w_data.eq(Cat(frag_len, sel)),
+        m.d.comb += [wp.addr.eq(Cat(c_wptr[:abits], f_vc)), wp.data.eq(d), wp.en.eq(f_v)]
+
+        # commit register: the header / length of the fragment this flit would commit
+        # (its data depend on the type alone: a HEAD_TAIL's own header, else the context's
+        # with the fragment's offset and length); the FIFOs are written from registers
+        commit_hd = Signal(fmt.header)
+        with m.If(is_ht):
+            # (a good HEAD_TAIL has length 0)
+            m.d.comb += [commit_hd.dest.eq(ph.dest), commit_hd.src.eq(ph.src),
+                         commit_hd.flow.eq(ph.flow), commit_hd.op.eq(ph.op),
+                         commit_hd.step.eq(ph.step), commit_hd.offset.eq(ph.offset),
+                         commit_hd.packet.eq(1), commit_hd.last.eq(1)]
+        with m.Else():
+            m.d.comb += [commit_hd.eq(c_hd), commit_hd.offset.eq(c_fo),
+                         commit_hd.length.eq(frag_len), commit_hd.last.eq(is_tailtype)]
+        m.d.comb += commit_hd.vc.eq(f_vc)
+        m.d.sync += [cq_hd.eq(commit_hd), cq_len.eq(Cat(frag_len, f_vc)),
+                     cq_hv.eq(f_v & commit),
                      # a payload commit has words (a message of length 0 is HEAD_TAIL)
-                     len_fifo.w_en.eq(go & commit & wr)]
+                     cq_lv.eq(f_v & commit & wr)]
+        m.d.comb += [hdr_fifo.w_data.eq(cq_hd), hdr_fifo.w_en.eq(cq_hv),
+                     len_fifo.w_data.eq(cq_len), len_fifo.w_en.eq(cq_lv)]
 
         # ---------------------------------------------------------------- read side
         words_left = Signal(fragw)
@@ -375,7 +503,7 @@ class Depacketiser(wiring.Component):
         ev = {c: Signal(name=f"ev_{c.name.lower()}") for c in ErrorCause
               if c != ErrorCause.NONE}
         for c, sig in causes.items():
-            m.d.comb += ev[c].eq(go & sig)
+            m.d.comb += ev[c].eq(f_v & sig)
         m.d.comb += ev[ErrorCause.OVERFLOW].eq(overflow)
         # Events are registered before they are counted, so the counters' adders hang off
         # a register rather than the flit checks (a timing path); status lags one cycle.
@@ -384,8 +512,8 @@ class Depacketiser(wiring.Component):
         drop_q = Signal(2)
         frag_q = Signal()
         m.d.sync += [ev_q[c].eq(sig & ~s.clear) for c, sig in ev.items()]
-        m.d.sync += [drop_q.eq(Mux(s.clear, 0, (go & ~accept) + overflow)),
-                     frag_q.eq(go & commit & ~s.clear)]
+        m.d.sync += [drop_q.eq(Mux(s.clear, 0, (f_v & ~accept) + overflow)),
+                     frag_q.eq(f_v & commit & ~s.clear)]
         n_err = Signal(range(N_CAUSES + 1))
         m.d.comb += n_err.eq(sum(ev_q.values()))
         with m.If(s.clear):
