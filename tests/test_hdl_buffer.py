@@ -1,12 +1,14 @@
 """Banked gradient buffer (hdl/nic/buffer.py) against its cycle-level golden model: random
 read requests (grants and data bit for bit, every cycle), random writes incl. bank
-conflicts, a sequential fill before and a full read-back after."""
+conflicts, a sequential fill before and a full read-back after.  Directed tests pin the
+contract itself (read latency, write visibility, conflict timing) without the model."""
 import random
 
 import pytest
 from amaranth.sim import Simulator
 
-from treenic.hdl.nic.buffer import BankedBuffer, BankedBufferModel, READ_LATENCY
+from treenic.hdl.nic.buffer import (BankedBuffer, BankedBufferModel, CONFLICT_LATENCY,
+                                    READ_LATENCY, WRITE_VISIBLE)
 
 
 def run_random(depth, banks, lanes, readers, writers, cycles, seed, conflicts):
@@ -85,13 +87,91 @@ def run_random(depth, banks, lanes, readers, writers, cycles, seed, conflicts):
     (64, 8, 2, 4, 2, False),
     (96, 16, 2, 8, 4, False),
     (40, 4, 4, 3, 2, False),      # lanes == banks: every request touches every bank
-    (64, 8, 1, 5, 3, True),       # colliding writers: lowest index wins, conflict flagged
+    (64, 8, 1, 5, 3, True),       # colliding writers: rows and words ORed, conflict flagged
+    (48, 16, 2, 9, 5, True),      # ... with two lanes (incl. a lane wrapped to the next row)
+    (128, 32, 2, 9, 5, False),    # the NIC's shape: 32 banks, 1 + 4 + 4 readers, 4 + 1 writers
 ])
 def test_banked_buffer_matches_model(depth, banks, lanes, readers, writers, conflicts):
     s = run_random(depth, banks, lanes, readers, writers, cycles=400, seed=depth + banks,
                    conflicts=conflicts)
     assert s["checked"] > 100 and s["blocked"] > 0      # arbitration was exercised
     assert (s["conflicts"] > 0) == conflicts
+
+
+def run_directed(dut, lanes, script, cycles):
+    """Drive ``script[c] = (reads {r: addr}, writes {w: (addr, en, words)})`` in cycle c
+    (idle otherwise); return per cycle (grants, {r: [words] if valid}, conflict)."""
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    log = []
+
+    async def tb(ctx):
+        for c in range(cycles):
+            reads, writes = script.get(c, ({}, {}))
+            for r, rd in enumerate(dut.rd):
+                ctx.set(rd.req, r in reads)
+                ctx.set(rd.addr, reads.get(r, 0))
+            for w, wr in enumerate(dut.wr):
+                addr, en, words = writes.get(w, (0, 0, [0] * lanes))
+                ctx.set(wr.addr, addr)
+                ctx.set(wr.en, en)
+                ctx.set(wr.data, sum(v << (32 * k) for k, v in enumerate(words)))
+            outs = {r: [ctx.get(rd.data) >> (32 * k) & 0xFFFFFFFF for k in range(lanes)]
+                    for r, rd in enumerate(dut.rd) if ctx.get(rd.valid)}
+            log.append(([ctx.get(rd.grant) for rd in dut.rd], outs, ctx.get(dut.conflict)))
+            await ctx.tick()
+
+    sim.add_testbench(tb)
+    sim.run()
+    return log
+
+
+def test_contract_constants():
+    # what the NIC core is built around (host read latency, RX beat pipeline, TX credits)
+    assert (READ_LATENCY, WRITE_VISIBLE, CONFLICT_LATENCY) == (5, 1, 2)
+
+
+@pytest.mark.parametrize("addr", [18, 23])      # 23: lane 1 wraps to bank 0, next row
+def test_read_latency_and_write_visibility(addr):
+    """A write presented in cycle T is seen by reads requested in T + WRITE_VISIBLE or
+    later, not before; every granted read answers exactly READ_LATENCY cycles later."""
+    lanes = 2
+    dut = BankedBuffer(depth=64, banks=8, lanes=lanes, readers=2, writers=2)
+    old, new = [0x11111111, 0x22222222], [0xAAAAAAAA, 0xBBBBBBBB]
+    T = 10
+    script = {0: ({}, {1: (addr, 0b11, old)}),
+              T: ({}, {1: (addr, 0b11, new)})}
+    req_cycles = range(T - 3, T + 4)
+    for c in req_cycles:
+        script.setdefault(c, ({}, {}))[0][0] = addr
+    log = run_directed(dut, lanes, script, T + 4 + READ_LATENCY + 2)
+    for c, (grants, outs, _) in enumerate(log):
+        assert grants[0] == (c in req_cycles)
+        asked = c - READ_LATENCY in req_cycles
+        assert (0 in outs) == asked, f"cycle {c}: valid"
+        if asked:
+            want = new if c - READ_LATENCY >= T + WRITE_VISIBLE else old
+            assert outs[0] == want, f"read requested in cycle {c - READ_LATENCY}"
+
+
+def test_write_conflict_timing_and_result():
+    """Two writers in one bank: ``conflict`` pulses CONFLICT_LATENCY cycles later, that
+    bank writes the OR of the rows and words, the other lanes write normally."""
+    lanes, banks = 2, 8
+    dut = BankedBuffer(depth=64, banks=banks, lanes=lanes, readers=1, writers=3)
+    w0, w2 = [0x01020304, 0x00F000F0], [0x0F000F00, 0x30405060]
+    T = 3
+    # writer 0: elements 11, 12 (banks 3, 4; row 1); writer 2: 20, 21 (banks 4, 5; row 2)
+    script = {T: ({}, {0: (11, 0b11, w0), 2: (20, 0b11, w2)})}
+    expect = {e: 0 for e in range(64)}
+    expect.update({11: w0[0], 21: w2[1], 3 * banks + 4: w0[1] | w2[0]})   # bank 4, row 1|2
+    base = T + WRITE_VISIBLE
+    for i, e in enumerate(range(0, 64, lanes)):
+        script[base + i] = ({0: e}, {})
+    log = run_directed(dut, lanes, script, base + 32 + READ_LATENCY + 1)
+    assert [c for c, (_, _, x) in enumerate(log) if x] == [T + CONFLICT_LATENCY]
+    for i, e in enumerate(range(0, 64, lanes)):
+        assert log[base + i + READ_LATENCY][1][0] == [expect[e], expect[e + 1]], f"element {e}"
 
 
 @pytest.mark.parametrize("kw,msg", [

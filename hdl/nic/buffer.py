@@ -10,32 +10,47 @@ share the banks the way a GPU's shared memory does::
 
     element e  ->  bank e mod banks, row e // banks
 
-               readers (TX DMA, RX read)              writers (RX write-back)
-      req/addr ──► arbiter (fixed priority: lower     addr/en/data ──► per-bank
-                   index first; granted iff no          select (lower index wins,
-                   higher-priority requesting           `conflict` pulses)
-                   reader touches one of its banks;            │
-                   bank rows: highest-priority
-                   requester, grant-independent)               │
-                          │  registered                        │ registered
-                          ▼                                    ▼
-               bank 0 … bank B-1: Memory(32 × depth/B), 1 read + 1 write port
-                          │
-                          ▼ output register (the RAM's clock-to-out is slow)
-                          ▼ per-reader lane mux (registered) ──► data, valid
+    cycle     readers (host, RX read, TX DMA)           writers (RX write-back, host)
+    t         req/addr ──► arbiter (fixed priority,     addr/en/data
+              lower index first; granted iff no               │
+              higher-priority requesting reader               │
+              touches one of its banks) ──► grant             │
+                 │ registered: the banks its lanes            │ registered: per bank and
+                 │ land in, the rows they read (0             │ lane "lands here", rows, data
+                 │ unless granted), grant                     │
+    t+1       per-bank row: AND-OR over the readers     per-bank row/data/enable: AND-OR
+              (granted ones never share a bank)         over the writers (no priority)
+                 │ registered (rq_row)                        │ registered (wq_*)
+    t+2       bank 0 … bank B-1: Memory(32 × depth/B),  ◄──  the write lands at the end
+              1 read + 1 write port; the read                of t+2 (``conflict`` in t+2:
+              port samples at the end of t+2                 two writers met in a bank)
+                 │
+    t+3          ▼ output register (the RAM's clock-to-out is slow)
+    t+4       per-reader lane mux from bank (lo + k) mod B, registered
+    t+5       ──► data, valid
+
+Every path is register → a few LUT levels → register: the arbitration (``grant``) is the
+only logic between a client's registers and the buffer's first register stage, and the
+wide per-bank multiplexers start from registers.
 
 Contract (:class:`BankedBufferModel` is the same thing in Python, cycle by cycle):
 
 * **Readers** request ``lanes`` consecutive elements at ``addr`` (``req``); ``grant`` is
   combinational in the same cycle and never depends on lower-priority readers.  A granted
-  request's words appear on ``data`` with ``valid`` exactly :data:`READ_LATENCY` cycles
-  later.  Elements past the end of the buffer read as don't-care (the NIC masks them).
+  request's words appear on ``data`` with ``valid`` exactly :data:`READ_LATENCY` (5)
+  cycles later: requested in cycle t, ``valid`` in cycle t+5.  Elements past the end of
+  the buffer read as don't-care (the NIC masks them).
 * **Writers** present ``addr``, a per-lane ``en`` and ``data``; there is no handshake.  The
   NIC's write-backs are conflict-free by construction: each one happens a fixed number of
   cycles after a *granted* read of the same elements, and granted reads never share a
-  bank.  Should two writers still meet in one bank, the lower index wins and ``conflict``
-  is high for that cycle (the NIC flags it as an error).
-* A write presented in cycle t is seen by every read requested in cycle t+1 or later.
+  bank.  Should two writers still meet in one bank in cycle t, ``conflict`` is
+  high in cycle t+2 (one cycle per colliding cycle; the NIC flags it as an error) and
+  that bank's write is garbage: the bitwise OR of the colliding lanes' rows and words
+  (possibly into a third row; other banks are unaffected).
+* **Write visibility**: a write presented in cycle t is seen by every read requested in
+  cycle t+1 or later; a read requested in cycle t (or earlier) sees the old contents.
+  (The write reaches the RAM at the end of cycle t+2, a read requested in cycle t' reads
+  it at the end of cycle t'+2, and the RAM read port is not transparent.)
 
 The NIC's host bus is one more reader (the first: host reads are never refused) and one
 more writer (used only while no all-reduce runs).
@@ -47,12 +62,16 @@ from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2, exact_log2
 
-__all__ = ["BankedBuffer", "BankedBufferModel", "READ_LATENCY", "BufferReadSignature",
-           "BufferWriteSignature"]
+__all__ = ["BankedBuffer", "BankedBufferModel", "READ_LATENCY", "WRITE_VISIBLE",
+           "CONFLICT_LATENCY", "BufferReadSignature", "BufferWriteSignature"]
 
-#: cycles from a granted request to its data (request register, RAM, RAM output register,
-#: lane-mux register)
-READ_LATENCY = 4
+#: cycles from a granted request to its data (registers: granted rows and banks, bank
+#: rows, RAM, RAM output, lane mux)
+READ_LATENCY = 5
+#: a write presented in cycle t is seen by reads requested in cycle t + WRITE_VISIBLE or later
+WRITE_VISIBLE = 1
+#: cycles from colliding writes to their ``conflict`` pulse
+CONFLICT_LATENCY = 2
 
 
 class BufferReadSignature(wiring.Signature):
@@ -100,7 +119,8 @@ class BankedBuffer(wiring.Component):
 
         def split(addr):
             """(bank of lane 0, its row, its row + 1): lane k of a stream lands in bank
-            (lo + k) mod B, at row hi, or hi + 1 once it wrapped past the last bank."""
+            (lo + k) mod B, at row hi, or hi + 1 once it wrapped past the last bank --
+            which happens only in banks b < L - 1, for lanes k > b."""
             lo = addr[:LB]
             hi = (addr >> LB)[:RB]
             return lo, hi, (hi + 1)[:RB]
@@ -116,17 +136,17 @@ class BankedBuffer(wiring.Component):
         def onehot(pairs, width):
             """AND-OR multiplexer: ``pairs`` = [(select, value)], selects one-hot (or
             none: 0) -- cheaper in LUT4s than a priority chain of 2:1 muxes."""
-            terms = [wire(sel).replicate(width) & val for sel, val in pairs]
+            terms = [(sel if isinstance(sel, Signal) and len(sel) == 1 else wire(sel))
+                     .replicate(width) & val for sel, val in pairs]
             terms = terms or [Const(0, width)]
             while len(terms) > 1:           # balanced OR tree (shallow expressions)
                 terms = [terms[i] | terms[i + 1] if i + 1 < len(terms) else terms[i]
                          for i in range(0, len(terms), 2)]
             return terms[0]
 
-        def lane_hits(lo, en, tag):
-            """hits[b][k]: lane k (enabled) lands in bank b."""
-            return [[wire(en[k] & (lo == (b - k) % B), f"{tag}_b{b}_l{k}") for k in range(L)]
-                    for b in range(B)]
+        def decode(lo, tag):
+            """dec[c]: lo == c, once per stream (each bank/lane test below is one AND)."""
+            return [wire(lo == c, f"{tag}_lo{c}") for c in range(B)]
 
         rams = []
         for b in range(B):
@@ -135,14 +155,13 @@ class BankedBuffer(wiring.Component):
             rams.append((ram.read_port(), ram.write_port()))
 
         # ---------------------------------------------------------------- readers
-        # reader j blocks reader r (j < r) when both request and their lane windows
-        # [lo, lo + L) overlap modulo B: |lo_j - lo_r| mod B < L -- one narrow subtract
-        # and compare instead of AND-ing two B-bit bank masks (shorter grant path)
-        ones = Const((1 << L) - 1, L)
-        rinfo = []
+        # request cycle (t): grant.  Reader j blocks reader r (j < r) when both request
+        # and their lane windows [lo, lo + L) overlap modulo B: |lo_j - lo_r| mod B < L --
+        # one narrow subtract and compare instead of AND-ing two B-bit bank masks (short
+        # grant path)
+        rlo = []
         for r, rd in enumerate(self.rd):
-            lo, hi, hi1 = split(rd.addr)
-            rinfo.append((lo, hi, hi1, lane_hits(lo, ones, f"rd{r}_hit")))
+            rlo.append(split(rd.addr)[0])
 
         def overlap(lo_a, lo_b):
             if 2 * L - 1 >= B:
@@ -150,39 +169,53 @@ class BankedBuffer(wiring.Component):
             return ((lo_a - lo_b + (L - 1))[:LB] <= 2 * L - 2)
 
         for r, rd in enumerate(self.rd):
-            blocked = Cat(Const(0, 1), *[self.rd[j].req & overlap(rinfo[j][0], rinfo[r][0])
+            blocked = Cat(Const(0, 1), *[self.rd[j].req & overlap(rlo[j], rlo[r])
                                          for j in range(r)]).any()
             m.d.comb += rd.grant.eq(rd.req & ~blocked)
 
-        # bank b reads the row of the highest-priority reader requesting it.  That is the
-        # granted reader whenever one is granted there (a reader is blocked by requests,
-        # not grants, so nobody below it can be granted in b); otherwise the read is
-        # spurious and nobody looks at it.  Not waiting for the grants keeps the row
-        # select off the arbitration path.
-        a_en = [Signal(name=f"rq_en{b}") for b in range(B)]
+        # ... and registered per reader: the banks its lanes land in (``inb``, from the
+        # address alone, off the grant path) and the row its lanes read there, masked by
+        # the grant (0 unless granted): hi, the same in every bank b >= L - 1 (one register
+        # per row bit and reader, shared by those banks), and for each bank b < L - 1 the
+        # row of the lane landing there -- hi + 1 if it wrapped past the last bank.  The
+        # grant gains only a 2:1 select in front of L·RB flip-flops.
+        rstage = []
+        for r, rd in enumerate(self.rd):
+            lo, hi, hi1 = split(rd.addr)
+            dec = decode(lo, f"rd{r}")
+            inb = [Signal(name=f"rd{r}_in{b}") for b in range(B)]
+            m.d.sync += [inb[b].eq(Cat(*[dec[(b - k) % B] for k in range(L)]).any())
+                         for b in range(B)]
+            rows = [Signal(RB, name=f"rd{r}_row_q")]
+            m.d.sync += rows[0].eq(Mux(rd.grant, hi, 0))
+            for b in range(L - 1):
+                rows.insert(b, Signal(RB, name=f"rd{r}_row_b{b}_q"))
+                m.d.sync += rows[b].eq(Mux(rd.grant, Mux(lo <= b, hi, hi1), 0))
+            v = [Signal(name=f"rd{r}_v{i}") for i in range(READ_LATENCY)]
+            rstage.append((lo, inb, rows, v))
+
+        # cycle t+1: bank b reads the row of the granted reader whose lanes land in b.
+        # Granted readers never share a bank and the others' rows are 0, so a plain AND-OR
+        # over the readers selects it (no priority chain); with none granted there the
+        # read is spurious (row 0) and nobody looks at it.
         a_row = [Signal(RB, name=f"rq_row{b}") for b in range(B)]
         for b in range(B):
-            want = [wire(rd.req & Cat(*rinfo[r][3][b]).any(), f"rd{r}_want{b}")
-                    for r, rd in enumerate(self.rd)]
-            first = [want[r] & ~Cat(Const(0, 1), *want[:r]).any() for r in range(len(want))]
-            sel = [(first[r], Mux(rinfo[r][0] > b, rinfo[r][2], rinfo[r][1]))  # wrapped: next row
-                   for r in range(len(want))]
-            m.d.sync += [a_en[b].eq(Cat(*want).any()), a_row[b].eq(onehot(sel, RB))]
+            m.d.sync += a_row[b].eq(onehot([(inb[b], rows[min(b, L - 1)])
+                                            for _, inb, rows, _ in rstage], RB))
 
+        # cycle t+2: the RAM reads; its output is slow (DP16KD clock-to-out): register it
+        # in place (cycle t+3) before the wide lane multiplexer
         for b, (rp, _) in enumerate(rams):
             m.d.comb += rp.addr.eq(a_row[b])
-        # the block RAM's output is slow (DP16KD clock-to-out): register it in place
-        # before the wide lane multiplexer
         bank_q = [Signal(32, name=f"bank{b}_q") for b in range(B)]
         m.d.sync += [bank_q[b].eq(rp.data) for b, (rp, _) in enumerate(rams)]
         bank_data = Array(bank_q)
 
-        # read data: three cycles after the request the bank registers hold it; route
-        # lane k of reader r from bank (lo + k) mod B and register
+        # cycle t+4: the bank registers hold the words; route lane k of reader r from bank
+        # (lo + k) mod B and register: data and valid in cycle t + READ_LATENCY
         for r, rd in enumerate(self.rd):
-            lo = rinfo[r][0]
+            lo, v = rstage[r][0], rstage[r][3]
             lo_q = [Signal.like(lo, name=f"rd{r}_lo_q{i}") for i in range(READ_LATENCY - 1)]
-            v = [Signal(name=f"rd{r}_v{i}") for i in range(READ_LATENCY)]
             m.d.sync += [lo_q[0].eq(lo), *[lo_q[i].eq(lo_q[i - 1]) for i in range(1, len(lo_q))],
                          v[0].eq(rd.grant), *[v[i].eq(v[i - 1]) for i in range(1, READ_LATENCY)]]
             out = Signal(32 * L, name=f"rd{r}_data")
@@ -190,29 +223,58 @@ class BankedBuffer(wiring.Component):
             m.d.comb += [rd.valid.eq(v[-1]), rd.data.eq(out)]
 
         # ---------------------------------------------------------------- writers
+        # cycle t (presented): registered per writer -- for each bank b, which of its lanes
+        # land there (``hit[b][k]``: en[k] and lo == b - k mod B: one AND after a decode of
+        # lo shared by all banks), the rows hi and hi + 1, the data
+        wstage = []
+        for w, wr in enumerate(self.wr):
+            lo, hi, hi1 = split(wr.addr)
+            dec = decode(lo, f"wr{w}")
+            hit = [[Signal(name=f"wr{w}_hit{b}_l{k}") for k in range(L)] for b in range(B)]
+            hi_q = Signal(RB, name=f"wr{w}_row_q")
+            hi1_q = Signal(RB, name=f"wr{w}_row1_q")
+            d_q = Signal(32 * L, name=f"wr{w}_data_q")
+            m.d.sync += [hit[b][k].eq(wr.en[k] & dec[(b - k) % B])
+                         for b in range(B) for k in range(L)]
+            m.d.sync += [hi_q.eq(hi), d_q.eq(wr.data)]
+            if L > 1:
+                m.d.sync += hi1_q.eq(hi1)
+            wstage.append((hit, hi_q, hi1_q, d_q))
+
+        # cycle t+1: each bank's write, an AND-OR over the writers' registered hits into the
+        # ``wq_*`` registers.  The NIC's writes never collide, so no priority is needed; a
+        # collision ORs the rows and words (garbage) and raises ``conflict`` from a per-bank
+        # register (cycle t+2).
         w_en = [Signal(name=f"wq_en{b}") for b in range(B)]
         w_row = [Signal(RB, name=f"wq_row{b}") for b in range(B)]
         w_data = [Signal(32, name=f"wq_data{b}") for b in range(B)]
-        conflicts = []
-        winfo = []
-        for w, wr in enumerate(self.wr):
-            lo, hi, hi1 = split(wr.addr)
-            winfo.append((lo, hi, hi1, lane_hits(lo, wr.en, f"wr{w}_hit")))
+        w_conf = [Signal(name=f"wq_conflict{b}") for b in range(B)]
         for b in range(B):
-            hit = [wire(Cat(*wi[3][b]).any(), f"wr{w}_hit{b}") for w, wi in enumerate(winfo)]
-            # the lowest-index writer in this bank wins
-            win = [hit[w] & ~Cat(Const(0, 1), *hit[:w]).any() for w in range(len(hit))]
-            for w in range(len(hit)):
-                for j in range(w):
-                    conflicts.append(hit[w] & hit[j])
-            dat = onehot([(win[w] & wi[3][b][k], wr.data[32 * k:32 * k + 32])
-                          for w, (wr, wi) in enumerate(zip(self.wr, winfo)) for k in range(L)],
-                         32)
-            row = onehot([(win[w], Mux(wi[0] > b, wi[2], wi[1])) for w, wi in enumerate(winfo)],
-                         RB)
-            m.d.sync += [w_en[b].eq(Cat(*hit).any()), w_row[b].eq(row), w_data[b].eq(dat)]
-        m.d.comb += self.conflict.eq(Cat(Const(0, 1), *conflicts).any())
+            rows, here = [], []
+            for w, (hit, hi_q, hi1_q, _) in enumerate(wstage):
+                # lanes k <= b land at row hi, lanes k > b (only when b < L - 1) at hi + 1
+                nw = wire(Cat(*[hit[b][k] for k in range(min(b, L - 1) + 1)]).any(),
+                          f"wr{w}_in{b}")
+                rows.append((nw, hi_q))
+                if b < L - 1:
+                    wp = wire(Cat(*[hit[b][k] for k in range(b + 1, L)]).any(),
+                              f"wr{w}_inw{b}")
+                    rows.append((wp, hi1_q))
+                    here.append(wire(nw | wp, f"wr{w}_any{b}"))
+                else:
+                    here.append(nw)
+            dat = onehot([(hit[b][k], d_q[32 * k:32 * k + 32])
+                          for hit, _, _, d_q in wstage for k in range(L)], 32)
+            # two or more writers here (a writer's lanes never share a bank)
+            seen, two = Const(0, 1), Const(0, 1)
+            for h in here:
+                seen, two = seen | h, two | (seen & h)
+            m.d.sync += [w_en[b].eq(Cat(Const(0, 1), *here).any()),
+                         w_row[b].eq(onehot(rows, RB)), w_data[b].eq(dat),
+                         w_conf[b].eq(two)]
+        m.d.comb += self.conflict.eq(Cat(*w_conf).any())
 
+        # cycle t+2: the RAM writes (at the end of the cycle)
         for b, (_, wp) in enumerate(rams):
             m.d.comb += [wp.addr.eq(w_row[b]), wp.data.eq(w_data[b]), wp.en.eq(w_en[b])]
         return m
@@ -223,17 +285,24 @@ class BankedBufferModel:
 
     Call :meth:`cycle` once per clock with this cycle's read requests
     ``[(req, addr), ...]`` and writes ``[(addr, en_mask, [words]), ...]``; it returns
-    ``(grants, outputs, conflict)`` where ``outputs[r]`` is the list of words a reader
-    sees valid this cycle (or ``None``; a lane past the end of the buffer is ``None``:
-    don't-care).
+    ``(grants, outputs, conflict)`` as the buffer shows them in this cycle: ``grants`` for
+    these requests, ``outputs[r]`` the list of words reader r sees valid (requested
+    :data:`READ_LATENCY` cycles ago; ``None`` if nothing is valid; a lane past the end of
+    the buffer is ``None``: don't-care), ``conflict`` for the writes presented
+    :data:`CONFLICT_LATENCY` cycles ago.
     """
 
     def __init__(self, *, depth: int, banks: int, lanes: int):
         self.depth, self.banks, self.lanes = depth, banks, lanes
-        self.size = -(-depth // banks) * banks
+        self.bank_depth = -(-depth // banks)
+        self.row_mask = (1 << max(1, (self.bank_depth - 1).bit_length())) - 1
+        self.size = self.bank_depth * banks
         self.mem = [0] * self.size
-        self.pending_writes: list[tuple[int, int]] = []   # committed at the end of next cycle
+        # each cycle's writes [(element, word)], oldest first; committed WRITE_VISIBLE
+        # cycles later, before that cycle's reads sample the memory
+        self.pending_writes: list[list[tuple[int, int]]] = []
         self.pipe: list[list] = []                         # in-flight reads, oldest first
+        self.conflicts: list[bool] = [False] * CONFLICT_LATENCY
 
     def _banks(self, addr: int, en: int | None = None) -> set[int]:
         return {(addr + k) % self.banks for k in range(self.lanes)
@@ -245,24 +314,33 @@ class BankedBufferModel:
             mine = self._banks(addr)
             blocked = any(q and self._banks(a) & mine for q, a in reads[:r])
             grants.append(bool(req) and not blocked)
-        # reads requested now see writes presented before now (committed by the time the
-        # banks are read next cycle): sample after applying last cycle's writes
-        for a, v in self.pending_writes:
-            self.mem[a % self.size] = v
-        self.pending_writes = []
+        # reads requested now see writes presented WRITE_VISIBLE or more cycles ago
+        while len(self.pending_writes) >= WRITE_VISIBLE:
+            for a, v in self.pending_writes.pop(0):
+                self.mem[a] = v
         sample = [[self.mem[a + k] if a + k < self.depth else None for k in range(self.lanes)]
                   if g else None
                   for g, (_, a) in zip(grants, reads)]
         self.pipe.append(sample)
         out = self.pipe.pop(0) if len(self.pipe) > READ_LATENCY else [None] * len(reads)
-        conflict, seen = False, {}
+        # per bank: the (row, word) of every enabled lane landing there; a collision
+        # writes the OR of the rows and of the words
+        per_bank: dict[int, list[tuple[int, int]]] = {}
         for addr, en, words in writes:
             for k in range(self.lanes):
                 if en >> k & 1:
-                    b = (addr + k) % self.banks
-                    if b in seen:
-                        conflict = True
-                        continue
-                    seen[b] = True
-                    self.pending_writes.append((addr + k, words[k]))
-        return grants, out, conflict
+                    e = addr + k
+                    per_bank.setdefault(e % self.banks, []).append(
+                        ((e // self.banks) & self.row_mask, words[k] & 0xFFFFFFFF))
+        now = []
+        conflict = False
+        for b, hits in per_bank.items():
+            row = word = 0
+            for r_, w_ in hits:
+                row, word = row | r_, word | w_
+            conflict |= len(hits) > 1
+            if row < self.bank_depth:       # else: a RAM row past the buffer, never read
+                now.append((row * self.banks + b, word))
+        self.pending_writes.append(now)
+        self.conflicts.append(conflict)
+        return grants, out, self.conflicts.pop(0)
