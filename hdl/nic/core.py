@@ -67,6 +67,8 @@ __all__ = ["Nic", "HostSignature", "HOST_READ_LATENCY"]
 
 #: cycles from a host read (``re``) to its ``rdata`` (every region; the buffer's read path)
 HOST_READ_LATENCY = READ_LATENCY
+#: TX unit FIFO (beats): covers the buffer's read latency plus the FIFO's own at full rate
+TXQ_DEPTH = 1 << ceil_log2(READ_LATENCY + 4)
 
 NOP, REDUCE, GATHER = 0, 1, 2
 
@@ -190,7 +192,7 @@ class Nic(wiring.Component):
                             packet_words=p.packet_words, credits=p.credits)
             m.submodules[f"pk{i}"] = pk
             wiring.connect(m, pk.tx, wiring.flipped(getattr(self, f"tx{i}")))
-            q = fifo.SyncFIFOBuffered(width=W * 32, depth=8)
+            q = fifo.SyncFIFOBuffered(width=W * 32, depth=TXQ_DEPTH)
             m.submodules[f"txq{i}"] = q
             brd = buf.rd[1 + P + i]
             addr = Signal(AB, name=f"tx{i}_addr")
@@ -200,14 +202,19 @@ class Nic(wiring.Component):
             hdr = Signal(fmt.header, name=f"tx{i}_hdr")
             words = Signal(32, name=f"tx{i}_words")
             issue = Signal(name=f"tx{i}_issue")
-            # room for every read in flight (depth 8 > latency + the buffered FIFO's output
-            # register, so a granted stream runs at one beat per cycle)
-            n_inflight = sum(inflight[k] for k in range(READ_LATENCY))
-            m.d.comb += [brd.req.eq((left != 0) & ((q.level + n_inflight) < 7)),
+            # FIFO slots not yet claimed by a read (in flight or written): all but one, more
+            # than the read latency + the buffered FIFO's two cycles from write to output,
+            # so a granted stream runs at one beat per cycle.  The request is an AND of
+            # two registers (``room`` and ``left_nz``): it feeds the cross-port bank grant.
+            room = Signal(range(TXQ_DEPTH), init=TXQ_DEPTH - 1, name=f"tx{i}_room")
+            left_nz = Signal(name=f"tx{i}_left_nz")
+            pop = q.r_en & q.r_rdy
+            m.d.comb += [brd.req.eq(left_nz & (room != 0)),
                          brd.addr.eq(addr), issue.eq(brd.grant)]
-            m.d.sync += inflight.eq(Cat(issue, inflight[:-1]))
+            m.d.sync += [inflight.eq(Cat(issue, inflight[:-1])), room.eq(room - issue + pop)]
             with m.If(issue):
-                m.d.sync += [addr.eq(addr + W), left.eq(Mux(left > W, left - W, 0))]
+                m.d.sync += [addr.eq(addr + W), left.eq(Mux(left > W, left - W, 0)),
+                             left_nz.eq(left > W)]
             m.d.comb += [q.w_data.eq(brd.data), q.w_en.eq(brd.valid),
                          pk.data.payload.eq(q.r_data), pk.data.valid.eq(q.r_rdy),
                          q.r_en.eq(pk.data.ready),
@@ -220,7 +227,8 @@ class Nic(wiring.Component):
             m.d.comb += tx_idle[i].eq(~hdr_pend & (left == 0) & (inflight == 0) & ~q.r_rdy &
                                       pk.hdr.ready)
             with m.If(tx_go_q[i]):
-                m.d.sync += [addr.eq(tx_start), left.eq(tx_size), hdr_pend.eq(1),
+                m.d.sync += [addr.eq(tx_start), left.eq(tx_size), left_nz.eq(tx_size != 0),
+                             hdr_pend.eq(1),
                              hdr.vc.eq(0), hdr.next.eq(i), hdr.eject.eq(i),
                              hdr.dest.eq(peer[i]), hdr.src.eq(node_id),
                              hdr.flow.eq(tx_flow), hdr.op.eq(tx_op), hdr.step.eq(tx_step),
@@ -231,18 +239,31 @@ class Nic(wiring.Component):
             tx_counters.append((pk.status.flits, pk.status.heads, words))
 
         # ------------------------------------------------------------ RX units
-        # exported per-port state for the order gate
+        # Each port's receive unit decides on a fragment header in three registered
+        # stages and then streams the fragment from a descriptor register, so neither the
+        # decision's logic (flow tables, the order gate over the other ports' state) nor
+        # the bank grant sits in front of the ~100 registers an accept loads:
+        #
+        #   h0 -> h --S1--> table lookups --S2--> checks + snapshot of own and other
+        #   ports' state --S3--> decision (good / bad + cause) --take--> nxt --> cur --> beats
+        #
+        # ``settle`` counts cycles since ``h`` or this port's own state last changed; the
+        # decision register is trusted when it reached 3, i.e. when it was computed from
+        # the header in ``h`` and a snapshot of the port's own state that is still current.
+        # The other ports' state may have moved on since the snapshot: every order-gate
+        # term only ever becomes more permissive while a header waits (a port's steps only
+        # grow, ``done_to`` only grows within a message and restarts together with the
+        # message fields it belongs to, a finished contribution drops out of ``need``), so
+        # a stale "yes" is still a yes and a stale "no" only delays.
+        #
+        # exported per-port state for the other ports' order gates
         q_mact = [Signal(name=f"rx{i}_mact") for i in range(P)]       # message open
         q_mred = [Signal(name=f"rx{i}_mred") for i in range(P)]       # ... and REDUCE
         q_mflow = [Signal(p.flow_bits, name=f"rx{i}_mflow") for i in range(P)]
         q_mstep = [Signal(p.step_bits, name=f"rx{i}_mstep") for i in range(P)]
+        # written back through: grows within a message, restarts at a new message's
+        # accept -- in the same cycle as q_mflow/q_mstep change
         q_done_to = [Signal(AB + 1, name=f"rx{i}_done_to") for i in range(P)]
-        # q_done_to only grows within a message; it jumps back when a new one starts
-        # (restart).  The order gate compares it one cycle late and distrusts the compare
-        # for a cycle after a restart (or a new header of its own): stale is then only slow.
-        q_restart = [Signal(name=f"rx{i}_restart") for i in range(P)]
-        q_restart_q = [Signal(name=f"rx{i}_restart_q") for i in range(P)]
-        m.d.sync += [q_restart_q[i].eq(q_restart[i]) for i in range(P)]
         q_lb = [Signal(p.step_bits, name=f"rx{i}_lb") for i in range(P)]
         q_hv = [Signal(name=f"rx{i}_hv") for i in range(P)]
         q_hred = [Signal(name=f"rx{i}_hred") for i in range(P)]
@@ -263,23 +284,19 @@ class Nic(wiring.Component):
             wiring.connect(m, wiring.flipped(getattr(self, f"rx{i}")), dp.rx)
             m.d.comb += [dp.flow_enable.eq(flow_enable), dp.status.clear.eq(clear)]
             # payload skid buffer: the bank grant -- decided across all ports -- pops this
-            # local register, not the depacketiser's read logic (a timing path).  One cycle
-            # of latency; a 3-deep FIFO (two cycles) cost 4 % more cycles on mesh:2x2.
+            # local register, not the depacketiser's read logic (a timing path)
             rxq = SkidBuffer(dp.data.payload.shape())
             m.submodules[f"rxq{i}"] = rxq
             wiring.connect(m, dp.data, rxq.i)
             rxd = rxq.o
-            # --- header stage, two registers per port: ``h0`` takes the depacketiser's
-            # FIFO head and moves on to ``h``.  The table lookups for ``h`` are registered
-            # from ``h0``/``h`` (registers, not the FIFO), so the accept decision below sees
-            # only registers and the ports' live progress (a long path otherwise: FIFO ->
-            # flow tables -> adders -> compares -> order gate -> pop).  Neither register's
-            # load depends on the accept decision; with ``h0`` holding the next header,
-            # fragments of two or more beats still stream back to back.
+
+            # --- header registers: ``h0`` takes the depacketiser's FIFO head, ``h`` holds
+            # the header being decided; the fragment end is added up on the way in
             h0 = Signal(fmt.header, name=f"rx{i}_h0")
             h0v = Signal(name=f"rx{i}_h0v")
             h = Signal(fmt.header, name=f"rx{i}_h")
             hv = Signal(name=f"rx{i}_hv")
+            hend = Signal(AB + 1, name=f"rx{i}_hend")
             take = Signal(name=f"rx{i}_take")
             load = Signal(name=f"rx{i}_load")        # h0 -> h
             m.d.comb += [load.eq(~hv & h0v), dp.hdr.ready.eq(~h0v | load)]
@@ -287,78 +304,59 @@ class Nic(wiring.Component):
                 m.d.sync += [h0.eq(dp.hdr.payload), h0v.eq(1)]
             with m.Elif(load):
                 m.d.sync += h0v.eq(0)
-            fresh = Signal(name=f"rx{i}_fresh")
-            m.d.sync += fresh.eq(load)
             with m.If(load):
-                m.d.sync += [h.eq(h0), hv.eq(1)]
+                m.d.sync += [h.eq(h0), hv.eq(1), hend.eq(h0.offset + h0.length)]
             with m.Elif(take):
                 m.d.sync += hv.eq(0)
-            # The per-flow table lookups are registered from ``h`` itself, every cycle (a
-            # header may wait in ``h`` from before START while the scan fills the tables),
-            # and depend only on the header's key (flow, op, step).  The checks of the
-            # offset and length are registered from the header ``h`` holds next cycle, with
-            # the lookups of the key ``h`` holds now.  The next fragment of the same message
-            # is therefore judged the cycle after its load, as before; a new key waits two
-            # cycles (``stale``), and so does everything after the tables change (not
-            # RUNNING).  The lookups once came from the ``h0``/``h`` mux -- the worst path
-            # of the core after place and route.
-            stale = Signal(range(3), name=f"rx{i}_stale")
-            key_h, key_0 = Cat(h.flow, h.op, h.step), Cat(h0.flow, h0.op, h0.step)
-            with m.If(~running | (load & (key_0 != key_h))):
-                m.d.sync += stale.eq(2)
-            with m.Elif(stale != 0):
-                m.d.sync += stale.eq(stale - 1)
-            hv_ok = Signal(name=f"rx{i}_hv_ok")
-            m.d.comb += hv_ok.eq(hv & (stale == 0))
             m.d.comb += [q_hv[i].eq(hv), q_hred[i].eq(h.op == Op.REDUCE),
                          q_hflow[i].eq(h.flow), q_hstep[i].eq(h.step)]
-            adders = [FP32Adder(tag_width=TAGW) for _ in range(W)]
-            for k, ad in enumerate(adders):
-                m.submodules[f"rx{i}_add{k}"] = ad
-                m.d.comb += ad.o.ready.eq(1)
-            brd, bwr = buf.rd[1 + i], buf.wr[i]
 
-            # registered lookups of the key ``h`` holds, checks of the header it holds next
+            own_evt = Signal(name=f"rx{i}_own_evt")   # this port finished a message
+            settle = Signal(range(4), name=f"rx{i}_settle")
+            with m.If(load | ~running):
+                m.d.sync += settle.eq(0)
+            with m.Elif(own_evt):
+                m.d.sync += settle.eq(1)          # the lookups stay valid; S2, S3 redo
+            with m.Elif(settle != 3):
+                m.d.sync += settle.eq(settle + 1)
+
             fn = h.flow
+            is_red = h.op == Op.REDUCE
+            # --- S1: lookups of the header's flow in the tables (static while RUNNING)
             fs_k = Signal(AB, name=f"rx{i}_fstart")
             fend = Signal(AB + 1, name=f"rx{i}_fend")
-            hend = Signal(AB + 1, name=f"rx{i}_hend")
-            range_ok = Signal(name=f"rx{i}_range_ok")
             role_exp = Signal(name=f"rx{i}_role_exp")     # port i has a role in this flow
             step_ok = Signal(name=f"rx{i}_step_ok")
-            at_start = Signal(name=f"rx{i}_at_start")
             xs_own = A_xstep[i][fn]
-            red_n = h.op == Op.REDUCE
             m.d.sync += [fs_k.eq(A_fstart[fn]), fend.eq(A_fend[fn]),
-                         role_exp.eq(Mux(red_n, expect_bits[i].bit_select(fn, 1),
+                         role_exp.eq(Mux(is_red, expect_bits[i].bit_select(fn, 1),
                                          A_gport[fn] == i)),
-                         step_ok.eq(~red_n | (xs_own == XNIL) | (xs_own == h.step))]
-            # (``load`` selects after the compares, not before: off the compare path)
-            h0_end = h0.offset + h0.length
-            with m.If(load):
-                m.d.sync += hend.eq(h0_end)
-            m.d.sync += [range_ok.eq(Mux(load, (h0.offset >= fs_k) & (h0_end <= fend),
-                                         (h.offset >= fs_k) & (hend <= fend))),
-                         at_start.eq(Mux(load, h0.offset == fs_k, h.offset == fs_k))]
-            f_ = h.flow
-            is_red = h.op == Op.REDUCE
+                         step_ok.eq(~is_red | (xs_own == XNIL) | (xs_own == h.step))]
+            # --- S2: checks of the header, snapshot of the port's own state
+            range_ok = Signal(name=f"rx{i}_range_ok")
+            at_start = Signal(name=f"rx{i}_at_start")
+            mlast = Signal(name=f"rx{i}_mlast")           # ends the flow's chunk
             role_ok = Signal(name=f"rx{i}_role_ok")
-            arrived = Mux(is_red, red_done[i], gat_done[i]).bit_select(f_, 1)
-            m.d.comb += role_ok.eq(role_exp & ~arrived)
-            # sequence: continue the open message, or start at the chunk start
-            same_msg = q_mact[i] & (q_mflow[i] == h.flow) & (q_mred[i] == is_red) & \
-                (q_mstep[i] == h.step)
+            same_msg = Signal(name=f"rx{i}_same_msg")     # continues the open message
+            mact_s = Signal(name=f"rx{i}_mact_s")
+            off_ok = Signal(name=f"rx{i}_off_ok")
+            step_ok2 = Signal(name=f"rx{i}_step_ok2")
             next_off = Signal(AB + 1, name=f"rx{i}_next_off")
-            seq_ok = Mux(same_msg, h.offset == next_off, at_start) & step_ok
-            # a new message waits until the previous one is written back
-            may_start = same_msg | ~q_mact[i]
-            # order gate (REDUCE only)
+            arrived = Mux(is_red, red_done[i], gat_done[i]).bit_select(fn, 1)
+            m.d.sync += [range_ok.eq((h.offset >= fs_k) & (hend <= fend)),
+                         at_start.eq(h.offset == fs_k), mlast.eq(hend == fend),
+                         role_ok.eq(role_exp & ~arrived),
+                         same_msg.eq(q_mact[i] & (q_mflow[i] == fn) & (q_mred[i] == is_red) &
+                                     (q_mstep[i] == h.step)),
+                         mact_s.eq(q_mact[i]), off_ok.eq(h.offset == next_off),
+                         step_ok2.eq(step_ok)]
+            # order gate (REDUCE only), per other port q: S1 looks up whether q owes this
+            # flow a contribution and, from the ORDER table, whether it comes earlier in
+            # (step, port) order; S2 snapshots q's live state; S3 combines
             gate = []
             for qq in range(P):
                 if qq == i:
                     continue
-                # static per (header, q): q owes flow f a contribution; host-provided
-                # arrival step of that contribution (ORDER region) and whether it is earlier
                 exp_q = Signal(name=f"rx{i}_exp{qq}")
                 known = Signal(name=f"rx{i}_known{qq}")
                 x_before = Signal(name=f"rx{i}_xbefore{qq}")
@@ -366,34 +364,46 @@ class Nic(wiring.Component):
                 m.d.sync += [exp_q.eq(expect_bits[qq].bit_select(fn, 1)),
                              known.eq(xs_n != XNIL),
                              x_before.eq((xs_n < h.step) | ((xs_n == h.step) & (qq < i)))]
-                need = exp_q & ~red_done[qq].bit_select(f_, 1)
-                # q has written flow f up to the end of this header's data (registered,
-                # see q_restart above; ``fresh``: ``h`` and ``hend`` changed last cycle)
-                reach = Signal(name=f"rx{i}_reach{qq}")
-                m.d.sync += reach.eq(q_done_to[qq] >= hend)
-                reached = reach & ~q_restart_q[qq] & ~fresh
-                on_f_m = q_mact[qq] & q_mred[qq] & (q_mflow[qq] == f_)
-                on_f_h = ~q_mact[qq] & q_hv[qq] & q_hred[qq] & (q_hflow[qq] == f_)
-                qstep = Mux(q_mact[qq], q_mstep[qq], Mux(q_hv[qq], q_hstep[qq], q_lb[qq]))
-                q_before = (qstep < h.step) | ((qstep == h.step) & (qq < i))
-                ok = Signal(name=f"rx{i}_gate{qq}")
-                with m.If(known):
-                    m.d.comb += ok.eq(~x_before | (on_f_m & reached))
-                with m.Elif(on_f_m):
-                    m.d.comb += ok.eq(~q_before | reached)
-                with m.Elif(on_f_h):
-                    m.d.comb += ok.eq(~q_before)
-                with m.Else():
-                    m.d.comb += ok.eq(~q_before & ((qstep != h.step) | (qq > i)))
+
+                def before(step):                 # q's step precedes this header's
+                    return (step <= h.step) if qq < i else (step < h.step)
+
+                need = Signal(name=f"rx{i}_need{qq}")       # q still owes flow f
+                known2 = Signal(name=f"rx{i}_known2_{qq}")
+                xb2 = Signal(name=f"rx{i}_xbefore2_{qq}")
+                on_f = Signal(name=f"rx{i}_on_f{qq}")       # q's open message is on f
+                q_before = Signal(name=f"rx{i}_qbefore{qq}")  # q's next step precedes
+                reach = Signal(name=f"rx{i}_reach{qq}")     # q wrote f through hend
+                m.d.sync += [
+                    need.eq(exp_q & ~red_done[qq].bit_select(fn, 1)),
+                    known2.eq(known), xb2.eq(x_before),
+                    on_f.eq(q_mact[qq] & q_mred[qq] & (q_mflow[qq] == fn)),
+                    # q's future steps are bounded below by its open message's step, else
+                    # its waiting header's, else the last step it received
+                    q_before.eq(Mux(q_mact[qq], before(q_mstep[qq]),
+                                    Mux(q_hv[qq], before(q_hstep[qq]), before(q_lb[qq])))),
+                    reach.eq(q_done_to[qq] >= hend)]
+                ok = Mux(known2, ~xb2 | (on_f & reach), ~q_before | (on_f & reach))
                 gate.append(~need | ok)
             order_ok = Cat(*gate).all() if gate else Const(1)
+            # --- S3: the decision
+            dec_good = Signal(name=f"rx{i}_dec_good")
+            dec_bad = Signal(name=f"rx{i}_dec_bad")
+            c_range = Signal(name=f"rx{i}_c_range")
+            c_unexp = Signal(name=f"rx{i}_c_unexp")
+            c_seq = Signal(name=f"rx{i}_c_seq")
+            same3 = Signal(name=f"rx{i}_same3")
+            mlast3 = Signal(name=f"rx{i}_mlast3")
+            seq_ok = Mux(same_msg, off_ok, at_start) & step_ok2
+            good = range_ok & role_ok & seq_ok
+            may_start = same_msg | ~mact_s      # a new message waits for the last one
+            m.d.sync += [dec_good.eq(good & may_start & (~is_red | order_ok)),
+                         dec_bad.eq(~good & may_start),
+                         c_range.eq(~range_ok), c_unexp.eq(range_ok & ~role_ok),
+                         c_seq.eq(range_ok & role_ok & ~seq_ok),
+                         same3.eq(same_msg), mlast3.eq(mlast)]
 
-            # --- datapath state
-            cur_addr = Signal(AB + 1, name=f"rx{i}_addr")
-            cur_left = Signal(AB + 1, name=f"rx{i}_left")
-            cur_red = Signal(name=f"rx{i}_red")
-            cur_mlast = Signal(name=f"rx{i}_cmlast")
-            cur_flow = Signal(p.flow_bits, name=f"rx{i}_cflow")
+            # --- take: the decided header becomes the next fragment descriptor
             frags = Signal(32, name=f"rx{i}_frags")
             rwords = Signal(32, name=f"rx{i}_words")
             bad = Signal(32, name=f"rx{i}_bad")
@@ -401,79 +411,63 @@ class Nic(wiring.Component):
             ev_unexp = Signal(name=f"rx{i}_ev_unexp")
             ev_seq = Signal(name=f"rx{i}_ev_seq")
             rx_err.append((ev_range, ev_unexp, ev_seq))
+            desc_lay = data.StructLayout({"addr": AB + 1, "left": AB + 1, "last": 1, "red": 1,
+                                          "flow": p.flow_bits, "mlast": 1, "drop": 1})
+            nxt = Signal(desc_lay, name=f"rx{i}_nxt")
+            nv = Signal(name=f"rx{i}_nv")
+            cur = Signal(desc_lay, name=f"rx{i}_cur")
+            cur_v = Signal(name=f"rx{i}_cur_v")
+            decided = Signal(name=f"rx{i}_decided")
+            take_good = Signal(name=f"rx{i}_take_good")
+            take_bad = Signal(name=f"rx{i}_take_bad")
+            m.d.comb += [decided.eq(hv & running & (settle == 3) & ~nv),
+                         take_good.eq(decided & dec_good), take_bad.eq(decided & dec_bad),
+                         take.eq(take_good | take_bad)]
+            with m.If(take):
+                m.d.sync += [nxt.addr.eq(h.offset), nxt.left.eq(h.length),
+                             nxt.last.eq(h.length <= W), nxt.red.eq(is_red),
+                             nxt.flow.eq(fn), nxt.mlast.eq(mlast3), nxt.drop.eq(take_bad),
+                             nv.eq(h.length != 0)]
+            with m.If(take_good):
+                m.d.sync += [q_mact[i].eq(1), q_mred[i].eq(is_red),
+                             q_mflow[i].eq(fn), q_mstep[i].eq(h.step),
+                             q_lb[i].eq(h.step), next_off.eq(hend), frags.eq(frags + 1)]
+                with m.If(~same3):
+                    m.d.sync += q_done_to[i].eq(h.offset)
+            with m.If(take_bad):
+                m.d.comb += [ev_range.eq(c_range), ev_unexp.eq(c_unexp), ev_seq.eq(c_seq)]
+                m.d.sync += bad.eq(bad + 1)
 
-            # beat pipeline: an accepted beat waits here while its buffer read is in flight
+            # --- stream the current fragment: each beat once the buffer grants its read
+            # (bank arbitration) or, for a dropped fragment, as it comes
+            brd, bwr = buf.rd[1 + i], buf.wr[i]
+            beat = Signal(name=f"rx{i}_beat")
+            m.d.comb += [brd.req.eq(cur_v & ~cur.drop & rxd.valid), brd.addr.eq(cur.addr),
+                         rxd.ready.eq(Mux(cur.drop, cur_v, brd.grant)),
+                         beat.eq(Mux(cur.drop, cur_v & rxd.valid, brd.grant))]
+            with m.If(beat & ~cur.last):
+                m.d.sync += [cur.addr.eq(cur.addr + W), cur.left.eq(cur.left - W),
+                             cur.last.eq(cur.left <= 2 * W)]
+            with m.If((beat & cur.last) | ~cur_v):
+                m.d.sync += [cur.eq(nxt), cur_v.eq(nv)]
+                with m.If(nv):
+                    m.d.sync += nv.eq(0)
+
+            # stage 0 of the beat pipeline (loads every cycle, ``v`` says whether it holds
+            # a beat); the read data meets the beat READ_LATENCY cycles later at the adders
+            adders = [FP32Adder(tag_width=TAGW) for _ in range(W)]
+            for k, ad in enumerate(adders):
+                m.submodules[f"rx{i}_add{k}"] = ad
+                m.d.comb += ad.o.ready.eq(1)
             beat_lay = data.StructLayout({"v": 1, "data": W * 32, "addr": AB + 1, "mask": W,
                                           "red": 1, "flast": 1, "mlast": 1,
                                           "flow": p.flow_bits})
             st = [Signal(beat_lay, name=f"rx{i}_st{k}") for k in range(READ_LATENCY)]
-
-            beat = Signal(name=f"rx{i}_beat")
-            def accept_good():
-                m.d.comb += take.eq(1)
-                m.d.sync += [cur_addr.eq(h.offset), cur_left.eq(h.length),
-                             cur_red.eq(is_red), cur_flow.eq(h.flow),
-                             cur_mlast.eq(hend == fend),
-                             q_mact[i].eq(1), q_mred[i].eq(is_red),
-                             q_mflow[i].eq(h.flow), q_mstep[i].eq(h.step),
-                             q_lb[i].eq(h.step), next_off.eq(hend),
-                             frags.eq(frags + 1)]
-                with m.If(~same_msg):
-                    m.d.sync += q_done_to[i].eq(h.offset)
-                    m.d.comb += q_restart[i].eq(1)
-
-            good_hdr = range_ok & role_ok & seq_ok
-            go_good = Signal(name=f"rx{i}_go_good")
-            m.d.comb += go_good.eq(hv_ok & running & good_hdr & may_start &
-                                   (~is_red | order_ok))
-            with m.FSM(name=f"rx{i}_fsm"):
-                with m.State("IDLE"):
-                    with m.If(hv_ok & running):
-                        with m.If(~good_hdr & may_start):
-                            m.d.comb += take.eq(1)
-                            m.d.comb += [ev_range.eq(~range_ok),
-                                         ev_unexp.eq(range_ok & ~role_ok),
-                                         ev_seq.eq(range_ok & role_ok & ~seq_ok)]
-                            m.d.sync += bad.eq(bad + 1)
-                            with m.If(h.length != 0):
-                                m.d.sync += cur_left.eq(h.length)
-                                m.next = "DROP"
-                        with m.Elif(go_good):
-                            accept_good()
-                            with m.If(h.length != 0):
-                                m.next = "STREAM"
-                with m.State("STREAM"):
-                    # a beat goes once the buffer grants its read (bank arbitration)
-                    m.d.comb += [brd.req.eq(rxd.valid), rxd.ready.eq(brd.grant),
-                                 beat.eq(brd.grant)]
-                    with m.If(beat):
-                        m.d.sync += [cur_addr.eq(cur_addr + W),
-                                     cur_left.eq(Mux(cur_left > W, cur_left - W, 0))]
-                        with m.If(cur_left <= W):
-                            m.next = "IDLE"
-                            # back to back: take the next good fragment header with the
-                            # current fragment's last beat (no bubble per sub-packet)
-                            with m.If(go_good & (h.length != 0)):
-                                accept_good()
-                                m.next = "STREAM"
-                with m.State("DROP"):
-                    m.d.comb += rxd.ready.eq(1)
-                    with m.If(rxd.valid):
-                        m.d.sync += cur_left.eq(Mux(cur_left > W, cur_left - W, 0))
-                        with m.If(cur_left <= W):
-                            m.next = "IDLE"
-
-            # stage 0: request the read (above), register the beat; the read data meets
-            # the beat READ_LATENCY cycles later at the adders
-            m.d.comb += brd.addr.eq(cur_addr)
-            # (the stage's fields load every cycle, ``v`` says whether they hold a beat: the
-            # grant then drives a handful of enables, not the whole beat register)
-            m.d.sync += [st[0].v.eq(beat),
-                         st[0].data.eq(rxd.payload.data), st[0].addr.eq(cur_addr),
-                         st[0].red.eq(cur_red), st[0].flast.eq(cur_left <= W),
-                         st[0].mlast.eq(cur_mlast & (cur_left <= W)),
-                         st[0].flow.eq(cur_flow),
-                         st[0].mask.eq(Cat(*[cur_left > k for k in range(W)]))]
+            m.d.sync += [st[0].v.eq(beat & ~cur.drop),
+                         st[0].data.eq(rxd.payload.data), st[0].addr.eq(cur.addr),
+                         st[0].red.eq(cur.red), st[0].flast.eq(cur.last),
+                         st[0].mlast.eq(cur.mlast & cur.last), st[0].flow.eq(cur.flow),
+                         st[0].mask.eq(Cat(*[cur.left > k for k in range(W)]))]
             # words received, counted from the registered beat (the grant stays off this
             # 32-bit adder's enable)
             with m.If(st[0].v):
@@ -511,6 +505,7 @@ class Nic(wiring.Component):
             # write-back of a fragment's last beat: progress, message completion
             v0, t0, _ = wb[0]
             nen = sum(t.en for _, t, _ in wb)
+            m.d.comb += own_evt.eq(v0 & t0.flast & t0.mlast)
             with m.If(v0 & t0.flast):
                 m.d.sync += q_done_to[i].eq(t0.addr + nen)
                 with m.If(t0.mlast):
@@ -533,6 +528,7 @@ class Nic(wiring.Component):
         m.d.sync += e_q.eq(t_rd.data[:p.row.size])
         e = data.View(p.row, e_q)
         head_ok = Signal()
+        head_ok2 = Signal()               # ... and its issue terms (hd_*) registered
         head_w = Signal()                 # head row read, in the register next cycle
         scan_i = Signal(range(p.max_entries + 1))
         scan_p = Signal()                 # a row read is in flight
@@ -560,6 +556,30 @@ class Nic(wiring.Component):
 
         m.d.sync += [tx_flow.eq(e.flow), tx_op.eq(e.op), tx_step.eq(e.step),
                      tx_start.eq(e.start), tx_size.eq(e.size)]
+        # The head entry's issue terms are registered from the row (``e``) every cycle and
+        # used a cycle later (``head_ok2``).  What they read only becomes more permissive
+        # while the head waits (arrival bits are set, never cleared, while RUNNING; units go
+        # idle on their own but are started only here, and a start retires the head), so
+        # a registered "yes" is still true; the timestep moving on forces a recompute.
+        hd_due = Signal()                 # the entry's step has come
+        hd_none = Signal()                # it sends nothing (root REDUCE, receive-only, empty)
+        hd_deps = Signal()                # its data dependencies are written back
+        hd_ports = Signal(P)              # the TX units it starts
+        hd_idle = Signal()                # ... and they are idle
+        send_ports = Signal(P)
+        with m.Switch(e.op):
+            with m.Case(REDUCE):
+                for i in range(P):
+                    m.d.comb += send_ports[i].eq(e.pport == i)
+            with m.Case(GATHER):
+                m.d.comb += send_ports.eq(e.cports)
+        exp_f = Cat(*[expect_bits[q].bit_select(e.flow, 1) for q in range(P)])
+        root_ok = (exp_f & ~red_done_of(e.flow)) == 0
+        m.d.sync += [hd_due.eq(e.step <= ts), hd_ports.eq(send_ports),
+                     hd_none.eq((send_ports == 0) | (e.size == 0)),
+                     hd_deps.eq(Mux(e.op == REDUCE, (e.cports & ~red_done_of(e.flow)) == 0,
+                                    Mux(e.pport == p.port_nil, root_ok, gat_done_of(e.flow)))),
+                     hd_idle.eq((send_ports & ~tx_idle_q) == 0)]
         # defaults for the table read port: head entry
         m.d.comb += t_rd.addr.eq(hp)
         with m.FSM(name="sched"):
@@ -618,11 +638,13 @@ class Nic(wiring.Component):
                                      gat_done[q].eq(Cat(*[(fsize[f] == 0) & (gport[f] == q)
                                                           for f in range(F)]))]
                     m.d.comb += run_init.eq(1)
-                    m.d.sync += [hp.eq(0), head_w.eq(0), head_ok.eq(0), ts.eq(1), lk.eq(0),
+                    m.d.sync += [hp.eq(0), head_w.eq(0), head_ok.eq(0), head_ok2.eq(0),
+                                 ts.eq(1), lk.eq(0),
                                  running.eq(1), step_start.eq(0)]
                     m.next = "RUN"
             with m.State("RUN"):
-                m.d.sync += [cycles.eq(cycles + 1), head_w.eq(1), head_ok.eq(head_w)]
+                m.d.sync += [cycles.eq(cycles + 1), head_w.eq(1), head_ok.eq(head_w),
+                             head_ok2.eq(head_ok)]
                 with m.If(lk != 0):
                     m.d.sync += lk.eq(lk - 1)
                 advance = Signal()
@@ -632,9 +654,8 @@ class Nic(wiring.Component):
                                      s_wr.en.eq(1)]
                         m.d.sync += [running.eq(0), done.eq(1)]
                         m.next = "IDLE"
-                with m.Elif(head_ok):
-                    due = e.step <= ts
-                    with m.If(due):
+                with m.Elif(head_ok2):
+                    with m.If(hd_due):
                         with m.Switch(e.op):
                             with m.Case(NOP):
                                 m.d.sync += lk.eq(lockstep)
@@ -643,28 +664,22 @@ class Nic(wiring.Component):
                                 # an entry that sends nothing (root, empty chunk) retires at
                                 # once: it must not block the sends behind it (head-of-line);
                                 # its completion is what later entries and DONE wait for
-                                deps = (e.cports & ~red_done_of(e.flow)) == 0
-                                with m.If((e.pport == p.port_nil) | (e.size == 0)):
+                                with m.If(hd_none):
                                     m.d.comb += advance.eq(1)
-                                with m.Elif(deps):
-                                    for i in range(P):
-                                        with m.If((e.pport == i) & tx_idle_q[i]):
-                                            m.d.comb += [tx_go[i].eq(1), advance.eq(1)]
+                                with m.Elif(hd_deps & hd_idle):
+                                    m.d.comb += [tx_go.eq(hd_ports), advance.eq(1)]
                             with m.Case(GATHER):
-                                exp_f = Cat(*[expect_bits[q].bit_select(e.flow, 1)
-                                              for q in range(P)])
-                                root_ok = (exp_f & ~red_done_of(e.flow)) == 0
-                                deps = Mux(e.pport == p.port_nil, root_ok, gat_done_of(e.flow))
-                                with m.If((e.cports == 0) | (e.size == 0)):
+                                with m.If(hd_none):
                                     m.d.comb += advance.eq(1)      # receive-only: see above
-                                with m.Elif(deps & ((e.cports & ~tx_idle_q) == 0)):
-                                    m.d.comb += [tx_go.eq(e.cports), advance.eq(1)]
+                                with m.Elif(hd_deps & hd_idle):
+                                    m.d.comb += [tx_go.eq(hd_ports), advance.eq(1)]
                     with m.Elif((lk == 0) & tx_all_idle):
                         m.d.comb += [s_wr.addr.eq(ts), s_wr.data.eq(cycles - step_start),
                                      s_wr.en.eq(1)]
-                        m.d.sync += [ts.eq(ts + 1), step_start.eq(cycles)]
+                        # the head's terms were computed with the old timestep: redo them
+                        m.d.sync += [ts.eq(ts + 1), step_start.eq(cycles), head_ok2.eq(0)]
                 with m.If(advance):
-                    m.d.sync += [hp.eq(hp + 1), head_w.eq(0), head_ok.eq(0)]
+                    m.d.sync += [hp.eq(hp + 1), head_w.eq(0), head_ok.eq(0), head_ok2.eq(0)]
         m.d.comb += [self.done.eq(done), self.running.eq(running)]
 
         # ------------------------------------------------------------ host bus
