@@ -539,6 +539,9 @@ class Nic(wiring.Component):
         sc_end = Signal(AB + 1)
         sc_bad_op = Signal()
         sc_bad_rng = Signal()
+        sc3 = Signal(p.row)               # scan stage 3: the row and its flow's write enable
+        sc3_end = Signal(AB + 1)
+        sc3_we = Signal(F)
         tx_all_idle = tx_idle_q.all()
         # every expected receive (REDUCE contributions, GATHER from the parent) written back
         # (registered: it only grows while RUNNING, so one cycle late is only conservative)
@@ -589,7 +592,7 @@ class Nic(wiring.Component):
                         m.d.comb += ev_tindex.eq(1)
                         m.d.sync += scan_failed.eq(1)
                     with m.Else():
-                        m.d.sync += [scan_i.eq(0), scan_p.eq(0), scan_v.eq(0), sc_v.eq(0),
+                        m.d.sync += [scan_i.eq(0), scan_p.eq(0), scan_v.eq(0), sc_v.eq(0), sc3_we.eq(0),
                                      scan_bad.eq(0),
                                      done.eq(0), scan_failed.eq(0), cycles.eq(0)]
                         for f in range(F):
@@ -597,9 +600,8 @@ class Nic(wiring.Component):
                                          fstart[f].eq(0), fsize[f].eq(0), fendt[f].eq(0)]
                         m.next = "SCAN"
             with m.State("SCAN"):
-                # two stages per row: the checks (a carry chain) are registered with the
-                # row before the per-flow tables are written (their enables fan out
-                # to every flow's registers)
+                # three stages per row: read, checks (a carry chain) registered with the
+                # row, per-flow table writes
                 m.d.comb += t_rd.addr.eq(scan_i)
                 with m.If(scan_i < n_entries):
                     m.d.sync += scan_i.eq(scan_i + 1)
@@ -615,16 +617,20 @@ class Nic(wiring.Component):
                     with m.Elif(sc_bad_rng):
                         m.d.comb += ev_erange.eq(1)
                         m.d.sync += scan_bad.eq(1)
-                    with m.Elif(sc.op != NOP):
-                        for f in range(F):
-                            with m.If(sc.flow == f):
-                                m.d.sync += [fstart[f].eq(sc.start), fsize[f].eq(sc.size),
-                                             fendt[f].eq(sc_end)]
-                                with m.If(sc.op == REDUCE):
-                                    m.d.sync += expect_red[f].eq(expect_red[f] | sc.cports)
-                                with m.If((sc.op == GATHER) & (sc.pport != p.port_nil)):
-                                    m.d.sync += gport[f].eq(sc.pport)
-                with m.If(~sc_v & ~scan_v & ~scan_p & (scan_i == n_entries)):
+                # stage 3: each flow's table registers load from a registered one-hot
+                # enable (the decode would otherwise fan out to all of them)
+                row_ok = sc_v & ~sc_bad_op & ~sc_bad_rng & (sc.op != NOP)
+                m.d.sync += [sc3.eq(sc), sc3_end.eq(sc_end),
+                             sc3_we.eq(Mux(row_ok, Const(1, F) << sc.flow, 0))]
+                for f in range(F):
+                    with m.If(sc3_we[f]):
+                        m.d.sync += [fstart[f].eq(sc3.start), fsize[f].eq(sc3.size),
+                                     fendt[f].eq(sc3_end)]
+                        with m.If(sc3.op == REDUCE):
+                            m.d.sync += expect_red[f].eq(expect_red[f] | sc3.cports)
+                        with m.If((sc3.op == GATHER) & (sc3.pport != p.port_nil)):
+                            m.d.sync += gport[f].eq(sc3.pport)
+                with m.If((sc3_we == 0) & ~sc_v & ~scan_v & ~scan_p & (scan_i == n_entries)):
                     m.next = "FINISH"
             with m.State("FINISH"):
                 with m.If(scan_bad):
