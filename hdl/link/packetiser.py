@@ -85,19 +85,25 @@ class Packetiser(wiring.Component):
         flit_type = Signal(FlitType)
         flit_data = Signal(fmt.width)
 
-        rem = Signal(fmt.length_bits)
-        m.d.comb += rem.eq(h.length - done)
-        last_flit = Signal()
-        m.d.comb += last_flit.eq(rem <= W)
+        # Words left, and whether the next payload flit ends the message / the sub-packet
+        # (packet), are kept in registers set one flit ahead, so the send decision -- a
+        # handshake with the TX FIFO -- reaches no subtract or compare (a timing path).
+        rem = Signal(fmt.length_bits)        # words left of the message
+        last_flit = Signal()                 # rem <= W
+        sub_end = Signal()                   # the next payload flit ends a sub-packet/packet
+        seg = self.sub_words if msg_mode else self.packet_words
         k = Signal(range(W + 1))
         m.d.comb += k.eq(Mux(last_flit, rem, W))
 
-        # registered link output
-        m.d.sync += self.tx.valid.eq(send)
+        # registered link output; the counters count the registered sends
+        sent = Signal()
+        head_sent = Signal()
+        m.d.sync += [self.tx.valid.eq(send), sent.eq(send), head_sent.eq(0),
+                     self.status.flits.eq(self.status.flits + sent),
+                     self.status.heads.eq(self.status.heads + head_sent)]
         with m.If(send):
             m.d.sync += [self.tx.flit.type.eq(flit_type), self.tx.flit.vc.eq(h.vc),
-                         self.tx.flit.data.eq(flit_data),
-                         self.status.flits.eq(self.status.flits + 1)]
+                         self.tx.flit.data.eq(flit_data)]
         for v in range(fmt.vcs):
             used = send & (h.vc == v)
             m.d.sync += cred[v].eq(cred[v] + self.tx.credit[v] - used)
@@ -125,7 +131,9 @@ class Packetiser(wiring.Component):
             with m.State("IDLE"):
                 m.d.comb += self.hdr.ready.eq(1)
                 with m.If(self.hdr.valid):
-                    m.d.sync += [h.eq(self.hdr.payload), done.eq(0), sub.eq(0)]
+                    ln = self.hdr.payload.length
+                    m.d.sync += [h.eq(self.hdr.payload), done.eq(0), sub.eq(0), rem.eq(ln),
+                                 last_flit.eq(ln <= W), sub_end.eq(seg <= W)]
                     if msg_mode:
                         with m.If(self.hdr.payload.length == 0):
                             m.d.sync += self.status.dropped.eq(self.status.dropped + 1)
@@ -135,7 +143,7 @@ class Packetiser(wiring.Component):
                         m.next = "HEAD"
             with m.State("HEAD"):
                 m.d.comb += send.eq(have_credit)
-                m.d.sync += self.status.heads.eq(self.status.heads + send)
+                m.d.sync += head_sent.eq(send)
                 if msg_mode:
                     m.d.comb += [flit_type.eq(FlitType.SUB_HEAD), flit_data.eq(sub_head)]
                     with m.If(send):
@@ -155,21 +163,27 @@ class Packetiser(wiring.Component):
                 if msg_mode:
                     with m.If(last_flit):
                         m.d.comb += flit_type.eq(FlitType.MSG_TAIL)
-                    with m.Elif(sub >= self.sub_words - W):
+                    with m.Elif(sub_end):
                         m.d.comb += flit_type.eq(FlitType.SUB_TAIL)
                     with m.Else():
                         m.d.comb += flit_type.eq(FlitType.SUB_BODY)
                     with m.If(send):
-                        m.d.sync += [done.eq(done + k),
-                                     sub.eq(Mux(flit_type == FlitType.SUB_TAIL, 0, sub + k))]
+                        # (a flit that is not the message's last carries W words)
+                        m.d.sync += [done.eq(done + k), rem.eq(rem - W),
+                                     last_flit.eq(rem <= 2 * W),
+                                     sub.eq(Mux(sub_end, 0, sub + W)),
+                                     sub_end.eq(Mux(sub_end, seg <= W, sub >= seg - 2 * W))]
                         with m.If(last_flit):
                             m.next = "IDLE"
                 else:
                     pkt_end = Signal()
-                    m.d.comb += pkt_end.eq(last_flit | (sub >= self.packet_words - W))
+                    m.d.comb += pkt_end.eq(last_flit | sub_end)
                     m.d.comb += flit_type.eq(Mux(pkt_end, FlitType.TAIL, FlitType.BODY))
                     with m.If(send):
-                        m.d.sync += [done.eq(done + k), sub.eq(Mux(pkt_end, 0, sub + k))]
+                        m.d.sync += [done.eq(done + k), rem.eq(rem - W),
+                                     last_flit.eq(rem <= 2 * W),
+                                     sub.eq(Mux(pkt_end, 0, sub + W)),
+                                     sub_end.eq(Mux(pkt_end, seg <= W, sub >= seg - 2 * W))]
                         with m.If(last_flit):
                             m.next = "IDLE"
                         with m.Elif(pkt_end):

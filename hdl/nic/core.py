@@ -111,6 +111,8 @@ class Nic(wiring.Component):
         start_req = Signal()
         m.d.comb += start_req.eq(self.start | (host.we & (region == 0) & (off == Reg.CTRL) &
                                                host.wdata[0]))
+        start_q = Signal()                # registered START (fabric pin or CTRL write)
+        m.d.sync += start_q.eq(start_req)
         run_init = Signal()
         # ------------------------------------------------------------ configuration regs
         node_id = Signal(16)
@@ -358,12 +360,9 @@ class Nic(wiring.Component):
                 if qq == i:
                     continue
                 exp_q = Signal(name=f"rx{i}_exp{qq}")
-                known = Signal(name=f"rx{i}_known{qq}")
-                x_before = Signal(name=f"rx{i}_xbefore{qq}")
-                xs_n = A_xstep[qq][fn]
+                xs_q = Signal(p.step_bits, name=f"rx{i}_xstep{qq}")   # ORDER table entry
                 m.d.sync += [exp_q.eq(expect_bits[qq].bit_select(fn, 1)),
-                             known.eq(xs_n != XNIL),
-                             x_before.eq((xs_n < h.step) | ((xs_n == h.step) & (qq < i)))]
+                             xs_q.eq(A_xstep[qq][fn])]
 
                 def before(step):                 # q's step precedes this header's
                     return (step <= h.step) if qq < i else (step < h.step)
@@ -376,7 +375,8 @@ class Nic(wiring.Component):
                 reach = Signal(name=f"rx{i}_reach{qq}")     # q wrote f through hend
                 m.d.sync += [
                     need.eq(exp_q & ~red_done[qq].bit_select(fn, 1)),
-                    known2.eq(known), xb2.eq(x_before),
+                    known2.eq(xs_q != XNIL),
+                    xb2.eq((xs_q < h.step) | ((xs_q == h.step) & (qq < i))),
                     on_f.eq(q_mact[qq] & q_mred[qq] & (q_mflow[qq] == fn)),
                     # q's future steps are bounded below by its open message's step, else
                     # its waiting header's, else the last step it received
@@ -587,18 +587,22 @@ class Nic(wiring.Component):
         m.d.comb += t_rd.addr.eq(hp)
         with m.FSM(name="sched"):
             with m.State("IDLE"):
-                with m.If(start_req):
+                with m.If(start_q):
                     with m.If(n_entries > p.max_entries):
                         m.d.comb += ev_tindex.eq(1)
                         m.d.sync += scan_failed.eq(1)
                     with m.Else():
-                        m.d.sync += [scan_i.eq(0), scan_p.eq(0), scan_v.eq(0), sc_v.eq(0), sc3_we.eq(0),
-                                     scan_bad.eq(0),
-                                     done.eq(0), scan_failed.eq(0), cycles.eq(0)]
-                        for f in range(F):
-                            m.d.sync += [expect_red[f].eq(0), gport[f].eq(p.port_nil),
-                                         fstart[f].eq(0), fsize[f].eq(0), fendt[f].eq(0)]
-                        m.next = "SCAN"
+                        m.d.sync += [done.eq(0), scan_failed.eq(0)]
+                        m.next = "INIT"
+            with m.State("INIT"):
+                # a cycle of its own to reset the scan and every flow's tables: their
+                # enables then come from the state register, not from the START decode
+                m.d.sync += [scan_i.eq(0), scan_p.eq(0), scan_v.eq(0), sc_v.eq(0),
+                             sc3_we.eq(0), scan_bad.eq(0), cycles.eq(0)]
+                for f in range(F):
+                    m.d.sync += [expect_red[f].eq(0), gport[f].eq(p.port_nil),
+                                 fstart[f].eq(0), fsize[f].eq(0), fendt[f].eq(0)]
+                m.next = "SCAN"
             with m.State("SCAN"):
                 # three stages per row: read, checks (a carry chain) registered with the
                 # row, per-flow table writes
@@ -690,7 +694,6 @@ class Nic(wiring.Component):
 
         # ------------------------------------------------------------ host bus
         rsel = Signal(2)
-        rreg = Signal(32)
         m.d.sync += rsel.eq(region)
         # writes
         with m.If(host.we):
@@ -749,45 +752,51 @@ class Nic(wiring.Component):
         m.d.comb += [buf.rd[0].req.eq(host.re & (region == 2)), buf.rd[0].addr.eq(off),
                      buf.wr[P].addr.eq(off), buf.wr[P].data.eq(host.wdata),
                      s_rd.addr.eq(off)]
-        # register reads are decoded a cycle after ``re`` from the registered offset (the
-        # 40-way register mux starts at a register), then delayed like the step log to
-        # answer HOST_READ_LATENCY cycles after ``re``, as the buffer does
+        # Register reads: the offset is registered a cycle after ``re``; then each group of
+        # registers (the core's own, each port's counters) is multiplexed into a register
+        # of its own, and the groups into ``rreg`` -- two short levels instead of one
+        # 40-way mux across the die.  Registers answer three cycles after ``re``, the step
+        # log one: both are brought to the same point and delayed to HOST_READ_LATENCY.
         rre = Signal()
         roff = Signal.like(off)
         m.d.sync += [rre.eq(host.re & (region == 0)), roff.eq(off)]
-        with m.If(rre):
+        status = Cat(running, done, err_flags.any(), scan_failed)
+        groups = [{Reg.ID: ID_VALUE, Reg.STATUS: status, Reg.NODE: node_id,
+                   Reg.ENTRIES: n_entries, Reg.LOCKSTEP: lockstep, Reg.ELEMENTS: elements,
+                   Reg.FLOWS: nflows, Reg.ERR_FLAGS: err_flags, Reg.ERR_COUNT: err_count,
+                   Reg.CYCLES: cycles, Reg.TIMESTEP: ts, Reg.HEAD: hp,
+                   Reg.PARAMS: P | (W << 4) | (ceil_log2(p.depth) << 8) | (p.max_entries << 16),
+                   **{Reg.PEER + i: peer[i] for i in range(P)}}]
+        for i in range(P):
+            fl, hd, wd = tx_counters[i]
+            fr, rw, le, dr, bd = rx_counters[i]
+            groups.append({Reg.PORT + 8 * i + k: sig
+                           for k, sig in enumerate([fl, hd, wd, fr, rw, le, dr, bd])})
+        gsel = Signal(range(len(groups) + 1))     # group of the read (len: none)
+        gval = [Signal(32, name=f"rgroup{g}") for g in range(len(groups))]
+        m.d.sync += gsel.eq(len(groups))
+        for g, regs in enumerate(groups):
             with m.Switch(roff):
-                status = Cat(running, done, err_flags.any(), scan_failed)
-                regs = {Reg.ID: ID_VALUE, Reg.STATUS: status, Reg.NODE: node_id,
-                        Reg.ENTRIES: n_entries, Reg.LOCKSTEP: lockstep, Reg.ELEMENTS: elements,
-                        Reg.FLOWS: nflows, Reg.ERR_FLAGS: err_flags, Reg.ERR_COUNT: err_count,
-                        Reg.CYCLES: cycles, Reg.TIMESTEP: ts, Reg.HEAD: hp,
-                        Reg.PARAMS: P | (W << 4) | (ceil_log2(p.depth) << 8) |
-                        (p.max_entries << 16)}
-                for i in range(P):
-                    regs[Reg.PEER + i] = peer[i]
-                    fl, hd, wd = tx_counters[i]
-                    fr, rw, le, dr, bd = rx_counters[i]
-                    for k, sig in enumerate([fl, hd, wd, fr, rw, le, dr, bd]):
-                        regs[Reg.PORT + 8 * i + k] = sig
                 for a, v in regs.items():
                     with m.Case(int(a)):
-                        m.d.sync += rreg.eq(v)
-                with m.Default():
-                    m.d.sync += rreg.eq(0)
-        # registers answer two cycles after ``re``, the step log one, the buffer after
-        # READ_LATENCY: bring the first two to the same point, then delay them
+                        m.d.sync += gval[g].eq(v)
+                        with m.If(rre):
+                            m.d.sync += gsel.eq(g)
+        rreg = Signal(32)
+        m.d.sync += rreg.eq(Array(gval + [Const(0, 32)])[gsel])
+        rsel2 = Signal(2)
+        s_rd_q = [Signal(32, name=f"steplog_q{k}") for k in range(2)]
         rsel1 = Signal(2)
-        s_rd_q = Signal(32)
-        m.d.sync += [rsel1.eq(rsel), s_rd_q.eq(s_rd.data)]
+        m.d.sync += [rsel1.eq(rsel), rsel2.eq(rsel1), s_rd_q[0].eq(s_rd.data),
+                     s_rd_q[1].eq(s_rd_q[0])]
         early = Signal(32)
-        with m.Switch(rsel1):
+        with m.Switch(rsel2):
             with m.Case(0):
                 m.d.comb += early.eq(rreg)
             with m.Case(3):
-                m.d.comb += early.eq(s_rd_q)
-        rsel_q, early_q = rsel1, early
-        for k in range(2, HOST_READ_LATENCY):
+                m.d.comb += early.eq(s_rd_q[1])
+        rsel_q, early_q = rsel2, early
+        for k in range(3, HOST_READ_LATENCY):
             rsel_n, early_n = Signal(2, name=f"rsel_q{k}"), Signal(32, name=f"early_q{k}")
             m.d.sync += [rsel_n.eq(rsel_q), early_n.eq(early_q)]
             rsel_q, early_q = rsel_n, early_n
