@@ -268,8 +268,6 @@ class Nic(wiring.Component):
         q_done_to = [Signal(AB + 1, name=f"rx{i}_done_to") for i in range(P)]
         q_lb = [Signal(p.step_bits, name=f"rx{i}_lb") for i in range(P)]
         q_hv = [Signal(name=f"rx{i}_hv") for i in range(P)]
-        q_hred = [Signal(name=f"rx{i}_hred") for i in range(P)]
-        q_hflow = [Signal(p.flow_bits, name=f"rx{i}_hflow") for i in range(P)]
         q_hstep = [Signal(p.step_bits, name=f"rx{i}_hstep") for i in range(P)]
         rx_counters = []
         rx_err = []
@@ -310,8 +308,7 @@ class Nic(wiring.Component):
                 m.d.sync += [h.eq(h0), hv.eq(1), hend.eq(h0.offset + h0.length)]
             with m.Elif(take):
                 m.d.sync += hv.eq(0)
-            m.d.comb += [q_hv[i].eq(hv), q_hred[i].eq(h.op == Op.REDUCE),
-                         q_hflow[i].eq(h.flow), q_hstep[i].eq(h.step)]
+            m.d.comb += [q_hv[i].eq(hv), q_hstep[i].eq(h.step)]
 
             own_evt = Signal(name=f"rx{i}_own_evt")   # this port finished a message
             settle = Signal(range(4), name=f"rx{i}_settle")
