@@ -11,10 +11,11 @@ from treenic.hdl.nic.buffer import (BankedBuffer, BankedBufferModel, CONFLICT_LA
                                     READ_LATENCY, WRITE_VISIBLE)
 
 
-def run_random(depth, banks, lanes, readers, writers, cycles, seed, conflicts):
+def run_random(depth, banks, lanes, readers, writers, cycles, seed, conflicts,
+               write_back=()):
     dut = BankedBuffer(depth=depth, banks=banks, lanes=lanes, readers=readers,
-                       writers=writers)
-    model = BankedBufferModel(depth=depth, banks=banks, lanes=lanes)
+                       writers=writers, write_back=write_back)
+    model = BankedBufferModel(depth=depth, banks=banks, lanes=lanes, write_back=write_back)
     rnd = random.Random(seed)
     sim = Simulator(dut)
     sim.add_clock(1e-8)
@@ -24,9 +25,10 @@ def run_random(depth, banks, lanes, readers, writers, cycles, seed, conflicts):
         return rnd.getrandbits(32)
 
     def drive(ctx, reads, writes):
-        for (req, addr), rd in zip(reads, dut.rd):
+        for (req, addr, *wo), rd in zip(reads, dut.rd):
             ctx.set(rd.req, req)
             ctx.set(rd.addr, addr)
+            ctx.set(rd.write_only, bool(wo and wo[0]))
         for wr, w in zip(dut.wr, writes + [(0, 0, [0] * lanes)] * (writers - len(writes))):
             addr, en, words = w
             ctx.set(wr.addr, addr)
@@ -55,7 +57,9 @@ def run_random(depth, banks, lanes, readers, writers, cycles, seed, conflicts):
             check(ctx, *drive(ctx, idle, [(a, en, [word() for _ in range(lanes)])]))
             await ctx.tick()
         for _ in range(cycles):
-            reads = [(rnd.random() < 0.7, rnd.randrange(depth)) for _ in range(readers)]
+            # write_only on every reader: the buffer must ignore it on the plain readers
+            reads = [(rnd.random() < 0.7, rnd.randrange(depth), rnd.random() < 0.4)
+                     for _ in range(readers)]
             writes = []
             used = set()
             for _ in range(writers):
@@ -69,7 +73,7 @@ def run_random(depth, banks, lanes, readers, writers, cycles, seed, conflicts):
             grants, outs, conflict = drive(ctx, reads, writes)
             check(ctx, grants, outs, conflict)
             stats["grants"] += sum(grants)
-            stats["blocked"] += sum(q and not g for (q, _), g in zip(reads, grants))
+            stats["blocked"] += sum(q and not g for (q, *_), g in zip(reads, grants))
             stats["conflicts"] += conflict
             await ctx.tick()
         # read everything back through reader 0 (highest priority: always granted)
@@ -91,9 +95,12 @@ def run_random(depth, banks, lanes, readers, writers, cycles, seed, conflicts):
     (48, 16, 2, 9, 5, True),      # ... with two lanes (incl. a lane wrapped to the next row)
     (128, 32, 2, 9, 5, False),    # the NIC's shape: 32 banks, 1 + 4 + 4 readers, 4 + 1 writers
 ])
-def test_banked_buffer_matches_model(depth, banks, lanes, readers, writers, conflicts):
+@pytest.mark.parametrize("write_back", [(), (1, 2, 3)], ids=["plain", "write_back"])
+def test_banked_buffer_matches_model(depth, banks, lanes, readers, writers, conflicts,
+                                     write_back):
+    write_back = tuple(r for r in write_back if r < readers)
     s = run_random(depth, banks, lanes, readers, writers, cycles=400, seed=depth + banks,
-                   conflicts=conflicts)
+                   conflicts=conflicts, write_back=write_back)
     assert s["checked"] > 100 and s["blocked"] > 0      # arbitration was exercised
     assert (s["conflicts"] > 0) == conflicts
 
@@ -109,8 +116,12 @@ def run_directed(dut, lanes, script, cycles):
         for c in range(cycles):
             reads, writes = script.get(c, ({}, {}))
             for r, rd in enumerate(dut.rd):
+                addr, wo = reads.get(r, 0), False
+                if isinstance(addr, tuple):
+                    addr, wo = addr
                 ctx.set(rd.req, r in reads)
-                ctx.set(rd.addr, reads.get(r, 0))
+                ctx.set(rd.addr, addr)
+                ctx.set(rd.write_only, wo)
             for w, wr in enumerate(dut.wr):
                 addr, en, words = writes.get(w, (0, 0, [0] * lanes))
                 ctx.set(wr.addr, addr)
@@ -174,7 +185,32 @@ def test_write_conflict_timing_and_result():
         assert log[base + i + READ_LATENCY][1][0] == [expect[e], expect[e + 1]], f"element {e}"
 
 
+def test_write_only_requests_share_banks_with_readers_only():
+    """Reader 0 plain, readers 1 and 2 write back, all three asking for banks 2 and 3.
+    A write-only request contends only with the other write-back reader; a reading one
+    with both; a write-only grant returns no data and does not disturb the plain read."""
+    lanes = 2
+    dut = BankedBuffer(depth=64, banks=8, lanes=lanes, readers=3, writers=1,
+                       write_back=(1, 2))
+    fill = {e: 0x1000 + e for e in range(64)}
+    script = {c: ({}, {0: (e, 0b11, [fill[e], fill[e + 1]])})
+              for c, e in enumerate(range(0, 64, lanes))}
+    T = 40
+    script[T] = ({0: 2, 1: (10, True), 2: (18, True)}, {})        # -> grants 1, 1, 0
+    # reader 1 reads: refused (reader 0 reads there), and as the rule is "no
+    # higher-priority *request* on my banks", it still keeps reader 2 out
+    script[T + 1] = ({0: 2, 1: (10, False), 2: (18, True)}, {})   # -> 1, 0, 0
+    script[T + 2] = ({0: 3, 2: (18, True)}, {})                   # -> 1, -, 1
+    script[T + 3] = ({0: 3, 2: (18, False)}, {})                  # -> 1, -, 0
+    log = run_directed(dut, lanes, script, T + 4 + READ_LATENCY + 1)
+    assert [log[T + i][0] for i in range(4)] == [[1, 1, 0], [1, 0, 0], [1, 0, 1], [1, 0, 0]]
+    for i, e in enumerate((2, 2, 3, 3)):
+        outs = log[T + i + READ_LATENCY][1]
+        assert outs == {0: [fill[e], fill[e + 1]]}, f"cycle {T + i}: only reader 0 reads"
+
+
 @pytest.mark.parametrize("kw,msg", [
+    (dict(depth=64, banks=8, lanes=2, write_back=(1,)), "write_back"),
     (dict(depth=64, banks=6, lanes=2), "power of two"),
     (dict(depth=64, banks=2, lanes=4), "lanes"),
     (dict(depth=4, banks=8, lanes=2), "depth"),

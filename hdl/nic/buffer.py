@@ -13,7 +13,7 @@ share the banks the way a GPU's shared memory does::
     cycle     readers (host, RX read, TX DMA)           writers (RX write-back, host)
     t         req/addr ──► arbiter (fixed priority,     addr/en/data
               lower index first; granted iff no               │
-              higher-priority requesting reader               │
+              higher-priority contending request              │
               touches one of its banks) ──► grant             │
                  │ registered: the banks its lanes            │ registered: per bank and
                  │ land in, the rows they read (0             │ lane "lands here", rows, data
@@ -36,14 +36,18 @@ wide per-bank multiplexers start from registers.
 Contract (:class:`BankedBufferModel` is the same thing in Python, cycle by cycle):
 
 * **Readers** request ``lanes`` consecutive elements at ``addr`` (``req``); ``grant`` is
-  combinational in the same cycle and never depends on lower-priority readers.  A granted
+  combinational in the same cycle and never depends on lower-priority readers.  Two
+  requests contend when both read, or both come from write-back readers (below); a
+  request is granted iff no higher-priority contending request (granted or not) touches
+  one of its banks.  A granted
   request's words appear on ``data`` with ``valid`` exactly :data:`READ_LATENCY` (5)
   cycles later: requested in cycle t, ``valid`` in cycle t+5.  Elements past the end of
   the buffer read as don't-care (the NIC masks them).
 * **Writers** present ``addr``, a per-lane ``en`` and ``data``; there is no handshake.  The
   NIC's write-backs are conflict-free by construction: each one happens a fixed number of
-  cycles after a *granted* read of the same elements, and granted reads never share a
-  bank.  Should two writers still meet in one bank in cycle t, ``conflict`` is
+  cycles after a *granted* request of a write-back reader for the same elements, and
+  those grants never share a bank (a GATHER beat's ``write_only`` request reserves the
+  write slot without the read port, which a TX stream may use in the same cycle).  Should two writers still meet in one bank in cycle t, ``conflict`` is
   high in cycle t+2 (one cycle per colliding cycle; the NIC flags it as an error) and
   that bank's write is garbage: the bitwise OR of the colliding lanes' rows and words
   (possibly into a third row; other banks are unaffected).
@@ -75,12 +79,15 @@ CONFLICT_LATENCY = 2
 
 
 class BufferReadSignature(wiring.Signature):
-    """A read client (initiator's view): ``req``, ``addr`` out; ``grant``, ``valid``,
-    ``data`` (lanes × 32 bits, lane k = element addr + k) in."""
+    """A read client (initiator's view): ``req``, ``addr``, ``write_only`` out; ``grant``,
+    ``valid``, ``data`` (lanes × 32 bits, lane k = element addr + k) in.
+
+    ``write_only`` (honoured for write-back readers only, see :class:`BankedBuffer`):
+    the request reserves its banks' write slot and reads nothing (no ``valid``)."""
 
     def __init__(self, abits: int, lanes: int):
-        super().__init__({"req": Out(1), "addr": Out(abits), "grant": In(1),
-                          "valid": In(1), "data": In(32 * lanes)})
+        super().__init__({"req": Out(1), "addr": Out(abits), "write_only": Out(1),
+                          "grant": In(1), "valid": In(1), "data": In(32 * lanes)})
 
 
 class BufferWriteSignature(wiring.Signature):
@@ -95,16 +102,29 @@ class BankedBuffer(wiring.Component):
 
     Ports: ``rd[r]`` (``In(BufferReadSignature)``), ``wr[w]``
     (``In(BufferWriteSignature)``), ``conflict``.
+
+    ``write_back``: the readers whose clients write the elements of every granted request
+    back a fixed time later (the NIC's RX ports).  The arbiter keeps their grants in
+    distinct banks, so those writes never collide; a write-back reader may ask with
+    ``write_only`` (a GATHER beat overwrites, it needs no old data), which reserves the
+    write slot but not the bank's read port.  Two requests conflict when their banks
+    overlap and both read, or both write back.
     """
 
-    def __init__(self, *, depth: int, banks: int, lanes: int, readers: int, writers: int):
+    def __init__(self, *, depth: int, banks: int, lanes: int, readers: int, writers: int,
+                 write_back=()):
         if banks < 2 or banks & (banks - 1):
             raise ValueError(f"banks ({banks}) must be a power of two >= 2")
         if not 1 <= lanes <= banks:
             raise ValueError(f"lanes ({lanes}) must be between 1 and banks ({banks})")
         if depth < banks:
             raise ValueError(f"depth ({depth}) must be at least banks ({banks})")
+        write_back = frozenset(write_back)
+        if not write_back <= set(range(readers)):
+            raise ValueError(f"write_back readers {sorted(write_back)} must be among "
+                             f"0..{readers - 1}")
         self.depth, self.banks, self.lanes = depth, banks, lanes
+        self.write_back = write_back
         self.bank_depth = -(-depth // banks)
         self.abits = max(1, ceil_log2(self.bank_depth * banks))
         rs, ws = BufferReadSignature(self.abits, lanes), BufferWriteSignature(self.abits, lanes)
@@ -168,9 +188,19 @@ class BankedBuffer(wiring.Component):
                 return Const(1)
             return ((lo_a - lo_b + (L - 1))[:LB] <= 2 * L - 2)
 
+        # whether a request reads (a write-back reader's ``write_only`` request does not);
+        # write-back readers always contend with each other, the rest only when both read
+        reads = [Const(1) if r not in self.write_back else wire(~rd.write_only, f"rd{r}_reads")
+                 for r, rd in enumerate(self.rd)]
+
+        def contend(j, r):
+            if j in self.write_back and r in self.write_back:
+                return Const(1)
+            return reads[j] & reads[r]
+
         for r, rd in enumerate(self.rd):
-            blocked = Cat(Const(0, 1), *[self.rd[j].req & overlap(rlo[j], rlo[r])
-                                         for j in range(r)]).any()
+            blocked = Cat(Const(0, 1), *[self.rd[j].req & contend(j, r) &
+                                         overlap(rlo[j], rlo[r]) for j in range(r)]).any()
             m.d.comb += rd.grant.eq(rd.req & ~blocked)
 
         # ... and registered per reader: the banks its lanes land in (``inb``, from the
@@ -186,13 +216,16 @@ class BankedBuffer(wiring.Component):
             inb = [Signal(name=f"rd{r}_in{b}") for b in range(B)]
             m.d.sync += [inb[b].eq(Cat(*[dec[(b - k) % B] for k in range(L)]).any())
                          for b in range(B)]
+            # a write-only grant reads nothing: its rows stay 0 (other readers may be
+            # granted the same banks)
+            rgrant = wire(rd.grant & reads[r], f"rd{r}_rgrant")
             rows = [Signal(RB, name=f"rd{r}_row_q")]
-            m.d.sync += rows[0].eq(Mux(rd.grant, hi, 0))
+            m.d.sync += rows[0].eq(Mux(rgrant, hi, 0))
             for b in range(L - 1):
                 rows.insert(b, Signal(RB, name=f"rd{r}_row_b{b}_q"))
-                m.d.sync += rows[b].eq(Mux(rd.grant, Mux(lo <= b, hi, hi1), 0))
+                m.d.sync += rows[b].eq(Mux(rgrant, Mux(lo <= b, hi, hi1), 0))
             v = [Signal(name=f"rd{r}_v{i}") for i in range(READ_LATENCY)]
-            rstage.append((lo, inb, rows, v))
+            rstage.append((lo, inb, rows, v, rgrant))
 
         # cycle t+1: bank b reads the row of the granted reader whose lanes land in b.
         # Granted readers never share a bank and the others' rows are 0, so a plain AND-OR
@@ -201,7 +234,7 @@ class BankedBuffer(wiring.Component):
         a_row = [Signal(RB, name=f"rq_row{b}") for b in range(B)]
         for b in range(B):
             m.d.sync += a_row[b].eq(onehot([(inb[b], rows[min(b, L - 1)])
-                                            for _, inb, rows, _ in rstage], RB))
+                                            for _, inb, rows, _, _ in rstage], RB))
 
         # cycle t+2: the RAM reads; its output is slow (DP16KD clock-to-out): register it
         # in place (cycle t+3) before the wide lane multiplexer
@@ -214,10 +247,10 @@ class BankedBuffer(wiring.Component):
         # cycle t+4: the bank registers hold the words; route lane k of reader r from bank
         # (lo + k) mod B and register: data and valid in cycle t + READ_LATENCY
         for r, rd in enumerate(self.rd):
-            lo, v = rstage[r][0], rstage[r][3]
+            lo, v, rgrant = rstage[r][0], rstage[r][3], rstage[r][4]
             lo_q = [Signal.like(lo, name=f"rd{r}_lo_q{i}") for i in range(READ_LATENCY - 1)]
             m.d.sync += [lo_q[0].eq(lo), *[lo_q[i].eq(lo_q[i - 1]) for i in range(1, len(lo_q))],
-                         v[0].eq(rd.grant), *[v[i].eq(v[i - 1]) for i in range(1, READ_LATENCY)]]
+                         v[0].eq(rgrant), *[v[i].eq(v[i - 1]) for i in range(1, READ_LATENCY)]]
             out = Signal(32 * L, name=f"rd{r}_data")
             m.d.sync += out.eq(Cat(*[bank_data[(lo_q[-1] + k)[:LB]] for k in range(L)]))
             m.d.comb += [rd.valid.eq(v[-1]), rd.data.eq(out)]
@@ -284,7 +317,7 @@ class BankedBufferModel:
     """Cycle-level golden model of :class:`BankedBuffer` (same contract, plain Python).
 
     Call :meth:`cycle` once per clock with this cycle's read requests
-    ``[(req, addr), ...]`` and writes ``[(addr, en_mask, [words]), ...]``; it returns
+    ``[(req, addr), ...]`` or ``[(req, addr, write_only), ...]`` and writes ``[(addr, en_mask, [words]), ...]``; it returns
     ``(grants, outputs, conflict)`` as the buffer shows them in this cycle: ``grants`` for
     these requests, ``outputs[r]`` the list of words reader r sees valid (requested
     :data:`READ_LATENCY` cycles ago; ``None`` if nothing is valid; a lane past the end of
@@ -292,8 +325,9 @@ class BankedBufferModel:
     :data:`CONFLICT_LATENCY` cycles ago.
     """
 
-    def __init__(self, *, depth: int, banks: int, lanes: int):
+    def __init__(self, *, depth: int, banks: int, lanes: int, write_back=()):
         self.depth, self.banks, self.lanes = depth, banks, lanes
+        self.write_back = frozenset(write_back)
         self.bank_depth = -(-depth // banks)
         self.row_mask = (1 << max(1, (self.bank_depth - 1).bit_length())) - 1
         self.size = self.bank_depth * banks
@@ -309,18 +343,26 @@ class BankedBufferModel:
                 if en is None or en >> k & 1}
 
     def cycle(self, reads, writes):
+        reads = [(q, a, bool(rest and rest[0]) and r in self.write_back)
+                 for r, (q, a, *rest) in enumerate(reads)]
+
+        def contend(j, r):          # both write back, or both read
+            wb = j in self.write_back and r in self.write_back
+            return wb or (not reads[j][2] and not reads[r][2])
+
         grants = []
-        for r, (req, addr) in enumerate(reads):
+        for r, (req, addr, _) in enumerate(reads):
             mine = self._banks(addr)
-            blocked = any(q and self._banks(a) & mine for q, a in reads[:r])
+            blocked = any(q and contend(j, r) and self._banks(a) & mine
+                          for j, (q, a, _) in enumerate(reads[:r]))
             grants.append(bool(req) and not blocked)
         # reads requested now see writes presented WRITE_VISIBLE or more cycles ago
         while len(self.pending_writes) >= WRITE_VISIBLE:
             for a, v in self.pending_writes.pop(0):
                 self.mem[a] = v
         sample = [[self.mem[a + k] if a + k < self.depth else None for k in range(self.lanes)]
-                  if g else None
-                  for g, (_, a) in zip(grants, reads)]
+                  if g and not wo else None
+                  for g, (_, a, wo) in zip(grants, reads)]
         self.pipe.append(sample)
         out = self.pipe.pop(0) if len(self.pipe) > READ_LATENCY else [None] * len(reads)
         # per bank: the (row, word) of every enabled lane landing there; a collision

@@ -141,9 +141,13 @@ class Nic(wiring.Component):
         t_wr = table.write_port(granularity=32)
         t_rd = table.read_port()
         # readers (in priority order): 0 host, 1..P RX (a stalled RX stalls its link),
-        # P+1..2P TX; writers: 0..P-1 RX write-back, P host (only while not RUNNING)
+        # P+1..2P TX; writers: 0..P-1 RX write-back, P host (only while not RUNNING).
+        # Every RX beat writes back a fixed time after its grant, so the RX readers
+        # reserve write slots; a GATHER beat reads nothing (write_only) and leaves the
+        # banks' read ports to the TX streams
         m.submodules.buf = buf = BankedBuffer(depth=p.depth, banks=p.banks, lanes=W,
-                                              readers=2 * P + 1, writers=P + 1)
+                                              readers=2 * P + 1, writers=P + 1,
+                                              write_back=range(1, P + 1))
         m.submodules.steplog = steplog = memory.Memory(shape=32, depth=p.max_steps + 2, init=[])
         s_wr = steplog.write_port()
         s_rd = steplog.read_port()
@@ -440,6 +444,7 @@ class Nic(wiring.Component):
             brd, bwr = buf.rd[1 + i], buf.wr[i]
             beat = Signal(name=f"rx{i}_beat")
             m.d.comb += [brd.req.eq(cur_v & ~cur.drop & rxd.valid), brd.addr.eq(cur.addr),
+                         brd.write_only.eq(~cur.red),
                          rxd.ready.eq(Mux(cur.drop, cur_v, brd.grant)),
                          beat.eq(Mux(cur.drop, cur_v & rxd.valid, brd.grant))]
             with m.If(beat & ~cur.last):
