@@ -85,8 +85,8 @@ def register_top(name: str, factory: Callable[[], object], *, default: bool = Fa
 
 
 
-#: the synthesised NIC: 4 ports, 64-bit flits, 64 KiB gradient buffer (16 Ki binary32 in 32
-#: banks of 512 = one DP16KD each), 16 nodes/flows, 64 table rows
+#: the synthesised NIC: 4 ports, 64-bit flits, 64 KiB gradient buffer (16 Ki binary32 in the
+#: default 16 banks of 1024 = two DP16KD each), 16 nodes/flows, 64 table rows
 NIC_CORE_PARAMS = dict(ports=4, width=64, depth=16384, max_nodes=16, max_entries=64,
                        sub_words=16)
 
@@ -112,9 +112,12 @@ def _nic_core_small():
 register_top("nic_core_small", _nic_core_small)
 
 
-def _gradient_buffer():     # the NIC core's banked buffer at its synthesis size
+def _gradient_buffer():     # the NIC core's banked buffer at its synthesis size and shape
+    from treenic.hdl.nic import NicParams
     from treenic.hdl.nic.buffer import BankedBuffer
-    return BankedBuffer(depth=16384, banks=32, lanes=2, readers=8, writers=4)
+    p = NicParams(**NIC_CORE_PARAMS)
+    return BankedBuffer(depth=p.depth, banks=p.banks, lanes=p.lanes, readers=2 * p.ports + 1,
+                        writers=p.ports + 1, write_back=range(1, p.ports + 1))
 
 
 register_top("gradient_buffer", _gradient_buffer)

@@ -20,7 +20,8 @@ ports and in-NIC reduction.
      │        ─► per-flow arrived bits (children / parent) ─► issue logic     │
      │                                                                        │
      │  gradient buffer (buffer.py): `banks` block RAMs, element e in bank    │
-     │  e mod banks; a registered crossbar arbitrates TX/RX reads (RX first)  │
+     │  e mod banks; a registered crossbar arbitrates reads and RX write      │
+     │  slots (RX first; a GATHER beat takes a write slot only)               │
      └────────────────────────────────────────────────────────────────────────┘
 
 Semantics implemented (what the golden model :mod:`treenic.hdl.nic.model` states):
