@@ -98,9 +98,9 @@ def _nic_core():
 
 register_top("nic_core", _nic_core, headline=True)
 
-#: the same core with a small buffer (8 KiB in 8 banks): same control logic and ports, a
-#: quarter of the crossbar; place and route take 11-27 min here instead of over 40, so this
-#: is where timing work is iterated (not a default top)
+#: the same core with a small buffer (8 KiB in 8 banks): same control logic and ports, half
+#: the crossbar; place and route take 12-15 min here instead of about 45, so this is where
+#: timing work is iterated (not a default top)
 NIC_SMALL_PARAMS = dict(NIC_CORE_PARAMS, depth=2048, banks=8)
 
 

@@ -374,9 +374,11 @@ class FP32Adder(wiring.Component):
         s5_sign = Signal()
         s5_nan = Signal()
         s5_inf = Signal()
+        s5_ovf = Signal(2)      # [c]: the exponent overflows if rounding carries out (c)
         s5_tag = Signal(tw)
         with m.If(en[6]):
             m.d.sync += [s5_mr.eq(mant + up), s5_e.eq(s4_e), s5_e1.eq(s4_e + 1),
+                         s5_ovf.eq(Cat(s4_e >= 255, s4_e >= 254)),
                          s5_sign.eq(s4_sign), s5_nan.eq(s4_nan), s5_inf.eq(s4_inf),
                          s5_tag.eq(s4_tag)]
 
@@ -391,7 +393,9 @@ class FP32Adder(wiring.Component):
         packed = Signal(32)
         m.d.comb += packed.eq(
             Mux(s5_nan, CANONICAL_NAN,
-                Mux(s5_inf | (e_r >= 255), Cat(Const(0, 23), Const(0xFF, 8), s5_sign),
+                # overflow compares made in S5 (no carry chain before the output)
+                Mux(s5_inf | s5_ovf.bit_select(s5_mr[24], 1),
+                    Cat(Const(0, 23), Const(0xFF, 8), s5_sign),
                     Cat(frac, Mux(hidden, e_r[:8], 0), s5_sign))))
         with m.If(en[N]):
             m.d.sync += [self.o.payload.sum.eq(packed), self.o.payload.tag.eq(s5_tag)]

@@ -228,10 +228,12 @@ class Nic(wiring.Component):
                          pk.hdr.payload.eq(hdr),
                          # the head flit waits for the first data beat: no bubble on the
                          # link behind it while the buffer read is in flight
-                         pk.hdr.valid.eq(hdr_pend & (q.r_rdy | ((left == 0) & (inflight == 0))))]
+                         # (``~left_nz``, not ``left == 0``: no wide compare in front of
+                         # the packetiser's header load)
+                         pk.hdr.valid.eq(hdr_pend & (q.r_rdy | (~left_nz & (inflight == 0))))]
             with m.If(pk.hdr.valid & pk.hdr.ready):
                 m.d.sync += hdr_pend.eq(0)
-            m.d.comb += tx_idle[i].eq(~hdr_pend & (left == 0) & (inflight == 0) & ~q.r_rdy &
+            m.d.comb += tx_idle[i].eq(~hdr_pend & ~left_nz & (inflight == 0) & ~q.r_rdy &
                                       pk.hdr.ready)
             with m.If(tx_go_q[i]):
                 m.d.sync += [addr.eq(tx_start), left.eq(tx_size), left_nz.eq(tx_size != 0),
