@@ -314,7 +314,8 @@ def test_tx_streams_one_flit_per_cycle():
     assert o["cyc"][-1] - o["cyc"][0] <= 101         # at most one bubble per message
 
 
-@pytest.mark.parametrize("args", [["--elements", "0"], ["--topology", "foo:1"]])
+@pytest.mark.parametrize("args", [["--elements", "0"], ["--topology", "foo:1"],
+                                  ["--banks", "12"], ["--banks", "1"]])
 def test_nic_bench_rejects_bad_arguments(args, tmp_path):
     from treenic.hdl.nic import bench
     with pytest.raises(SystemExit):
@@ -326,4 +327,6 @@ def test_nic_bench_run_rejects_nonpositive_elements(tmp_path):
     from treenic.hdl.nic import bench
     with pytest.raises(ValueError, match="elements must be positive"):
         bench.run(tmp_path / "o", elements=0)
+    with pytest.raises(ValueError, match="banks must be a power of two"):
+        bench.run(tmp_path / "o", banks=6)
     assert not (tmp_path / "o").exists()

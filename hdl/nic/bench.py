@@ -12,24 +12,31 @@ counters.  Every run is checked bit for bit against the golden executor.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import time
 from pathlib import Path
 
 import numpy as np
 
+from treenic.algorithms import build as build_schedule
 from treenic.schedule.execute import execute
 from treenic.topology import TopologyError, parse
 
-from .fabric_sim import FabricSim
+from .fabric_sim import FabricSim, params_for
 from .model import expected_port_counters, ideal_cycles, step_link_flits
 
 __all__ = ["run"]
 
 
-def _one(spec, alg, elements, mode, *, stall=0, latency=1, seed=1):
+def _one(spec, alg, elements, mode, *, stall=0, latency=1, seed=1, banks=None):
     t0 = time.time()
-    fs = FabricSim(spec, alg, elements, mode=mode, stall=stall, latency=latency, seed=seed)
+    sched = build_schedule(alg, spec)
+    params = None
+    if banks is not None:       # the default build with another bank count
+        params = dataclasses.replace(params_for(sched, elements, mode=mode), banks=banks)
+    fs = FabricSim(spec, sched, elements, mode=mode, stall=stall, latency=latency, seed=seed,
+                   params=params)
     build_s = time.time() - t0
     rng = np.random.default_rng(seed)
     bufs = rng.standard_normal((fs.schedule.n, elements)).astype(np.float32)
@@ -66,25 +73,29 @@ def _one(spec, alg, elements, mode, *, stall=0, latency=1, seed=1):
         "sim_cycles_per_s": round(cycles / max(run_s, 1e-9)),
         "params": {"ports": p.ports, "width": p.width, "depth": p.depth,
                    "sub_words": p.sub_words, "packet_words": p.packet_words,
-                   "credits": p.credits},
+                   "credits": p.credits, "banks": p.banks},
     }
 
 
 def run(out_dir, quick: bool = False, *, topology: str = "torus:4x4",
-        elements: int | None = None, message_only: bool = False) -> dict:
+        elements: int | None = None, message_only: bool = False,
+        banks: int | None = None) -> dict:
     """Run the NIC benchmarks; writes ``out_dir/nic_bench.json``; returns the dict.
-    ``message_only``: just the no-stall message-mode run (one Verilator build)."""
+    ``message_only``: just the no-stall message-mode run (one Verilator build);
+    ``banks``: gradient-buffer banks (default: :class:`NicParams`' rule)."""
     if elements is not None and elements <= 0:
         raise ValueError(f"elements must be positive, not {elements}")
+    if banks is not None and (banks < 2 or banks & (banks - 1)):
+        raise ValueError(f"banks must be a power of two >= 2, not {banks}")
     E = elements if elements is not None else (4096 if quick else 16384)   # 16/64 KiB per node
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    res = {"message": _one(topology, "multitree", E, "message")}
+    res = {"message": _one(topology, "multitree", E, "message", banks=banks)}
     if not message_only:
-        res["packet"] = _one(topology, "multitree", E, "packet")
+        res["packet"] = _one(topology, "multitree", E, "packet", banks=banks)
         if not quick:
             res["message_stalls"] = _one(topology, "multitree", E, "message", stall=32,
-                                         latency=2)
+                                         latency=2, banks=banks)
     m, pk = res["message"], res.get("packet")
     res["summary"] = {
         "cycles_over_ideal_message": m["cycles_over_ideal"],
@@ -105,15 +116,19 @@ def main(argv=None):
     ap.add_argument("--elements", type=int, help="float32 elements per node")
     ap.add_argument("--message-only", action="store_true",
                     help="only the message-mode run without stalls")
+    ap.add_argument("--banks", type=int,
+                    help="gradient-buffer banks (power of two; default 2·ports·lanes)")
     a = ap.parse_args(argv)
     if a.elements is not None and a.elements <= 0:
         ap.error("--elements must be positive")
+    if a.banks is not None and (a.banks < 2 or a.banks & (a.banks - 1)):
+        ap.error(f"--banks must be a power of two >= 2, not {a.banks}")
     try:
         parse(a.topology)
     except TopologyError as e:
         ap.error(str(e))
     r = run(a.out, a.quick, topology=a.topology, elements=a.elements,
-            message_only=a.message_only)
+            message_only=a.message_only, banks=a.banks)
     print(json.dumps(r, indent=1))
 
 

@@ -39,18 +39,19 @@ Contract (:class:`BankedBufferModel` is the same thing in Python, cycle by cycle
   combinational in the same cycle and never depends on lower-priority readers.  Two
   requests contend when both read, or both come from write-back readers (below); a
   request is granted iff no higher-priority contending request (granted or not) touches
-  one of its banks.  A granted
-  request's words appear on ``data`` with ``valid`` exactly :data:`READ_LATENCY` (5)
-  cycles later: requested in cycle t, ``valid`` in cycle t+5.  Elements past the end of
-  the buffer read as don't-care (the NIC masks them).
+  one of its banks.  A granted request's words appear on ``data`` with ``valid`` exactly
+  :data:`READ_LATENCY` (5) cycles later: requested in cycle t, ``valid`` in cycle t+5.
+  Elements past the end of the buffer read as don't-care (the NIC masks them).  A
+  ``write_only`` grant has no ``valid``.
 * **Writers** present ``addr``, a per-lane ``en`` and ``data``; there is no handshake.  The
   NIC's write-backs are conflict-free by construction: each one happens a fixed number of
   cycles after a *granted* request of a write-back reader for the same elements, and
   those grants never share a bank (a GATHER beat's ``write_only`` request reserves the
-  write slot without the read port, which a TX stream may use in the same cycle).  Should two writers still meet in one bank in cycle t, ``conflict`` is
-  high in cycle t+2 (one cycle per colliding cycle; the NIC flags it as an error) and
-  that bank's write is garbage: the bitwise OR of the colliding lanes' rows and words
-  (possibly into a third row; other banks are unaffected).
+  write slot without the read port, which a TX stream may use in the same cycle).
+  Should two writers still meet in one bank in cycle t, ``conflict`` is high in cycle
+  t+2 (one cycle per colliding cycle; the NIC flags it as an error) and that bank's
+  write is garbage: the bitwise OR of the colliding lanes' rows and words (possibly
+  into a third row; other banks are unaffected).
 * **Write visibility**: a write presented in cycle t is seen by every read requested in
   cycle t+1 or later; a read requested in cycle t (or earlier) sees the old contents.
   (The write reaches the RAM at the end of cycle t+2, a read requested in cycle t' reads
@@ -317,7 +318,8 @@ class BankedBufferModel:
     """Cycle-level golden model of :class:`BankedBuffer` (same contract, plain Python).
 
     Call :meth:`cycle` once per clock with this cycle's read requests
-    ``[(req, addr), ...]`` or ``[(req, addr, write_only), ...]`` and writes ``[(addr, en_mask, [words]), ...]``; it returns
+    ``[(req, addr), ...]`` or ``[(req, addr, write_only), ...]`` and writes
+    ``[(addr, en_mask, [words]), ...]``; it returns
     ``(grants, outputs, conflict)`` as the buffer shows them in this cycle: ``grants`` for
     these requests, ``outputs[r]`` the list of words reader r sees valid (requested
     :data:`READ_LATENCY` cycles ago; ``None`` if nothing is valid; a lane past the end of
