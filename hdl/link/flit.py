@@ -24,7 +24,7 @@ cocotb benches -- is exactly the ``amaranth.lib.data`` value of :attr:`FlitForma
           next    port_bits   [0:4)    source-routed output port at the sender
           eject   port_bits   [4:8)    ejection port (identifies the child at the receiver)
           flow    flow_bits   [8:14)   tree info: flow / tree id
-          op      2           [14:16)  1 = REDUCE, 2 = GATHER (Op of the Schedule IR)
+          op      OP_BITS     [14:16)  Op: 1 = REDUCE, 2 = GATHER
           step    step_bits   [16:24)  schedule step
           offset  offset_bits [24:44)  element offset of the message's first word
           length  length_bits [44:64)  message length in 32-bit words (>= 1)
@@ -48,12 +48,12 @@ from __future__ import annotations
 
 import enum as _pyenum
 
-from amaranth.hdl import unsigned
+from amaranth.hdl import Shape, unsigned
 from amaranth.lib import data, enum, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-__all__ = ["FlitType", "Op", "ErrorCause", "FlitFormat", "LinkSignature",
+__all__ = ["FlitType", "Op", "OP_BITS", "ErrorCause", "FlitFormat", "LinkSignature",
            "N_CAUSES", "WORD_BITS"]
 
 WORD_BITS = 32
@@ -71,11 +71,25 @@ class FlitType(enum.Enum, shape=3):
     HEAD_TAIL = 0b111
 
 
-class Op(enum.Enum, shape=2):
-    """Operation carried in the head flit (same codes as ``treenic.schedule.ir.Op``)."""
-    NOP = 0          # never valid on the link: flagged as an unknown op
-    REDUCE = 1
-    GATHER = 2
+class Op(enum.IntEnum, shape=2):
+    """The one operation code of treenic, defined here and nowhere else.
+
+    The Schedule IR (``treenic.schedule.ir``), the schedule table rows
+    (``treenic.schedule.table``), the configuration image, the host loader, the head flits
+    and the NIC's table row (:attr:`treenic.hdl.nic.params.NicParams.row`) all use this
+    enum; every op field is ``shape=Op``, so its width is :data:`OP_BITS` everywhere.  An
+    ``IntEnum`` so that software sorts and serializes it as a number and gateware compares
+    plain values with it.  Code 3 is unused today (the NIC rejects a table row carrying
+    it); the sparse operations to come take the next codes, widening ``shape`` -- and with
+    it every op field at once.
+    """
+    NOP = 0          # a table row that only holds the lockstep; never valid on the link
+    REDUCE = 1       # receiver adds the carried partial sums into its chunk
+    GATHER = 2       # receiver overwrites its chunk with the carried final values
+
+
+#: width of every op field (flit heads, schedule table rows, the NIC's native row)
+OP_BITS = Shape.cast(Op).width
 
 
 class ErrorCause(_pyenum.IntEnum):

@@ -71,7 +71,7 @@ HOST_READ_LATENCY = READ_LATENCY
 #: TX unit FIFO (beats): covers the buffer's read latency plus the FIFO's own at full rate
 TXQ_DEPTH = 1 << ceil_log2(READ_LATENCY + 4)
 
-NOP, REDUCE, GATHER = 0, 1, 2
+NOP, REDUCE, GATHER = Op.NOP, Op.REDUCE, Op.GATHER     # the one op code (link.flit.Op)
 
 
 class HostSignature(wiring.Signature):

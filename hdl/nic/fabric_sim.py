@@ -19,6 +19,7 @@ import numpy as np
 from treenic import topology as topo_mod
 from treenic.algorithms import build as build_schedule
 from treenic.firmware.image import build_images
+from treenic.driver.errors import FabricError   # the one FabricError (driver's hierarchy)
 from treenic.schedule.ir import Schedule
 
 from .fabric import Fabric
@@ -26,10 +27,6 @@ from .host import buffer_writes, image_writes, order_writes
 from .params import NicParams, PortCounter, Reg, Status
 
 __all__ = ["FabricSim", "FabricError", "params_for"]
-
-
-class FabricError(RuntimeError):
-    """The RTL fabric reported an error or did not finish."""
 
 
 def params_for(schedule: Schedule, elements: int, *, mode: str = "message",

@@ -13,6 +13,7 @@ import numpy as np
 
 from treenic.firmware.image import ConfigImage, NO_PEER
 
+from ..link.flit import Op
 from .params import NicParams, Reg, Ctrl
 
 __all__ = ["image_writes", "order_writes", "buffer_writes", "NicImageError", "decode_image"]
@@ -63,7 +64,7 @@ def order_writes(params: NicParams, images) -> list[list[tuple[int, int]]]:
     out = [[] for _ in imgs]
     for v, img in enumerate(imgs):
         for e in img.table.entries:
-            if int(e.op) != 1 or e.parent_port is None:
+            if e.op != Op.REDUCE or e.parent_port is None:
                 continue
             u = img.link_map[e.parent_port]
             if u == NO_PEER or u >= len(imgs):

@@ -46,9 +46,9 @@ import enum
 from dataclasses import dataclass, field
 
 from amaranth.lib import data
-from amaranth.utils import ceil_log2
+from amaranth.utils import bits_for, ceil_log2
 
-from ..link.flit import FlitFormat
+from ..link.flit import FlitFormat, Op
 from ..link.model import MESSAGE, PACKET, DEFAULT_SUB_WORDS
 
 ID_VALUE = 0x544E4943
@@ -108,10 +108,6 @@ class Status(enum.IntEnum):
     SCAN_FAILED = 8
 
 
-def _bits(v: int) -> int:
-    return max(1, int(v).bit_length())
-
-
 @dataclass(frozen=True)
 class NicParams:
     """Build-time parameters of one NIC.
@@ -158,7 +154,7 @@ class NicParams:
 
     @property
     def abits(self) -> int:          # element addresses / sizes 0..depth
-        return _bits(self.depth)
+        return bits_for(self.depth)
 
     @property
     def fmt(self) -> FlitFormat:
@@ -177,7 +173,7 @@ class NicParams:
 
     @property
     def pport_bits(self) -> int:     # parent port incl. NIL (all ones)
-        return _bits(self.ports)
+        return bits_for(self.ports)
 
     @property
     def port_nil(self) -> int:
@@ -186,7 +182,7 @@ class NicParams:
     @property
     def row(self) -> data.StructLayout:
         return data.StructLayout({
-            "op": 2, "flow": self.flow_bits, "step": self.step_bits,
+            "op": Op, "flow": self.flow_bits, "step": self.step_bits,
             "pport": self.pport_bits, "cports": self.ports,
             "start": self.abits, "size": self.abits})
 

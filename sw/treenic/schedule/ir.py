@@ -25,21 +25,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from enum import IntEnum
 from functools import cached_property
 
 import numpy as np
 
 from .. import topology as topo_mod
+from ..hdl.link.flit import Op   # the one op code (REDUCE/GATHER/NOP), shared with the RTL
 from ..topology import Topology
 
 FORMAT_VERSION = 1
-
-
-class Op(IntEnum):
-    NOP = 0
-    REDUCE = 1
-    GATHER = 2
 
 
 class ScheduleError(ValueError):

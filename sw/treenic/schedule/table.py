@@ -28,7 +28,7 @@ the table is encoded for.
 
 Binary row (LSB first, widths from :class:`TableLayout`)::
 
-    op[2] | flow[wF] | step[wS] | parent[wN] | children[N] | parent_port[wP] | child_ports[P]
+    op[OP_BITS] | flow[wF] | step[wS] | parent[wN] | children[N] | parent_port[wP] | child_ports[P]
           | start[wA] | size[wA]
 
 A table image is a 32-byte little-endian header followed by the rows, each padded to whole
@@ -43,16 +43,14 @@ import struct
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from amaranth.utils import bits_for
+
+from ..hdl.link.flit import OP_BITS
 from .ir import Op, Schedule, ScheduleError
 
 MAGIC = b"TNTB"
 VERSION = 1
 _HEADER = struct.Struct("<4sHHHHHHIIB7x")
-
-
-def _bits(maxval: int) -> int:
-    """Bits to hold values 0..maxval."""
-    return max(1, int(maxval).bit_length())
 
 
 @dataclass(frozen=True)
@@ -66,13 +64,13 @@ class TableLayout:
     @classmethod
     def for_schedule(cls, schedule: Schedule, elements: int) -> "TableLayout":
         return cls(schedule.n, schedule.topology.max_ports(), schedule.steps,
-                   schedule.num_chunks, _bits(elements))
+                   schedule.num_chunks, bits_for(elements))
 
     @property
     def fields(self) -> list[tuple[str, int]]:
-        return [("op", 2), ("flow", _bits(self.flows - 1)), ("step", _bits(self.steps)),
-                ("parent", _bits(self.nodes)), ("children", self.nodes),
-                ("parent_port", _bits(self.ports)), ("child_ports", self.ports),
+        return [("op", OP_BITS), ("flow", bits_for(self.flows - 1)),
+                ("step", bits_for(self.steps)), ("parent", bits_for(self.nodes)), ("children", self.nodes),
+                ("parent_port", bits_for(self.ports)), ("child_ports", self.ports),
                 ("start", self.address_bits), ("size", self.address_bits)]
 
     @property
@@ -85,11 +83,11 @@ class TableLayout:
 
     @property
     def node_nil(self) -> int:
-        return (1 << _bits(self.nodes)) - 1
+        return (1 << bits_for(self.nodes)) - 1
 
     @property
     def port_nil(self) -> int:
-        return (1 << _bits(self.ports)) - 1
+        return (1 << bits_for(self.ports)) - 1
 
 
 @dataclass(frozen=True)
@@ -193,7 +191,7 @@ def decode_entry(word: int, layout: TableLayout) -> Entry:
     for name, width in layout.fields:
         vals[name] = (word >> shift) & ((1 << width) - 1)
         shift += width
-    if vals["op"] not in (0, 1, 2):
+    if vals["op"] not in set(Op):
         raise ScheduleError(f"table row has unknown op code {vals['op']}")
     return Entry(Op(vals["op"]), vals["flow"], vals["step"],
                  None if vals["parent"] == layout.node_nil else vals["parent"],
