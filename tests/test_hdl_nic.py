@@ -6,14 +6,14 @@ import pytest
 from amaranth.sim import Simulator
 
 from treenic.algorithms import build
-from treenic.firmware.image import build_images
+from treenic.firmware.image import compile_images
 from treenic.hdl.link.flit import FlitType
 from treenic.hdl.link.model import packetise
 from treenic.hdl.nic import ErrBit, Nic, NicParams, Reg, Status, ID_VALUE
 from treenic.hdl.nic.core import HOST_READ_LATENCY
 from treenic.hdl.nic.fabric import Fabric, wiring_plan
-from treenic.hdl.nic.host import (NicImageError, buffer_writes, image_writes, order_writes,
-                                  sim_read_buffers)
+from treenic.hdl.nic.host import (NicImageError, buffer_writes, host_writes, image_writes,
+                                  order_writes, params_for_images, sim_read_buffers)
 from treenic.hdl.nic.model import expected_port_counters, ideal_cycles, port_messages
 from treenic.schedule.execute import execute
 from treenic.topology import parse
@@ -221,21 +221,20 @@ def test_receive_checks(case):
 
 def _fabric_run(spec, alg, E, mode="message", order=True, stall=0):
     sched = build(alg, spec)
-    params = NicParams(ports=sched.topology.max_ports(), depth=32, max_nodes=4,
-                       max_entries=16, max_steps=8, sub_words=4, packet_words=4, credits=6,
-                       mode=mode)
+    images = compile_images(None, sched, E)
+    params = params_for_images(images, depth=32, max_nodes=4, max_entries=16, max_steps=8,
+                               sub_words=4, packet_words=4, credits=6, mode=mode)
     fab = Fabric(spec, params, latency=2, stall=stall, seed=3)
     rng = np.random.default_rng(5)
     bufs = rng.standard_normal((sched.n, E)).astype(np.float32)
-    imgs = build_images(sched, E)
-    ow = order_writes(params, imgs) if order else [[] for _ in imgs]
+    writes = host_writes(params, images, bufs, order=order)
     sim = Simulator(fab)
     sim.add_clock(1e-8)
     out = {}
 
     async def tb(ctx):
         for u in range(sched.n):
-            for a, v in image_writes(params, imgs[u]) + ow[u] + buffer_writes(params, bufs[u]):
+            for a, v in writes[u]:
                 ctx.set(fab.hw.valid, 1)
                 ctx.set(fab.hw.payload.node, u)
                 ctx.set(fab.hw.payload.addr, a)
@@ -278,15 +277,14 @@ def test_wiring_plan_pairs_ports():
 def test_model_and_host_helpers():
     sched = build("ring", "ring:8")
     p = NicParams(ports=2, depth=64, max_nodes=8, sub_words=8)
-    msgs = port_messages(sched, 64, 0)
+    imgs = compile_images(None, sched, 64)
+    msgs = port_messages(imgs[0])
     assert sum(len(v) for v in msgs.values()) == 2 * (8 - 1)
-    cnt = expected_port_counters(sched, 64, p)
+    cnt = expected_port_counters(imgs, p)
     # each message: 8 words -> 1 head + 4 flits
     assert all(c["tx_flits"] == 5 * len(msgs[q]) for q, c in cnt[0].items())
-    assert ideal_cycles(sched, 64, p) == 14 * 5
-    imgs = build_images(sched, 64)
-    ow = order_writes(p, imgs)
-    assert all(len(w) == 7 for w in ow)         # n-1 contributions received per node
+    assert ideal_cycles(imgs, p) == 14 * 5
+    assert all(len(order_writes(p, im)) == 7 for im in imgs)   # n-1 contributions per node
     with pytest.raises(NicImageError):
         image_writes(NicParams(ports=2, depth=32, max_nodes=8), imgs[0])
 

@@ -12,7 +12,6 @@ counters.  Every run is checked bit for bit against the golden executor.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -23,7 +22,10 @@ from treenic.algorithms import build as build_schedule
 from treenic.schedule.execute import execute
 from treenic.topology import TopologyError, parse
 
-from .fabric_sim import FabricSim, params_for
+from treenic.firmware.image import compile_images
+
+from .fabric_sim import FabricSim
+from .host import params_for_images
 from .model import expected_port_counters, ideal_cycles, step_link_flits
 
 __all__ = ["run"]
@@ -32,11 +34,12 @@ __all__ = ["run"]
 def _one(spec, alg, elements, mode, *, stall=0, latency=1, seed=1, banks=None):
     t0 = time.time()
     sched = build_schedule(alg, spec)
+    images = compile_images(None, sched, elements)
     params = None
     if banks is not None:       # the default build with another bank count
-        params = dataclasses.replace(params_for(sched, elements, mode=mode), banks=banks)
+        params = params_for_images(images, mode=mode, banks=banks)
     fs = FabricSim(spec, sched, elements, mode=mode, stall=stall, latency=latency, seed=seed,
-                   params=params)
+                   params=params, images=images)
     build_s = time.time() - t0
     rng = np.random.default_rng(seed)
     bufs = rng.standard_normal((fs.schedule.n, elements)).astype(np.float32)
@@ -50,14 +53,14 @@ def _one(spec, alg, elements, mode, *, stall=0, latency=1, seed=1, banks=None):
     tx_flits = sum(pc["tx_flits"] for c in cnt.values() for pc in c["ports"].values())
     heads = sum(pc["tx_heads"] for c in cnt.values() for pc in c["ports"].values())
     words = sum(pc["tx_words"] for c in cnt.values() for pc in c["ports"].values())
-    exp = expected_port_counters(fs.schedule, elements, p)
+    exp = expected_port_counters(fs.images, p)
     counters_match = all(cnt[u]["ports"][q]["tx_flits"] == exp[u].get(q, {}).get("tx_flits", 0)
                          for u in cnt for q in cnt[u]["ports"])
     links = [(u, q) for u in cnt for q in cnt[u]["ports"] if cnt[u]["ports"][q]["tx_flits"]]
     busiest = max(cnt[u]["ports"][q]["tx_flits"] for u, q in links)
-    ideal = ideal_cycles(fs.schedule, elements, p)
+    ideal = ideal_cycles(fs.images, p)
     per_step_ideal = {s: max(v.values()) for s, v in
-                      sorted(step_link_flits(fs.schedule, elements, p).items())}
+                      sorted(step_link_flits(fs.images, p).items())}
     return {
         "topology": spec, "algorithm": alg, "elements": elements,
         "bytes_per_node": 4 * elements, "mode": mode, "stall": stall, "latency": latency,

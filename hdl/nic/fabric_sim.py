@@ -18,32 +18,15 @@ import numpy as np
 
 from treenic import topology as topo_mod
 from treenic.algorithms import build as build_schedule
-from treenic.firmware.image import build_images
+from treenic.firmware.image import ImageSet, compile_images
 from treenic.driver.errors import FabricError   # the one FabricError (driver's hierarchy)
 from treenic.schedule.ir import Schedule
 
 from .fabric import Fabric
-from .host import buffer_writes, image_writes, order_writes
+from .host import host_writes, params_for_images
 from .params import NicParams, PortCounter, Reg, Status
 
-__all__ = ["FabricSim", "FabricError", "params_for"]
-
-
-def params_for(schedule: Schedule, elements: int, *, mode: str = "message",
-               width: int = 64, sub_words: int = 16, credits: int = 16,
-               packet_words: int = 64) -> NicParams:
-    """Smallest sensible NIC build for a schedule (power-of-two buffer depth)."""
-    depth = 1 << max(4, (max(1, elements) - 1).bit_length())
-    n = max(4, schedule.n)
-    entries = max(len(e) for e in _entries(schedule, elements))
-    return NicParams(ports=schedule.topology.max_ports(), width=width, depth=depth,
-                     max_nodes=n, max_entries=max(8, entries), max_steps=max(4, schedule.steps),
-                     mode=mode, sub_words=sub_words, credits=credits, packet_words=packet_words)
-
-
-def _entries(schedule, elements):
-    from treenic.schedule.table import node_entries
-    return [node_entries(schedule, v, elements) for v in range(schedule.n)]
+__all__ = ["FabricSim", "FabricError"]
 
 
 def _build_dir() -> Path:
@@ -62,21 +45,30 @@ class FabricSim:
         mode: ``"message"`` (sub-packet flow control) or ``"packet"``.
         latency, stall, seed: link model (register stages each way; stall probability
             in 1/256; LFSR seed).
+        params: the NIC build; default :func:`~treenic.hdl.nic.host.params_for_images`.
+        images: the compiler's :class:`~treenic.firmware.image.ImageSet` for ``elements``
+            (default: compiled here, once).
+        order: load the ORDER table (False: the NIC bounds unknown steps itself).
     """
 
     def __init__(self, topology, algorithm="multitree", elements: int = 1024, *,
                  mode: str = "message", latency: int = 1, stall: int = 0, seed: int = 1,
-                 params: NicParams | None = None, order: bool = True,
-                 verbose: bool = False):
+                 params: NicParams | None = None, images: ImageSet | None = None,
+                 order: bool = True, verbose: bool = False):
         from ..cosim import build_cosim
         self.topology = topo_mod.parse(topology) if isinstance(topology, str) else topology
         self.schedule = (algorithm if isinstance(algorithm, Schedule)
                          else build_schedule(algorithm, self.topology.spec))
         self.elements = int(elements)
-        self.params = params or params_for(self.schedule, self.elements, mode=mode)
+        self.images = images if images is not None else compile_images(
+            None, self.schedule, self.elements)
+        if self.images.nodes != self.schedule.n or self.images.elements != self.elements:
+            raise ValueError(f"images are for {self.images.nodes} nodes x "
+                             f"{self.images.elements} elements, the fabric runs "
+                             f"{self.schedule.n} x {self.elements}")
+        self.params = params or params_for_images(self.images, mode=mode)
         self.latency, self.stall, self.seed = latency, stall, seed
         self.order = order
-        self.images = build_images(self.schedule, self.elements)
         from .fabric import _src_hash, fabric_verilog
         key = hashlib.sha256(repr((self.topology.spec, asdict(self.params), latency, stall,
                                    seed, _src_hash())).encode()).hexdigest()[:12]
@@ -140,14 +132,8 @@ class FabricSim:
                              f"{buf.dtype} {buf.shape}")
         t0 = time.time()
         p = self.params
-        w = []
-        order = order_writes(p, self.images) if self.order else [[] for _ in range(n)]
-        for u in range(n):
-            w += [(u, a, v) for a, v in image_writes(p, self.images[u])]
-            w += [(u, a, v) for a, v in order[u]]
-            bits = buf[u].view(np.uint32)
-            w += [(u, p.buf_addr(e), int(bits[e])) for e in range(E)]
-        self._writes(w)
+        per_node = host_writes(p, self.images, buf, order=self.order)
+        self._writes([(u, a, v) for u, w in enumerate(per_node) for a, v in w])
         sim = self.sim
         sim["start"] = 1
         sim.step(1)

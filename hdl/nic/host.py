@@ -1,22 +1,29 @@
-"""Host side of the NIC: config image -> register/table writes, buffer load/readback.
+"""Host side of the NIC: configuration images -> host-bus writes, buffer load/readback.
 
-The host (driver, cocotb bench, co-simulation) parses and verifies the firmware image
-(:class:`treenic.firmware.image.ConfigImage`: magic, version, CRC-32) and streams the
-result into the NIC over its host bus as word writes: configuration registers, the link
-map (PEER), and the schedule table rows re-packed into the NIC's native row layout
-(:attr:`NicParams.row`, parent/children resolved to ports -- the NIC never routes).
-Images that do not fit the NIC's build parameters are refused here with a clear error.
+The one loading path from the schedule compiler to the NIC registers, used by FabricSim,
+every cocotb bench and every test:
+
+* :func:`params_for_images` -- the NIC build (:class:`NicParams`) sized for an image set;
+* :func:`host_writes` -- per node, every host-bus write that loads the images (registers,
+  link map, table rows re-packed into the NIC's native row :attr:`NicParams.row`, ORDER
+  table) and the gradient buffers;
+* :func:`sim_read_buffers` -- read every buffer back in Amaranth's simulator.
+
+Images are decoded and validated (:meth:`treenic.firmware.image.ConfigImage.from_bytes`:
+magic, version, CRC-32, then every field's meaning) and checked against the NIC build
+before a single write is produced, so a bad image changes nothing.
 """
 from __future__ import annotations
 
 import numpy as np
 
-from treenic.firmware.image import ConfigImage, NO_PEER
+from treenic.firmware.image import ConfigImage, ImageSet, NO_PEER
 
-from ..link.flit import Op
 from .params import NicParams, Reg, Ctrl
 
-__all__ = ["image_writes", "order_writes", "buffer_writes", "NicImageError", "decode_image"]
+__all__ = ["host_writes", "params_for_images", "image_writes", "order_writes",
+           "buffer_writes", "NicImageError", "decode_image", "decode_images",
+           "sim_read_buffers"]
 
 
 class NicImageError(ValueError):
@@ -24,12 +31,39 @@ class NicImageError(ValueError):
 
 
 def decode_image(image: bytes | ConfigImage) -> ConfigImage:
-    return image if isinstance(image, ConfigImage) else ConfigImage.from_bytes(bytes(image))
+    """A validated :class:`ConfigImage` from its bytes (or the image itself, re-validated)."""
+    if isinstance(image, ConfigImage):
+        image.validate()
+        return image
+    return ConfigImage.from_bytes(bytes(image))
 
 
-def image_writes(params: NicParams, image: bytes | ConfigImage) -> list[tuple[int, int]]:
-    """(address, value) host-bus writes that configure one NIC from its image."""
-    img = decode_image(image)
+def decode_images(images) -> ImageSet:
+    """An :class:`ImageSet` (validated as a set) from a set, or a list of images / bytes."""
+    if isinstance(images, ImageSet):
+        images.validate()
+        return images
+    if isinstance(images, (bytes, bytearray)):
+        return ImageSet.from_bytes(images)
+    return ImageSet(list(images))
+
+
+def params_for_images(images, **build) -> NicParams:
+    """The NIC build for an image set: ports, buffer depth (power of two >= elements, at
+    least 16), nodes (at least 4), table rows (at least 8) and steps (at least 4) from the
+    images; ``build`` sets the rest (``mode``, ``width``, ``sub_words``, ``credits``,
+    ``packet_words``, ``banks``) and may override any derived field."""
+    imgs = decode_images(images)
+    derived = dict(ports=max(im.ports for im in imgs),
+                   depth=1 << max(4, (max(1, imgs.elements) - 1).bit_length()),
+                   max_nodes=max(4, imgs.nodes),
+                   max_entries=max(8, max(len(im.table.entries) for im in imgs)),
+                   max_steps=max(4, max(im.table.layout.steps for im in imgs)),
+                   width=64, sub_words=16, credits=16, packet_words=64)
+    return NicParams(**{**derived, **build})
+
+
+def _check_fits(params: NicParams, img: ConfigImage) -> None:
     tab = img.table
     L = tab.layout
     checks = [(img.ports <= params.ports, f"image has {img.ports} ports, NIC {params.ports}"),
@@ -42,35 +76,59 @@ def image_writes(params: NicParams, image: bytes | ConfigImage) -> list[tuple[in
     for ok, msg in checks:
         if not ok:
             raise NicImageError(f"node {img.node}: {msg}")
+
+
+def image_writes(params: NicParams, image: bytes | ConfigImage) -> list[tuple[int, int]]:
+    """(address, value) host-bus writes that configure one NIC from its image (registers,
+    link map, table rows); the ORDER table is :func:`order_writes`."""
+    img = decode_image(image)
+    _check_fits(params, img)
+    tab = img.table
     w = [(Reg.CTRL, Ctrl.CLEAR), (Reg.NODE, img.node), (Reg.ENTRIES, len(tab.entries)),
          (Reg.LOCKSTEP, img.lockstep_cycles), (Reg.ELEMENTS, img.elements),
-         (Reg.FLOWS, L.flows)]
+         (Reg.FLOWS, tab.layout.flows)]
     for port, peer in enumerate(img.link_map):
         w.append((Reg.PEER + port, 0xFFFF if peer == NO_PEER else peer))
     for i, e in enumerate(tab.entries):
-        row = params.encode_row(int(e.op), e.flow, e.step, e.parent_port, e.child_ports,
+        row = params.encode_row(e.op, e.flow, e.step, e.parent_port, e.child_ports,
                                 e.start, e.size)
         for k in range(params.row_words):
             w.append((params.table_addr(i, k), (row >> (32 * k)) & 0xFFFFFFFF))
     return [(int(a), int(v)) for a, v in w]
 
 
-def order_writes(params: NicParams, images) -> list[list[tuple[int, int]]]:
-    """Per node, the ORDER-region writes: for every REDUCE contribution a node receives,
-    the step it arrives at -- the sender's REDUCE entry step, joined over the images of
-    all nodes through their link maps (sender's parent port -> receiver, receiver's port
-    back to the sender).  Pure data from the images, no schedule logic."""
-    imgs = [decode_image(i) for i in images]
-    out = [[] for _ in imgs]
-    for v, img in enumerate(imgs):
-        for e in img.table.entries:
-            if e.op != Op.REDUCE or e.parent_port is None:
-                continue
-            u = img.link_map[e.parent_port]
-            if u == NO_PEER or u >= len(imgs):
-                continue
-            q = imgs[u].link_map.index(v)     # first port of u toward v (= rx port)
-            out[u].append((params.order_addr(e.flow, q), e.step))
+def order_writes(params: NicParams, image: bytes | ConfigImage) -> list[tuple[int, int]]:
+    """The ORDER-region writes of one NIC: the step at which each REDUCE contribution
+    arrives, per (flow, rx_port), from the image's ORDER table (the compiler's
+    :func:`treenic.schedule.table.order_entries`)."""
+    img = decode_image(image)
+    return [(params.order_addr(flow, port), step) for flow, port, step in img.order]
+
+
+def host_writes(params: NicParams, images, buffers=None, *, order: bool = True
+                ) -> list[list[tuple[int, int]]]:
+    """Per node, the host-bus (address, value) writes that load an image set and the
+    gradient buffers: configuration (:func:`image_writes`), then the ORDER table
+    (``order=False`` leaves it unknown: the NIC then bounds unknown steps by what each
+    link delivered, correct but slower), then the buffer (``buffers``: N x elements
+    float32, or None).  Every image is validated and fitted before any write is made."""
+    imgs = decode_images(images)
+    for im in imgs:
+        _check_fits(params, im)
+    if buffers is not None:
+        buffers = np.asarray(buffers)
+        if buffers.ndim != 2 or buffers.shape[0] != imgs.nodes or \
+                buffers.shape[1] != imgs.elements:
+            raise NicImageError(f"buffers of shape {buffers.shape}, the images load "
+                                f"({imgs.nodes}, {imgs.elements})")
+    out = []
+    for u, im in enumerate(imgs):
+        w = image_writes(params, im)
+        if order:
+            w += order_writes(params, im)
+        if buffers is not None:
+            w += buffer_writes(params, buffers[u])
+        out.append(w)
     return out
 
 

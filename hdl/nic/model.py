@@ -2,10 +2,12 @@
 
 It derives everything from the project's single sources of truth -- no second schedule
 logic: final buffers from the golden executor (:func:`treenic.schedule.execute.execute`),
-the messages each NIC port sends from the table encoder
-(:func:`treenic.schedule.table.node_entries`), their flit counts from the link-layer
-golden packetiser (:func:`treenic.hdl.link.model.packetise`), and the schedule's ideal
-time (per step, the most-loaded directed link's flits, summed over the steps).
+the messages each NIC port sends from the decoded configuration images -- the same table
+rows the host loader writes into the RTL (:func:`treenic.firmware.image.compile_images`,
+:func:`treenic.hdl.nic.host.decode_images`), so the image encode/decode path is itself
+under test -- their flit counts from the link-layer golden packetiser
+(:func:`treenic.hdl.link.model.packetise`), and the schedule's ideal time (per step, the
+most-loaded directed link's flits, summed over the steps).
 """
 from __future__ import annotations
 
@@ -16,9 +18,9 @@ import numpy as np
 
 from treenic.schedule.execute import execute
 from treenic.schedule.ir import Op, Schedule
-from treenic.schedule.table import node_entries
 
 from ..link.model import packetise
+from .host import decode_image, decode_images
 from .params import NicParams
 
 __all__ = ["expected_buffers", "port_messages", "message_flits", "expected_port_counters",
@@ -29,12 +31,13 @@ def expected_buffers(schedule: Schedule, buffers: np.ndarray) -> np.ndarray:
     return execute(schedule, buffers)
 
 
-def port_messages(schedule: Schedule, elements: int, node: int) -> dict[int, list[tuple]]:
-    """Per local port, the messages (op, flow, step, start, size) the NIC sends, in order:
+def port_messages(image) -> dict[int, list[tuple]]:
+    """Per local port, the messages (op, flow, step, start, size) the NIC loaded with
+    ``image`` (bytes or :class:`~treenic.firmware.image.ConfigImage`) sends, in order:
     REDUCE entries with a parent send to ``parent_port``; GATHER entries to every child
     port; empty chunks send nothing."""
     out: dict[int, list[tuple]] = defaultdict(list)
-    for e in node_entries(schedule, node, elements):
+    for e in decode_image(image).table.entries:
         if e.size == 0:
             continue
         if e.op == Op.REDUCE and e.parent_port is not None:
@@ -58,13 +61,12 @@ def message_flits(size: int, params: NicParams) -> tuple[int, int]:
     return len(flits), heads
 
 
-def expected_port_counters(schedule: Schedule, elements: int, params: NicParams
-                           ) -> dict[int, dict[int, dict[str, int]]]:
+def expected_port_counters(images, params: NicParams) -> dict[int, dict[int, dict[str, int]]]:
     """node -> port -> {tx_flits, tx_heads, tx_words} the RTL counters must show."""
     out = {}
-    for u in range(schedule.n):
+    for u, image in enumerate(decode_images(images)):
         ports = {}
-        for q, msgs in port_messages(schedule, elements, u).items():
+        for q, msgs in port_messages(image).items():
             fl = [message_flits(m[4], params) for m in msgs]
             ports[q] = {"tx_flits": sum(f for f, _ in fl), "tx_heads": sum(h for _, h in fl),
                         "tx_words": sum(m[4] for m in msgs)}
@@ -72,18 +74,17 @@ def expected_port_counters(schedule: Schedule, elements: int, params: NicParams
     return out
 
 
-def step_link_flits(schedule: Schedule, elements: int, params: NicParams
-                    ) -> dict[int, dict[tuple, int]]:
+def step_link_flits(images, params: NicParams) -> dict[int, dict[tuple, int]]:
     """step -> {(src, port): flits} over all NICs."""
     per: dict[int, dict[tuple, int]] = defaultdict(lambda: defaultdict(int))
-    for u in range(schedule.n):
-        for q, msgs in port_messages(schedule, elements, u).items():
+    for u, image in enumerate(decode_images(images)):
+        for q, msgs in port_messages(image).items():
             for (_, _, step, _, size) in msgs:
                 per[step][(u, q)] += message_flits(size, params)[0]
     return {s: dict(v) for s, v in per.items()}
 
 
-def ideal_cycles(schedule: Schedule, elements: int, params: NicParams) -> int:
+def ideal_cycles(images, params: NicParams) -> int:
     """Sum over steps of the most-loaded directed link's flits (no latency, no stalls)."""
-    per = step_link_flits(schedule, elements, params)
+    per = step_link_flits(images, params)
     return int(sum(max(v.values()) for v in per.values() if v))

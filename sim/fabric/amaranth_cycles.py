@@ -11,30 +11,27 @@ import numpy as np
 from amaranth.sim import Simulator
 
 from treenic.algorithms import build
-from treenic.firmware.image import build_images
-from treenic.hdl.nic import NicParams
+from treenic.firmware.image import compile_images
 from treenic.hdl.nic.fabric import Fabric
-from treenic.hdl.nic.host import buffer_writes, image_writes, order_writes, sim_read_buffers
+from treenic.hdl.nic.host import host_writes, params_for_images, sim_read_buffers
 from treenic.hdl.nic.model import ideal_cycles
 from treenic.schedule.execute import execute
 
 
 def main(spec, alg, E, check=False):
     sched = build(alg, spec)
-    depth = 1 << max(4, (E - 1).bit_length())
-    params = NicParams(ports=sched.topology.max_ports(), depth=depth, max_nodes=max(4, sched.n),
-                       max_entries=64, max_steps=max(4, sched.steps), sub_words=64, credits=16)
+    imgs = compile_images(None, sched, E)
+    params = params_for_images(imgs, max_entries=64, sub_words=64, credits=16)
     fab = Fabric(spec, params, latency=1, stall=0)
     bufs = np.random.default_rng(1).standard_normal((sched.n, E)).astype(np.float32)
-    imgs = build_images(sched, E)
-    ow = order_writes(params, imgs)
+    writes = host_writes(params, imgs, bufs)
     out = {}
     sim = Simulator(fab)
     sim.add_clock(1e-8)
 
     async def tb(ctx):
         for u in range(sched.n):
-            for a, v in image_writes(params, imgs[u]) + ow[u] + buffer_writes(params, bufs[u]):
+            for a, v in writes[u]:
                 ctx.set(fab.hw.valid, 1)
                 ctx.set(fab.hw.payload.node, u)
                 ctx.set(fab.hw.payload.addr, a)
@@ -53,7 +50,7 @@ def main(spec, alg, E, check=False):
 
     sim.add_testbench(tb)
     sim.run()
-    ideal = ideal_cycles(sched, E, params)
+    ideal = ideal_cycles(imgs, params)
     print(f"{spec} {alg} E={E}: cycles {out['cycles']} ideal {ideal} "
           f"ratio {out['cycles'] / ideal:.3f}" +
           (f" bit_exact {out['exact']}" if check else ""))

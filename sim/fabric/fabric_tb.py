@@ -12,8 +12,8 @@ from cocotb.triggers import RisingEdge, ReadOnly
 
 from harness import bench_params, bench_seed, start_clock_and_reset
 from treenic.algorithms import build
-from treenic.firmware.image import build_images
-from treenic.hdl.nic.host import buffer_writes, image_writes, order_writes
+from treenic.firmware.image import ImageSet
+from treenic.hdl.nic.host import host_writes
 from treenic.hdl.nic.model import (expected_buffers, expected_port_counters, ideal_cycles)
 from treenic.hdl.nic.params import NicParams, PortCounter, Reg
 
@@ -61,16 +61,16 @@ async def allreduce(dut):
     if E > 2:
         bufs[1 % n, 1] = np.float32(-0.0)
         bufs[0, 2] = np.float32(3e38)
-    imgs = build_images(sched, E)
+    imgs = ImageSet.from_bytes(bytes.fromhex(prm["images"]))   # the compiler's, as built
     gold = expected_buffers(sched, bufs)
     dut.hw__valid.value = 0
     dut.hr__valid.value = 0
     dut.hrd__ready.value = 1
     dut.start.value = 0
     await start_clock_and_reset(dut)
-    order = order_writes(params, imgs) if prm.get("order", True) else [[] for _ in range(n)]
+    writes = host_writes(params, imgs, bufs, order=prm.get("order", True))
     for u in range(n):
-        for a, v in image_writes(params, imgs[u]) + order[u] + buffer_writes(params, bufs[u]):
+        for a, v in writes[u]:
             await _write(dut, nb, ab, u, a, v)
     dut.hw__valid.value = 0
     dut.start.value = 1
@@ -94,7 +94,7 @@ async def allreduce(dut):
                            f"rtl {[hex(out[tuple(b)]) for b in bad[:4]]} "
                            f"gold {[hex(g[tuple(b)]) for b in bad[:4]]}")
     # counters vs golden model
-    exp = expected_port_counters(sched, E, params)
+    exp = expected_port_counters(imgs, params)
     tx_flits = tx_heads = 0
     link_flits = {}
     step_cycles = []
@@ -114,7 +114,7 @@ async def allreduce(dut):
                 step_cycles.append(await _read(dut, nb, u, params.steplog_addr(s)))
     lanes = params.lanes
     payload_flit_equiv = sum(exp[u][q]["tx_words"] for u in exp for q in exp[u]) / lanes
-    ideal = ideal_cycles(sched, E, params)
+    ideal = ideal_cycles(imgs, params)
     busiest = max(link_flits.values())
     rep = {"topology": prm["topology"], "algorithm": prm["algorithm"], "elements": E,
            "mode": params.mode, "sim": os.environ.get("SIM", "icarus"),

@@ -7,7 +7,8 @@ import pytest
 from harness import run_bench, icarus_fixups, sim_name
 from treenic.algorithms import build
 from treenic.hdl.nic.fabric import Fabric, nic_verilog
-from treenic.hdl.nic.params import NicParams
+from treenic.firmware.image import compile_images
+from treenic.hdl.nic.host import params_for_images
 from dataclasses import asdict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -27,14 +28,12 @@ def test_fabric_allreduce(case):
     name, spec, alg, e_ic, e_vl, mode, latency, stall = case
     sim = sim_name()
     E = e_vl if sim == "verilator" else e_ic
-    sched = build(alg, spec)
-    depth = 1 << max(4, (E - 1).bit_length())
-    params = NicParams(ports=sched.topology.max_ports(), depth=depth, max_nodes=max(4, sched.n),
-                       max_entries=64, max_steps=max(4, sched.steps), mode=mode,
-                       sub_words=16, packet_words=16, credits=8,
+    images = compile_images(None, build(alg, spec), E)
+    params = params_for_images(images, max_entries=64, mode=mode,
+                               sub_words=16, packet_words=16, credits=8,
                        # Icarus: 4 banks (a smaller crossbar simulates fast and makes bank
                        # conflicts frequent); Verilator: the default, as synthesised
-                       banks=4 if sim == "icarus" else None)
+                               banks=4 if sim == "icarus" else None)
     out = REPO / "build" / "sim" / f"fabric_{name}" / sim
     out.mkdir(parents=True, exist_ok=True)
     modname = f"fabric_{name}_nic"
@@ -50,6 +49,7 @@ def test_fabric_allreduce(case):
     run_bench(fab, name=f"fabric_{name}", test_module="fabric_tb", extra_sources=[nicv],
               params={"name": f"{name}-{sim}", "topology": spec, "algorithm": alg,
                       "elements": E, "nic": asdict(params),
+                      "images": images.to_bytes().hex(),
                       "node_bits": fab.hw_layout["node"].width,
                       "addr_bits": fab.hw_layout["addr"].width,
                       "latency": latency, "stall": stall, "report": str(REPORT)})

@@ -16,9 +16,9 @@ from cocotb.triggers import RisingEdge, ReadOnly
 
 from harness import bench_params, bench_seed, start_clock_and_reset
 from treenic.algorithms import build
-from treenic.firmware.image import build_images
+from treenic.firmware.image import ImageSet
 from treenic.hdl.link.model import packetise
-from treenic.hdl.nic.host import buffer_writes, image_writes, order_writes
+from treenic.hdl.nic.host import host_writes
 from treenic.hdl.nic.model import expected_buffers
 from treenic.hdl.nic.core import HOST_READ_LATENCY
 from treenic.hdl.nic.params import NicParams, Reg
@@ -93,7 +93,7 @@ async def nic_vs_golden_neighbours(dut):
     gold = expected_buffers(sched, bufs)
     rx_msgs = messages(sched, bufs, node, params, "in")
     tx_msgs = messages(sched, bufs, node, params, "out")
-    imgs = build_images(sched, E)
+    imgs = ImageSet.from_bytes(bytes.fromhex(prm["images"]))   # the compiler's, as built
     P = params.ports
     # causality: a neighbour's step-t message depends on everything this node sent
     # before step t; release it once the NIC has sent all its flits of steps < t
@@ -109,8 +109,7 @@ async def nic_vs_golden_neighbours(dut):
     dut.host__re.value = 0
     dut.start.value = 0
     await start_clock_and_reset(dut)
-    order = order_writes(params, imgs)[node] if prm.get("order", True) else []
-    for a, v in image_writes(params, imgs[node]) + order + buffer_writes(params, bufs[node]):
+    for a, v in host_writes(params, imgs, bufs, order=prm.get("order", True))[node]:
         await host_write(dut, a, v)
     await host_write(dut, Reg.CTRL, 1)
 

