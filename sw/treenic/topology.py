@@ -9,7 +9,7 @@ Direct networks (ring, torus, mesh, graph files without switches) connect end no
 nodes. Switch-based networks (fat-tree, BiGraph, single switch, DGX-2-like) keep switches
 distinct: end nodes attach to leaf switches only.
 
-Text specs (ARCHITECTURE §3)::
+Text specs (docs/architecture.md §3)::
 
     ring:8  torus:4x4  mesh:8x8  torus:4x8  fattree:16  fattree:64:8  bigraph:4x8
     switch:8  dgx2  file:PATH (networkx node-link JSON, GraphML or edge list)

@@ -7,7 +7,7 @@
     out = comm.sparse_allreduce(g, 0.01, scheme="topka", key=bucket_index)
     comm.status()                          # backend, schedule, counters (+ NIC status)
 
-Semantics shared by all backends (ARCHITECTURE §4, §5): rank ``r`` is node ``r`` of the
+Semantics shared by all backends (docs/architecture.md §4, §5): rank ``r`` is node ``r`` of the
 schedule; ``allreduce`` leaves every rank with the element-wise **sum** (not the mean) in
 binary32, bit-identical to :func:`treenic.schedule.execute.execute` on the stacked buffers.
 ``sparse_allreduce`` adds the rank's residual (error feedback) to its tensor, runs the sparse

@@ -22,7 +22,6 @@ the fabric server (one connection thread per rank) both use it.
 """
 from __future__ import annotations
 
-import importlib
 import threading
 import time
 from dataclasses import dataclass, field
@@ -33,9 +32,9 @@ from ..schedule.execute import execute
 from ..schedule.ir import Schedule
 from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailable
 
-#: Module the RTL engine loads: ``FabricSim(topology, schedule, elements)`` with
-#: ``run(buffers) -> (buffers, cycles)`` (N Verilated NIC cores wired by link models, built
-#: with :mod:`treenic.hdl.cosim`).
+#: Name (for messages) of the module the RTL engine imports, :mod:`treenic.hdl.nic.fabric_sim`:
+#: ``FabricSim(topology, schedule, elements)`` with ``run(buffers) -> (buffers, cycles)``
+#: (N Verilated NIC cores wired by link models, built with :mod:`treenic.hdl.cosim`).
 RTL_MODULE = "treenic.hdl.nic.fabric_sim"
 
 ENGINES = ("golden", "rtl")
@@ -89,7 +88,7 @@ class RTLEngine:
                                        f"direct networks only; {schedule.topology.spec} has "
                                        "switches")
         try:
-            mod = importlib.import_module(RTL_MODULE)
+            from ..hdl.nic import fabric_sim as mod     # the RTL fabric: a visible dependency
         except ImportError as e:
             raise RTLFabricUnavailable(
                 f"RTL fabric engine unavailable: {RTL_MODULE} cannot be imported ({e}); the "

@@ -41,7 +41,7 @@ Messages (request → reply; payload layouts as :mod:`struct` formats)
     the old one only when no collective is in flight.
 ``WRITE_BUFFER`` 0x03 → ``WRITE_ACK`` 0x83
     request ``<IBBHQ`` collective sequence number (from 1, +1 per collective), dtype code
-    (1: float32 — the only type the reduction unit implements, ARCHITECTURE §5), buffer id
+    (1: float32 — the reduction unit's only type, docs/architecture.md §5), buffer id
     (0: gradient), reserved, element count + ``count * 4`` bytes of little-endian data.
     reply ``<IQ`` sequence, count. At most 4 collectives may be written and not yet started
     per rank (``SEQUENCE`` beyond that); a sequence number is written once.

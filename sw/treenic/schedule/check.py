@@ -1,4 +1,4 @@
-"""Schedule checkers (ARCHITECTURE §4), in the spirit of MSCCLang's postcondition check.
+"""Schedule checkers (docs/architecture.md §4), in the spirit of MSCCLang's postcondition check.
 
 1. :func:`check_postcondition` — executing the schedule leaves every node holding, for every
    chunk, the sum of all N inputs exactly once (symbolic: contributor sets, not floats).

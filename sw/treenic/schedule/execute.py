@@ -1,5 +1,5 @@
 """Golden executor: runs a schedule on N float32 buffers with the exact reduction order of
-ARCHITECTURE §5, plus an independent replay used to prove it bit-exact.
+docs/architecture.md §5, plus an independent replay used to prove it bit-exact.
 
 * :func:`execute` steps through the schedule in place (what hardware does).
 * :func:`replay` first derives, symbolically, the expression tree each (node, chunk) ends up
@@ -120,7 +120,7 @@ class ExecutionReport:
     result: np.ndarray
     bit_exact: bool               # execute() == replay() bit for bit
     all_nodes_equal: bool         # every node holds the same bits
-    max_abs_err_vs_fp64: float    # information only (ARCHITECTURE §5)
+    max_abs_err_vs_fp64: float    # information only (docs/architecture.md §5)
 
 
 def run_and_check(schedule: Schedule, buffers: np.ndarray) -> ExecutionReport:

@@ -1,4 +1,4 @@
-"""Schedule IR: the one representation every consumer reads (ARCHITECTURE §2, §4).
+"""Schedule IR: the one representation every consumer reads (docs/architecture.md §2, §4).
 
 A :class:`Schedule` is a list of point-to-point :class:`Transfer` s grouped in global steps
 (1-based). Steps ``1..reduce_steps`` form the reduce-scatter phase, the rest the all-gather
@@ -11,8 +11,8 @@ Semantics of one step (what the golden executor, the RTL and the driver all impl
   step t-1* (a transfer never forwards data that arrived in the same step);
 * ``REDUCE``: the receiver adds the carried partial sums into its own chunk;
   ``GATHER``: the receiver overwrites its chunk with the carried (final) values;
-* reduction order (ARCHITECTURE §5): for each chunk element the receiver's local value is the
-  first operand, contributions are added in ascending ``(step, rx_port)`` order, where
+* reduction order (docs/architecture.md §5): for each chunk element the receiver's local
+  value is the first operand, contributions are added in ascending ``(step, rx_port)`` order, where
   ``rx_port`` is the receiver's local port of the link from the sender
   (:meth:`Schedule.rx_port`). A sender that is not a one-hop neighbour (DBTree or
   halving-doubling on a torus, any switch network) gets the virtual port

@@ -262,7 +262,7 @@ class ErrorFeedbackModel:
         with np.errstate(over="ignore"):
             acc = g + self.residuals
         log = TrafficLog(self.workers)
-        # float32 overflow to ±inf is IEEE behaviour the hardware shares (ARCHITECTURE §5):
+        # float32 overflow to ±inf is IEEE, as in hardware (docs/architecture.md §5):
         # it shows up in the invariants, not as numpy warnings.
         saved = copy.deepcopy({a: getattr(self, a) for a in self.STATE})
         try:

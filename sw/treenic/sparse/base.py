@@ -1,6 +1,6 @@
 """Shared vocabulary of the sparse all-reduce golden models.
 
-Sparse streams (ARCHITECTURE §5) are ``(index uint32, value float32)`` pairs in strictly
+Sparse streams (docs/architecture.md §5) are ``(index uint32, value float32)`` pairs in strictly
 ascending index order, held as two numpy arrays. A merge of two streams adds values of equal
 index, left operand first. Byte accounting counts 4 bytes per index and 4 per value unless an
 algorithm documents its own encoding (bitmaps, quantized values, dense blocks).

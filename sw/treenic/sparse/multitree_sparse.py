@@ -1,4 +1,4 @@
-"""MultiTree-Sparse: the co-designed sparse all-reduce the NIC runs (ARCHITECTURE §3).
+"""MultiTree-Sparse: the co-designed sparse all-reduce the NIC runs (docs/architecture.md §3).
 
 The schedule is the MultiTree schedule of the topology, taken from the Schedule IR
 (``treenic.algorithms.build("multitree", topology)``): chunk c = flow c = the tree rooted at
