@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .. import algorithms
-from ..schedule.ir import Schedule
+from ..schedule.ir import Op, Schedule
 from ..topology import Topology, parse
 from .errors import DriverError, FabricError
 from .fabric import LocalFabric, Request, link_bytes, make_engine
@@ -501,9 +501,9 @@ class _TorchBackend:
                 for a, b in spans:
                     seg = buf[off:off + (b - a)]
                     off += b - a
-                    if op == 1:                   # Op.REDUCE
+                    if op == Op.REDUCE:
                         flat[a:b].add_(seg)
-                    else:                         # Op.GATHER
+                    else:                         # Op.GATHER overwrites
                         flat[a:b].copy_(seg)
             for req, item in zip(reqs, pending):
                 if item is None:
