@@ -27,8 +27,9 @@ little-endian::
                  (treenic.schedule.table.order_entries)
 
 An image set (:meth:`ImageSet.to_bytes`) is ``magic "TNIS" | version u16 | count u16 |
-crc32 u32`` (CRC-32 of what follows) then, per node in node order, ``length u32`` and the
-image.
+crc32 u32`` (CRC-32 of what follows), ``spec_length u16`` and the topology spec it was
+compiled for (UTF-8, e.g. ``torus:4x4``; may be empty), then, per node in node order,
+``length u32`` and the image.
 
 Decoding checks the container (magic, version, lengths, CRC) and then the meaning
 (:meth:`ConfigImage.validate`): a CRC-valid image whose fields make no sense -- a flit
@@ -193,8 +194,10 @@ class ConfigImage:
 
 @dataclass
 class ImageSet:
-    """The configuration images of every node of one schedule, in node order."""
+    """The configuration images of every node of one schedule, in node order, and the spec
+    of the topology they were compiled for (:meth:`check_topology` holds them to it)."""
     images: list[ConfigImage]
+    topology: str = ""
 
     def __post_init__(self):
         self.images = [im if isinstance(im, ConfigImage) else ConfigImage.from_bytes(im)
@@ -236,9 +239,24 @@ class ImageSet:
                 _require(peer == NO_PEER or u in self.images[peer].link_map, u,
                          f"field link_map[{port}]={peer}: node {peer} has no port back to {u}")
 
+    def check_topology(self, topology) -> None:
+        """Every image's link map is ``topology``'s port list of its node (switch ports
+        :data:`NO_PEER`): the images can be loaded into a fabric wired as ``topology``."""
+        if topology.n != self.nodes:
+            raise ImageError(f"image set has {self.nodes} nodes, topology {topology.spec} "
+                             f"{topology.n}")
+        for u, im in enumerate(self.images):
+            want = _link_map(topology, u)
+            for port, (got, exp) in enumerate(zip(im.link_map, want)):
+                _require(got == exp, u, f"field link_map[{port}]={got}, topology "
+                         f"{topology.spec} has {exp} there")
+            _require(len(im.link_map) == len(want), u, f"field ports={im.ports}, topology "
+                     f"{topology.spec} has {len(want)}")
+
     def to_bytes(self) -> bytes:
-        body = b"".join(struct.pack("<I", len(b)) + b
-                        for b in (im.to_bytes() for im in self.images))
+        spec = self.topology.encode()
+        body = struct.pack("<H", len(spec)) + spec + b"".join(
+            struct.pack("<I", len(b)) + b for b in (im.to_bytes() for im in self.images))
         return SET_HEADER.pack(SET_MAGIC, SET_VERSION, len(self.images), zlib.crc32(body)) + body
 
     @classmethod
@@ -254,7 +272,14 @@ class ImageSet:
         body = data[SET_HEADER.size:]
         if zlib.crc32(body) != crc:
             raise ImageError("image set CRC mismatch")
-        images, at = [], 0
+        (spec_len,) = struct.unpack_from("<H", body) if len(body) >= 2 else (len(body),)
+        if 2 + spec_len > len(body):
+            raise ImageError("image set truncated inside its topology spec")
+        try:
+            spec = body[2:2 + spec_len].decode()
+        except UnicodeDecodeError:
+            raise ImageError("image set topology spec is not UTF-8") from None
+        images, at = [], 2 + spec_len
         for i in range(count):
             if at + 4 > len(body):
                 raise ImageError(f"image set truncated before image {i} of {count}")
@@ -265,21 +290,24 @@ class ImageSet:
             at += 4 + size
         if at != len(body):
             raise ImageError(f"image set has {len(body) - at} bytes after its {count} images")
-        return cls(images)
+        return cls(images, spec)
+
+
+def _link_map(topology, node: int) -> list[int]:
+    """The link map of ``node``: peer node per port, :data:`NO_PEER` for a switch."""
+    peers = [NO_PEER if is_switch(p.peer) else p.peer for p in topology.ports(node)]
+    return peers + [NO_PEER] * (topology.max_ports() - len(peers))
 
 
 def build_image(schedule: Schedule, node: int, elements: int, *, flit_bits: int = 64,
                 link_latency_cycles: int = 4) -> ConfigImage:
     """One node's image; :func:`compile_images` builds the whole set."""
-    topo = schedule.topology
-    ports = topo.max_ports()
-    peers = [NO_PEER if is_switch(p.peer) else p.peer for p in topo.ports(node)]
-    peers += [NO_PEER] * (ports - len(peers))
     layout = TableLayout.for_schedule(schedule, elements)
     table = TableImage(node, layout, elements, node_entries(schedule, node, elements))
-    image = ConfigImage(node, schedule.n, ports, flit_bits, elements,
+    image = ConfigImage(node, schedule.n, schedule.topology.max_ports(), flit_bits, elements,
                         lockstep_estimate(schedule, elements, flit_bits, link_latency_cycles),
-                        peers, table, order_entries(schedule, node))
+                        _link_map(schedule.topology, node), table,
+                        order_entries(schedule, node))
     image.validate()
     return image
 
@@ -301,7 +329,7 @@ def compile_images(topology=None, algorithm="multitree", elements: int = 1024, *
         raise ImageError(f"elements must be an int >= 0, got {elements!r}")
     return ImageSet([build_image(schedule, v, elements, flit_bits=flit_bits,
                                  link_latency_cycles=link_latency_cycles)
-                     for v in range(schedule.n)])
+                     for v in range(schedule.n)], schedule.topology.spec)
 
 
 def build_images(schedule: Schedule, elements: int, **kw) -> list[bytes]:

@@ -77,6 +77,7 @@ def test_image_set_round_trip_and_corruption():
     blob = images.to_bytes()
     back = ImageSet.from_bytes(blob)
     assert back == images and back.nodes == 16 and back.elements == 1000
+    assert back.topology == "torus:4x4"
     assert [im.to_bytes() for im in back] == build_images(build("multitree", "torus:4x4"), 1000)
     for bad, msg in [(b"XXXX" + blob[4:], "magic"), (blob[:-1], "CRC"),
                      (blob[:12] + bytes([blob[12] ^ 1]) + blob[13:], "CRC")]:
@@ -97,6 +98,21 @@ def test_image_set_rejects_inconsistent_sets():
     twisted = dataclasses.replace(ims[0], link_map=[2, ims[0].link_map[1]])
     with pytest.raises(ImageError, match=r"node 0: field link_map\[0\]=2: node 2 has no port"):
         ImageSet([twisted] + ims[1:])
+
+
+def test_image_set_is_held_to_its_topology():
+    """A fabric wired as one topology refuses images compiled for another, naming the
+    port, before anything is built (FabricSim checks first)."""
+    from treenic.hdl.nic.fabric_sim import FabricSim
+    from treenic.topology import parse
+    images = compile_images("mesh:2x2", "multitree", 16)
+    images.check_topology(parse("mesh:2x2"))
+    with pytest.raises(ImageError, match=r"node 0: field link_map\[0\]=2, topology ring:4 has"):
+        images.check_topology(parse("ring:4"))
+    with pytest.raises(ImageError, match="image set has 4 nodes, topology ring:8 8"):
+        FabricSim("ring:8", None, None, images=images)
+    with pytest.raises(ValueError, match="needs an algorithm"):
+        FabricSim("ring:4", None, 16)
 
 
 # ---- semantic validation (property tests over random field edits) ------------------------

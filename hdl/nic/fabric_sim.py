@@ -39,33 +39,44 @@ class FabricSim:
 
     Args:
         topology: spec (``"torus:4x4"``) or :class:`~treenic.topology.Topology`.
-        algorithm: algorithm name for :func:`treenic.algorithms.build`, or a built
-            :class:`~treenic.schedule.ir.Schedule`.
-        elements: float32 elements per node.
+        algorithm: algorithm name for :func:`treenic.algorithms.build`, a built
+            :class:`~treenic.schedule.ir.Schedule`, or None to run ``images`` alone (what
+            a fabric server loaded with an image set does).
+        elements: float32 elements per node (None: the images' element count).
         mode: ``"message"`` (sub-packet flow control) or ``"packet"``.
         latency, stall, seed: link model (register stages each way; stall probability
             in 1/256; LFSR seed).
         params: the NIC build; default :func:`~treenic.hdl.nic.host.params_for_images`.
         images: the compiler's :class:`~treenic.firmware.image.ImageSet` for ``elements``
-            (default: compiled here, once).
+            (default: compiled here, once); its link maps must be ``topology``'s.
         order: load the ORDER table (False: the NIC bounds unknown steps itself).
     """
 
-    def __init__(self, topology, algorithm="multitree", elements: int = 1024, *,
+    def __init__(self, topology, algorithm="multitree", elements: int | None = 1024, *,
                  mode: str = "message", latency: int = 1, stall: int = 0, seed: int = 1,
                  params: NicParams | None = None, images: ImageSet | None = None,
                  order: bool = True, verbose: bool = False):
         from ..cosim import build_cosim
         self.topology = topo_mod.parse(topology) if isinstance(topology, str) else topology
-        self.schedule = (algorithm if isinstance(algorithm, Schedule)
+        if algorithm is None and images is None:
+            raise ValueError("FabricSim needs an algorithm, a Schedule or an image set")
+        self.schedule = (algorithm if isinstance(algorithm, Schedule) or algorithm is None
                          else build_schedule(algorithm, self.topology.spec))
-        self.elements = int(elements)
+        if elements is None and images is None:
+            raise ValueError("FabricSim needs an element count or an image set")
+        self.elements = int(images.elements if elements is None else elements)
         self.images = images if images is not None else compile_images(
             None, self.schedule, self.elements)
-        if self.images.nodes != self.schedule.n or self.images.elements != self.elements:
+        self.images.check_topology(self.topology)
+        #: nodes and schedule steps, as the images state them
+        self.nodes = self.images.nodes
+        self.steps = max(im.table.layout.steps for im in self.images)
+        if self.images.elements != self.elements or (
+                self.schedule is not None and self.schedule.n != self.nodes):
             raise ValueError(f"images are for {self.images.nodes} nodes x "
                              f"{self.images.elements} elements, the fabric runs "
-                             f"{self.schedule.n} x {self.elements}")
+                             f"{self.schedule.n if self.schedule else self.nodes} x "
+                             f"{self.elements}")
         self.params = params or params_for_images(self.images, mode=mode)
         self.latency, self.stall, self.seed = latency, stall, seed
         self.order = order
@@ -126,7 +137,7 @@ class FabricSim:
     def run(self, buffers: np.ndarray, *, max_cycles: int = 50_000_000) -> tuple[np.ndarray, int]:
         """All-reduce ``buffers`` (N x E float32) on the RTL; returns (result, cycles)."""
         buf = np.asarray(buffers)
-        n, E = self.schedule.n, self.elements
+        n, E = self.nodes, self.elements
         if buf.shape != (n, E) or buf.dtype != np.float32:
             raise ValueError(f"buffers must be float32 of shape ({n}, {E}), got "
                              f"{buf.dtype} {buf.shape}")
@@ -153,14 +164,14 @@ class FabricSim:
         return out.view(np.float32).reshape(n, E).copy(), cycles
 
     def errors(self) -> dict:
-        return {u: self.read_regs(u, [Reg.ERR_FLAGS])[0] for u in range(self.schedule.n)}
+        return {u: self.read_regs(u, [Reg.ERR_FLAGS])[0] for u in range(self.nodes)}
 
     def counters(self) -> dict:
         """Per node: cycles, step log, per-port TX/RX counters (see params.Reg)."""
         p, out = self.params, {}
-        for u in range(self.schedule.n):
+        for u in range(self.nodes):
             cyc, st = self.read_regs(u, [Reg.CYCLES, Reg.STATUS])
-            steps = self.read_regs(u, [p.steplog_addr(s) for s in range(1, self.schedule.steps + 1)])
+            steps = self.read_regs(u, [p.steplog_addr(s) for s in range(1, self.steps + 1)])
             ports = {}
             for i in range(p.ports):
                 vals = self.read_regs(u, [p.port_counter_addr(i, k) for k in PortCounter])
