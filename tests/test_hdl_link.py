@@ -14,7 +14,7 @@ from treenic.hdl.link import model
 from treenic.hdl.link.flit import ErrorCause, FlitFormat, FlitType
 from treenic.hdl.link.packetiser import Packetiser
 from treenic.hdl.link.depacketiser import Depacketiser
-from treenic.hdl.link.link import LinkModel, lfsr16_next
+from treenic.hdl.link.link import LinkChannel, lfsr16_next
 from treenic.schedule.ir import Op as IrOp
 
 FMT = FlitFormat()
@@ -233,7 +233,7 @@ def test_lfsr_model_and_link_params():
         x = lfsr16_next(x)
     assert len(seen) == 1000                    # no short cycle
     with pytest.raises(ValueError):
-        LinkModel(FMT, latency=0)
+        LinkChannel(FMT, latency=0)
 
 
 # ------------------------------------------------------------------------ RTL helpers
@@ -584,7 +584,7 @@ class Loopback(wiring.Component):
         self.fmt = fmt
         self.p = Packetiser(fmt, mode=mode, sub_words=sub_words, packet_words=packet_words,
                             credits=credits)
-        self.l = LinkModel(fmt, latency=latency, stall=stall, seed=seed)
+        self.l = LinkChannel(fmt, latency=latency, stall=stall, seed=seed)
         self.d = Depacketiser(fmt, sub_words=sub_words, credits=credits)
         super().__init__({})
 

@@ -247,7 +247,7 @@ class LinkSignature(wiring.Signature):
       buffer slot of VC ``v`` to the sender.
 
     A packetiser has ``tx: Out(LinkSignature(fmt))``, a depacketiser ``rx: In(...)``; they
-    (and :class:`~treenic.hdl.link.link.LinkModel` in between) connect with
+    (and :class:`~treenic.hdl.link.link.LinkChannel` in between) connect with
     ``wiring.connect``.
     """
 

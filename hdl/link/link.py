@@ -1,4 +1,5 @@
-"""Link model for simulated fabrics: latency and random stalls, flits one way, credits back.
+"""Link channel for simulated fabrics (RTL): latency and random stalls, flits one way,
+credits back.
 
 ::
 
@@ -17,16 +18,16 @@ from amaranth.lib.wiring import In, Out
 
 from .flit import FlitFormat, LinkSignature
 
-__all__ = ["LinkModel", "lfsr16_next"]
+__all__ = ["LinkChannel", "lfsr16_next"]
 
 
 def lfsr16_next(x: int) -> int:
-    """Python model of the LFSR step (same sequence as the RTL)."""
+    """Golden model of the LFSR step (same sequence as the RTL)."""
     bit = ((x >> 15) ^ (x >> 13) ^ (x >> 12) ^ (x >> 10)) & 1
     return ((x << 1) | bit) & 0xFFFF
 
 
-class LinkModel(wiring.Component):
+class LinkChannel(wiring.Component):
     """Ports: ``i: In(LinkSignature(fmt))`` (from a packetiser), ``o: Out(...)`` (to a
     depacketiser), ``overflow: Out(1)``, ``stalls: Out(32)`` (stalled cycles).
 

@@ -4,8 +4,8 @@
 
      hw (node, addr, data) ─► demux ─► NIC u host bus ◄─ hr (node, addr) ─► hrd (data)
                                           │
-      NIC u tx[i] ─► LinkModel(latency, seeded random stalls) ─► NIC v rx[j]
-      NIC u rx[i] ◄─ LinkModel ◄─ NIC v tx[j]            (port i of u  <->  port j of v,
+      NIC u tx[i] ─► LinkChannel(latency, seeded random stalls) ─► NIC v rx[j]
+      NIC u rx[i] ◄─ LinkChannel ◄─ NIC v tx[j]            (port i of u  <->  port j of v,
                                                             the same multigraph edge)
       start ─► every NIC;  done = all NICs done;  cycles = start .. done
 
@@ -24,7 +24,7 @@ from amaranth.utils import ceil_log2
 from treenic import topology as topo_mod
 from treenic.topology import Topology, is_switch
 
-from ..link.link import LinkModel
+from ..link.link import LinkChannel
 from .core import HOST_READ_LATENCY, Nic
 from .params import NicParams
 
@@ -86,7 +86,7 @@ class Fabric(wiring.Component):
             nics.append(nic)
             m.d.comb += nic.start.eq(self.start)
         for (u, i, v, j) in self.plan:
-            lk = LinkModel(p.fmt, latency=self.latency, stall=self.stall,
+            lk = LinkChannel(p.fmt, latency=self.latency, stall=self.stall,
                            seed=(self.seed * 7919 + 131 * (u * p.ports + i) + 1) & 0xFFFF,
                            depth=max(8, p.credits))
             m.submodules[f"link_{u}_{i}"] = lk

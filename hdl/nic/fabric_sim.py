@@ -44,7 +44,7 @@ class FabricSim:
             a fabric server loaded with an image set does).
         elements: float32 elements per node (None: the images' element count).
         mode: ``"message"`` (sub-packet flow control) or ``"packet"``.
-        latency, stall, seed: link model (register stages each way; stall probability
+        latency, stall, seed: link channels (register stages each way; stall probability
             in 1/256; LFSR seed).
         params: the NIC build; default :func:`~treenic.hdl.nic.host.params_for_images`.
         images: the compiler's :class:`~treenic.firmware.image.ImageSet` for ``elements``

@@ -7,18 +7,18 @@ from amaranth.lib.wiring import In, Out
 from treenic.hdl.link.flit import FlitFormat
 from treenic.hdl.link.packetiser import Packetiser, PacketiserStatusSignature
 from treenic.hdl.link.depacketiser import Depacketiser, DepacketiserStatusSignature
-from treenic.hdl.link.link import LinkModel
+from treenic.hdl.link.link import LinkChannel
 
 
 class LoopbackTop(wiring.Component):
-    """packetiser -> LinkModel (latency, LFSR stalls) -> depacketiser."""
+    """packetiser -> LinkChannel (latency, LFSR stalls) -> depacketiser."""
 
     def __init__(self, fmt: FlitFormat, *, mode, sub_words, packet_words, credits, latency,
                  stall, seed):
         self.fmt = fmt
         self._p = Packetiser(fmt, mode=mode, sub_words=sub_words, packet_words=packet_words,
                              credits=credits)
-        self._l = LinkModel(fmt, latency=latency, stall=stall, seed=seed,
+        self._l = LinkChannel(fmt, latency=latency, stall=stall, seed=seed,
                             depth=credits * fmt.vcs + latency + 2)
         self._d = Depacketiser(fmt, sub_words=sub_words, credits=credits)
         super().__init__({
