@@ -132,7 +132,12 @@ class ConfigImage:
                              f"computed {zlib.crc32(zeroed):#010x})")
         links = list(struct.unpack_from(f"<{ports}H", data, HEADER.size))
         table_at = HEADER.size + 2 * ports
-        table = TableImage.from_bytes(data[table_at:table_at + table_bytes])
+        try:
+            table = TableImage.from_bytes(data[table_at:table_at + table_bytes])
+        except ImageError:
+            raise
+        except ScheduleError as e:          # the table's own checks (magic, op code, ...)
+            raise ImageError(f"node {node}: table: {e}") from None
         order = [ORDER_ENTRY.unpack_from(data, table_at + table_bytes + ORDER_ENTRY.size * i)
                  for i in range(n_order)]
         img = cls(node, nodes, ports, flit_bits, elements, lockstep, links, table, order)
@@ -166,11 +171,12 @@ class ConfigImage:
         for i, e in enumerate(tab.entries):
             self._validate_row(i, e, L)
         for i, (flow, port, step) in enumerate(self.order):
-            for name, val, hi in (("flow", flow, L.flows - 1), ("rx_port", port, self.ports - 1),
-                                  ("step", step, L.steps)):
-                _require((1 if name == "step" else 0) <= val <= hi, v,
-                         f"field order[{i}].{name}={val} outside "
-                         f"{1 if name == 'step' else 0}..{hi}")
+            _require(flow < L.flows, v, f"field order[{i}].flow={flow} outside "
+                     f"0..{L.flows - 1}")
+            _require(port < self.ports, v, f"field order[{i}].rx_port={port} outside "
+                     f"0..{self.ports - 1}")
+            _require(1 <= step <= L.steps, v, f"field order[{i}].step={step} outside "
+                     f"1..{L.steps}")
 
     def _validate_row(self, i: int, e, L: TableLayout) -> None:
         v = self.node

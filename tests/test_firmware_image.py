@@ -196,6 +196,15 @@ def test_row_out_of_bounds_is_rejected_by_name(row, field, data):
         _decode(image)
 
 
+@pytest.mark.parametrize("row", ROWS[:3])
+def test_row_with_an_unknown_op_code_is_rejected(row):
+    entries = list(BASE.table.entries)
+    entries[row] = dataclasses.replace(entries[row], op=3)      # 2 bits hold it; Op does not
+    image = dataclasses.replace(BASE, table=dataclasses.replace(BASE.table, entries=entries))
+    with pytest.raises(ImageError, match="node 5: table: table row has unknown op code 3"):
+        _decode(image)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.sampled_from(ROWS), st.data())
 def test_row_edits_in_bounds_are_accepted(row, data):
