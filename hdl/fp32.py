@@ -223,8 +223,6 @@ class FP32Adder(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        tw = self.tag_width
-
         # ---- pipeline control: v[k] valid of stage k (1..N); en[k] stage k loads
         N = LATENCY
         v = [None] + [Signal(name=f"s{k}_valid") for k in range(1, N + 1)]

@@ -37,7 +37,7 @@ from .errors import ErrorCollect
 from .flow_table import FlowTable
 from .host_regs import HOST_READ_LATENCY, HostRegs, HostSignature
 from .issue import Issue
-from .params import ErrBit, NicParams, PortCounter
+from .params import NicParams, PortCounter
 from .rx import RxUnit
 from .scan import TableScan
 from .tx import TxUnit
