@@ -75,7 +75,7 @@ def run_amaranth_case(spec, alg, elements, mode, order, stall) -> dict:
     from amaranth.sim import Simulator
     from treenic.algorithms import build
     from treenic.firmware.image import build_images
-    from treenic.hdl.nic import NicParams, PortCounter
+    from treenic.hdl.nic import NicParams
     from treenic.hdl.nic.fabric import Fabric
     from treenic.hdl.nic.host import (buffer_writes, image_writes, order_writes,
                                       sim_read_buffers)

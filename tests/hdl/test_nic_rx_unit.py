@@ -50,7 +50,7 @@ def run_rx(op, *, offset=START, seed=1, order_block=False):
             ctx.set(t.gather_port[FLOW], 0)
         ctx.set(rx.flow_enable, (1 << P.max_nodes) - 1)
         ctx.set(rx.running, 1)
-        credits, pos, sent_at = P.credits, 0, None
+        credits, pos = P.credits, 0
         for c in range(1500):
             go = pos < len(flits) and credits > 0 and rnd.random() < 0.7
             ctx.set(rx.link.valid, go)
