@@ -223,8 +223,6 @@ class FP32Adder(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        tw = self.tag_width
-
         # ---- pipeline control: v[k] valid of stage k (1..N); en[k] stage k loads
         N = LATENCY
         v = [None] + [Signal(name=f"s{k}_valid") for k in range(1, N + 1)]
@@ -238,6 +236,14 @@ class FP32Adder(wiring.Component):
             with m.If(en[k]):
                 m.d.sync += v[k].eq(prev_valid[k - 1])
 
+        self._normalise_round_pack(m, en, self._unpack_align_add(m, en))
+        m.d.comb += self.o.valid.eq(v[N])
+        return m
+
+    def _unpack_align_add(self, m, en):
+        """S1 unpack, classify, swap; S2a align; S2b add/subtract; returns
+        the S2b registers."""
+        tw = self.tag_width
         # ---- S1: unpack, classify, swap -------------------------------------------
         # the magnitude compare and both exponent differences run in parallel; the
         # compare only selects
@@ -323,6 +329,12 @@ class FP32Adder(wiring.Component):
                 s2_nan.eq(s2a_nan), s2_inf.eq(s2a_inf), s2_tag.eq(s2a_tag),
             ]
 
+        return s2_z, s2_sx, s2_sub, s2_ex, s2_nan, s2_inf, s2_tag
+
+    def _normalise_round_pack(self, m, en, s2):
+        """S3 leading-zero count, S4 normalise, S5 round to nearest even, S6 pack."""
+        tw, N = self.tag_width, LATENCY
+        s2_z, s2_sx, s2_sub, s2_ex, s2_nan, s2_inf, s2_tag = s2
         # ---- S3: leading-zero count -----------------------------------------------
         lz_raw, z_zero = _lzc_tree(Cat(Const(0, 5), s2_z[:27]))   # 32-bit, pad low
         s3_z = Signal(28)
@@ -399,5 +411,3 @@ class FP32Adder(wiring.Component):
                     Cat(frac, Mux(hidden, e_r[:8], 0), s5_sign))))
         with m.If(en[N]):
             m.d.sync += [self.o.payload.sum.eq(packed), self.o.payload.tag.eq(s5_tag)]
-        m.d.comb += self.o.valid.eq(v[N])
-        return m

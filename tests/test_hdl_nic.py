@@ -103,7 +103,7 @@ def test_scan_rejects_bad_table(bad):
         sent = 0
         for _ in range(60):
             await ctx.tick()
-            sent += ctx.get(nic.tx0.valid) + ctx.get(nic.tx1.valid)
+            sent += ctx.get(nic.tx[0].valid) + ctx.get(nic.tx[1].valid)
         out["status"] = await rd(Reg.STATUS)
         out["err"] = await rd(Reg.ERR_FLAGS)
         out["sent"] = sent
@@ -129,15 +129,15 @@ def test_issue_lockstep_and_reduce_send():
         for a, v in buffer_writes(P2, vals):
             await wr(a, v)
         await load_rows(P2, wr, rows)
-        ctx.set(nic.tx1.credit, 0)
+        ctx.set(nic.tx[1].credit, 0)
         await wr(Reg.CTRL, 1)
         flits, first = [], None
         for c in range(200):
             await ctx.tick()
-            if ctx.get(nic.tx1.valid):
+            if ctx.get(nic.tx[1].valid):
                 first = c if first is None else first
-                flits.append(ctx.get(nic.tx1.flit.as_value()))
-            assert not ctx.get(nic.tx0.valid)
+                flits.append(ctx.get(nic.tx[1].flit.as_value()))
+            assert not ctx.get(nic.tx[0].valid)
         out.update(flits=flits, first=first, status=await rd(Reg.STATUS),
                    ts=await rd(Reg.TIMESTEP), s1=await rd(P2.steplog_addr(1)))
     o = run_nic(P2, body)
@@ -188,7 +188,7 @@ def test_receive_checks(case):
         early = case == "gather_before_start"
         if not early:
             await wr(Reg.CTRL, 1)
-        rx = nic.rx0 if port == 0 else nic.rx1
+        rx = nic.rx[port]
         for f in flits:
             ctx.set(rx.valid, 1)
             ctx.set(rx.flit.as_value(), f)
@@ -303,9 +303,9 @@ def test_tx_streams_one_flit_per_cycle():
         cyc = []
         for c in range(400):
             await ctx.tick()
-            if ctx.get(nic.tx0.valid):
+            if ctx.get(nic.tx[0].valid):
                 cyc.append(c)
-            ctx.set(nic.tx0.credit, ctx.get(nic.tx0.valid))
+            ctx.set(nic.tx[0].credit, ctx.get(nic.tx[0].valid))
         out["cyc"] = cyc
     o = run_nic(p, body)
     assert len(o["cyc"]) == 101                      # 1 head + 100 payload flits

@@ -38,6 +38,8 @@ Receive path::
   pop by two.
 """
 
+from types import SimpleNamespace
+
 from amaranth.hdl import Module, Signal, Mux, Cat, Const
 from amaranth.lib import data, fifo, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
@@ -49,6 +51,11 @@ from .model import DEFAULT_SUB_WORDS
 __all__ = ["Depacketiser", "DepacketiserStatusSignature"]
 
 IDLE, ACTIVE, DISCARD = 0, 1, 2
+
+#: signals the receive stages share (built in ``elaborate``)
+_SHARED = frozenset(['fmt', 'W', 'V', 'rx', 'D', 'abits', 'wp', 'rp', 'wptr', 'cptr', 'rptr', 'fragw', 'hdr_fifo', 'len_fifo', 'f_v', 'f_vc', 'f', 'chk_layout', 'f_chk', 'cq_hv', 'cq_lv', 'cq_hd', 'cq_len', 'in_chk'])
+#: what the check stage hands the actions
+_CHECKED = frozenset(['t', 'd', 'is_head', 'is_tailtype', 'is_ht', 'is_subtail', 'ph', 'frag_len', 'exp', 'c_st', 'c_hd', 'c_fo', 'n_st'])
 
 
 class DepacketiserStatusSignature(wiring.Signature):
@@ -181,6 +188,22 @@ class Depacketiser(wiring.Component):
         # the check stage holds a flit of VC v
         in_chk = [f_v if V == 1 else f_v & (f_vc == v) for v in range(V)]
 
+        here = locals()
+        s = SimpleNamespace(**{n: here[n] for n in _SHARED})
+        ok = self._pop_flags(m, s)
+        head_chk = self._head_checks(m, s, fifos)
+        self._arbiter(m, s, fifos, ok, head_chk)
+        x = self._check_stage(m, s)
+        e_orphan, e_seq, e_flow, e_op, e_len, accept, commit = self._actions(m, s, x)
+        self._read_side(m, s)
+        self._status(m, s, overflow, (e_orphan, e_seq, e_flow, e_op, e_len), accept, commit)
+        return m
+
+    def _pop_flags(self, m, s):
+        """Per VC: may the arbiter pop a flit (registered a cycle ahead)."""
+        (V, D, abits, wptr, rptr, hdr_fifo, len_fifo, cq_hv, cq_lv, f_v, in_chk) = (
+         s.V, s.D, s.abits, s.wptr, s.rptr, s.hdr_fifo, s.len_fifo, s.cq_hv,
+         s.cq_lv, s.f_v, s.in_chk)
         # ---------------------------------------------------------------- pop flags
         # Registered a cycle ahead, so that no subtract/compare of pointers or FIFO levels
         # sits between them and the pop (a timing path).  A flit popped next cycle writes
@@ -223,6 +246,11 @@ class Depacketiser(wiring.Component):
             if V > 1:
                 m.d.sync += ok_other[v].eq(fits(occ, [in_chk[v]], D) & room1)
 
+        return ok_idle, ok_same, ok_other
+
+    def _head_checks(self, m, s, fifos):
+        """Checks of each input FIFO's head flit (flow, op, length)."""
+        fmt, W, V, chk_layout = s.fmt, s.W, s.V, s.chk_layout
         # ---------------------------------------------------------------- head checks
         # A head's checks (flow known, op, length) need only the flit itself: they are
         # made on each input FIFO's head register, before the arbiter's mux, and registered
@@ -255,6 +283,13 @@ class Depacketiser(wiring.Component):
                          c.short.eq(Mux(is_sub, sh.length <= W, ph.length <= W))]
             head_chk.append(c)
 
+        return head_chk
+
+    def _arbiter(self, m, s, fifos, ok, head_chk):
+        """Round robin over the VCs; the pop loads the check register."""
+        fmt, V, rx, f_v, f_vc, f, f_chk = s.fmt, s.V, s.rx, s.f_v, s.f_vc, s.f, s.f_chk
+        chk_layout = s.chk_layout
+        ok_idle, ok_same, ok_other = ok
         # ---------------------------------------------------------------- arbiter
         # round robin over the VCs that have a flit and room; may switch VC on every flit
         # (a VC stuck in a message never blocks the others)
@@ -288,6 +323,11 @@ class Depacketiser(wiring.Component):
         # (the flit register loads every cycle: only its valid bit depends on the pop)
         m.d.sync += [f_v.eq(pop), f_vc.eq(sel), f.eq(cur), f_chk.eq(cur_chk)]
 
+
+    def _check_stage(self, m, s):
+        """The checked flit's VC context, its decode and the context's next value."""
+        fmt, W, V, fragw, f, f_vc, f_chk, in_chk = \
+            s.fmt, s.W, s.V, s.fragw, s.f, s.f_vc, s.f_chk, s.in_chk
         # ---------------------------------------------------------------- per-VC contexts
         st = [Signal(2, name=f"state{v}") for v in range(V)]
         pk = [Signal(name=f"pmode{v}") for v in range(V)]
@@ -390,6 +430,19 @@ class Depacketiser(wiring.Component):
             with m.If(is_subtail):
                 m.d.comb += n_fo.eq(c_fo + c_sb + W)
 
+        here = locals()
+        return SimpleNamespace(**{n: here[n] for n in _CHECKED})
+
+    def _actions(self, m, s, x):
+        """Accept / drop, commit / rollback, the buffer pointers and the commit register."""
+        (fmt, V, abits, wptr, cptr, wp, hdr_fifo, len_fifo, f_v, f_vc, in_chk,
+         cq_hv, cq_lv, cq_hd, cq_len) = (
+         s.fmt, s.V, s.abits, s.wptr, s.cptr, s.wp, s.hdr_fifo, s.len_fifo, s.f_v,
+         s.f_vc, s.in_chk, s.cq_hv, s.cq_lv, s.cq_hd, s.cq_len)
+        (t, d, is_head, is_tailtype, is_ht, is_subtail, ph, frag_len, exp, c_st, c_hd, c_fo,
+         n_st) = (x.t, x.d, x.is_head, x.is_tailtype, x.is_ht, x.is_subtail, x.ph,
+                  x.frag_len, x.exp, x.c_st, x.c_hd, x.c_fo, x.n_st)
+        f_chk = s.f_chk
         # ---------------------------------------------------------------- actions
         e_orphan, e_seq, e_flow, e_op, e_len = (Signal(name=n) for n in
                                                 ("e_orphan", "e_seq", "e_flow", "e_op",
@@ -464,6 +517,12 @@ class Depacketiser(wiring.Component):
         m.d.comb += [hdr_fifo.w_data.eq(cq_hd), hdr_fifo.w_en.eq(cq_hv),
                      len_fifo.w_data.eq(cq_len), len_fifo.w_en.eq(cq_lv)]
 
+        return e_orphan, e_seq, e_flow, e_op, e_len, accept, commit
+
+    def _read_side(self, m, s):
+        """Committed fragments out of the buffer, ``lanes`` words per beat."""
+        fmt, W, V, abits, fragw, rp, rptr, len_fifo = \
+            s.fmt, s.W, s.V, s.abits, s.fragw, s.rp, s.rptr, s.len_fifo
         # ---------------------------------------------------------------- read side
         words_left = Signal(fragw)
         rvc = Signal(fmt.vc_bits)
@@ -496,6 +555,11 @@ class Depacketiser(wiring.Component):
         m.d.comb += [self.data.valid.eq(ov), self.data.payload.data.eq(rp.data),
                      self.data.payload.last.eq(olast)]
 
+
+    def _status(self, m, s, overflow, errors, accept, commit):
+        """Error events registered, then counted per cause."""
+        f_v = s.f_v
+        e_orphan, e_seq, e_flow, e_op, e_len = errors
         # ---------------------------------------------------------------- status
         s = self.status
         causes = {ErrorCause.ORPHAN: e_orphan, ErrorCause.SEQ: e_seq,
@@ -526,4 +590,3 @@ class Depacketiser(wiring.Component):
                     m.d.sync += [s.counts[int(c)].eq(s.counts[int(c)] + 1),
                                  s.code.eq(int(c))]   # later (higher) causes win
             m.d.sync += [s.dropped.eq(s.dropped + drop_q), s.frags.eq(s.frags + frag_q)]
-        return m

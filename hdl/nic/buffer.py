@@ -134,47 +134,21 @@ class BankedBuffer(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        B, L = self.banks, self.lanes
-        LB = exact_log2(B)
-        RB = max(1, ceil_log2(self.bank_depth))
-
-        def split(addr):
-            """(bank of lane 0, its row, its row + 1): lane k of a stream lands in bank
-            (lo + k) mod B, at row hi, or hi + 1 once it wrapped past the last bank --
-            which happens only in banks b < L - 1, for lanes k > b."""
-            lo = addr[:LB]
-            hi = (addr >> LB)[:RB]
-            return lo, hi, (hi + 1)[:RB]
-
-        def wire(expr, name=None):
-            """A named 1-bit signal for a term used many times: Amaranth emits an
-            expression again at every use (and ``replicate`` once per bit), which made
-            the 16-NIC fabric's Verilog too big for Verilator in 24 GiB."""
-            s = Signal(name=name)
-            m.d.comb += s.eq(expr)
-            return s
-
-        def onehot(pairs, width):
-            """AND-OR multiplexer: ``pairs`` = [(select, value)], selects one-hot (or
-            none: 0) -- cheaper in LUT4s than a priority chain of 2:1 muxes."""
-            terms = [(sel if isinstance(sel, Signal) and len(sel) == 1 else wire(sel))
-                     .replicate(width) & val for sel, val in pairs]
-            terms = terms or [Const(0, width)]
-            while len(terms) > 1:           # balanced OR tree (shallow expressions)
-                terms = [terms[i] | terms[i + 1] if i + 1 < len(terms) else terms[i]
-                         for i in range(0, len(terms), 2)]
-            return terms[0]
-
-        def decode(lo, tag):
-            """dec[c]: lo == c, once per stream (each bank/lane test below is one AND)."""
-            return [wire(lo == c, f"{tag}_lo{c}") for c in range(B)]
-
+        lg = _BankLogic(m, self.banks, self.lanes, self.bank_depth)
         rams = []
-        for b in range(B):
+        for b in range(self.banks):
             ram = memory.Memory(shape=32, depth=self.bank_depth, init=[])
             m.submodules[f"bank{b}"] = ram
             rams.append((ram.read_port(), ram.write_port()))
 
+        self._read_side(m, lg, rams)
+        self._write_side(m, lg, rams)
+        return m
+
+    def _read_side(self, m, lg, rams):
+        """Readers: grant in the request cycle, then rows, banks, RAM, lane mux."""
+        B, L, LB, RB = lg.B, lg.L, lg.LB, lg.RB
+        split, wire, onehot, decode = lg.split, lg.wire, lg.onehot, lg.decode
         # ---------------------------------------------------------------- readers
         # request cycle (t): grant.  Reader j blocks reader r (j < r) when both request
         # and their lane windows [lo, lo + L) overlap modulo B: |lo_j - lo_r| mod B < L --
@@ -256,6 +230,11 @@ class BankedBuffer(wiring.Component):
             m.d.sync += out.eq(Cat(*[bank_data[(lo_q[-1] + k)[:LB]] for k in range(L)]))
             m.d.comb += [rd.valid.eq(v[-1]), rd.data.eq(out)]
 
+
+    def _write_side(self, m, lg, rams):
+        """Writers: per-bank hits, rows and data registered, then the RAM write."""
+        B, L, RB = lg.B, lg.L, lg.RB
+        split, wire, onehot, decode = lg.split, lg.wire, lg.onehot, lg.decode
         # ---------------------------------------------------------------- writers
         # cycle t (presented): registered per writer -- for each bank b, which of its lanes
         # land there (``hit[b][k]``: en[k] and lo == b - k mod B: one AND after a decode of
@@ -311,7 +290,48 @@ class BankedBuffer(wiring.Component):
         # cycle t+2: the RAM writes (at the end of the cycle)
         for b, (_, wp) in enumerate(rams):
             m.d.comb += [wp.addr.eq(w_row[b]), wp.data.eq(w_data[b]), wp.en.eq(w_en[b])]
-        return m
+
+
+class _BankLogic:
+    """Shared helpers of the buffer's read and write sides (``m``: the module they add
+    logic to)."""
+
+    def __init__(self, m, banks, lanes, bank_depth):
+        self.m, self.B, self.L = m, banks, lanes
+        self.LB = exact_log2(banks)
+        self.RB = max(1, ceil_log2(bank_depth))
+
+    def split(self, addr):
+        """(bank of lane 0, its row, its row + 1): lane k of a stream lands in bank
+        (lo + k) mod B, at row hi, or hi + 1 once it wrapped past the last bank --
+        which happens only in banks b < L - 1, for lanes k > b."""
+        lo = addr[:self.LB]
+        hi = (addr >> self.LB)[:self.RB]
+        return lo, hi, (hi + 1)[:self.RB]
+
+    def wire(self, expr, name=None):
+        """A named 1-bit signal for a term used many times: Amaranth emits an
+        expression again at every use (and ``replicate`` once per bit), which made
+        the 16-NIC fabric's Verilog too big for Verilator in 24 GiB."""
+        s = Signal(name=name)
+        self.m.d.comb += s.eq(expr)
+        return s
+
+    def onehot(self, pairs, width):
+        """AND-OR multiplexer: ``pairs`` = [(select, value)], selects one-hot (or
+        none: 0) -- cheaper in LUT4s than a priority chain of 2:1 muxes."""
+        terms = [(sel if isinstance(sel, Signal) and len(sel) == 1 else self.wire(sel))
+                 .replicate(width) & val for sel, val in pairs]
+        terms = terms or [Const(0, width)]
+        while len(terms) > 1:           # balanced OR tree (shallow expressions)
+            terms = [terms[i] | terms[i + 1] if i + 1 < len(terms) else terms[i]
+                     for i in range(0, len(terms), 2)]
+        return terms[0]
+
+    def decode(self, lo, tag):
+        """dec[c]: lo == c, once per stream (each bank/lane test below is one AND)."""
+        return [self.wire(lo == c, f"{tag}_lo{c}") for c in range(self.B)]
+
 
 
 class BankedBufferModel:

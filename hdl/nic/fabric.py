@@ -90,8 +90,8 @@ class Fabric(wiring.Component):
                            seed=(self.seed * 7919 + 131 * (u * p.ports + i) + 1) & 0xFFFF,
                            depth=max(8, p.credits))
             m.submodules[f"link_{u}_{i}"] = lk
-            wiring.connect(m, getattr(nics[u], f"tx{i}"), lk.i)
-            wiring.connect(m, lk.o, getattr(nics[v], f"rx{j}"))
+            wiring.connect(m, nics[u].tx[i], lk.i)
+            wiring.connect(m, lk.o, nics[v].rx[j])
 
         # host streams
         rd_busy = Signal()
@@ -145,11 +145,8 @@ class _NicPorts:
         proto = Nic(p)
         proto._MustUse__silence = True          # only its signature is used
         self.sig = wiring.Signature(proto.signature.members).create(path=(f"n{u}",))
-        for name in ("host", "start", "done", "running", "error"):
+        for name in ("host", "start", "done", "running", "error", "tx", "rx"):
             setattr(self, name, getattr(self.sig, name))
-        for i in range(p.ports):
-            setattr(self, f"tx{i}", getattr(self.sig, f"tx{i}"))
-            setattr(self, f"rx{i}", getattr(self.sig, f"rx{i}"))
 
     def instance(self, module: str):
         from amaranth.hdl import ClockSignal, Instance, ResetSignal
@@ -159,10 +156,11 @@ class _NicPorts:
                    "i_host__re": h.re, "o_host__rdata": h.rdata, "i_start": self.start,
                    "o_done": self.done, "o_running": self.running, "o_error": self.error})
         for i in range(self.p.ports):
-            tx, rx = getattr(self, f"tx{i}"), getattr(self, f"rx{i}")
-            kw.update({f"o_tx{i}__valid": tx.valid, f"o_tx{i}__flit": tx.flit.as_value(),
-                       f"i_tx{i}__credit": tx.credit, f"i_rx{i}__valid": rx.valid,
-                       f"i_rx{i}__flit": rx.flit.as_value(), f"o_rx{i}__credit": rx.credit})
+            tx, rx = self.tx[i], self.rx[i]
+            kw.update({f"o_tx__{i}__valid": tx.valid, f"o_tx__{i}__flit": tx.flit.as_value(),
+                       f"i_tx__{i}__credit": tx.credit, f"i_rx__{i}__valid": rx.valid,
+                       f"i_rx__{i}__flit": rx.flit.as_value(),
+                       f"o_rx__{i}__credit": rx.credit})
         return Instance(module, **kw)
 
 

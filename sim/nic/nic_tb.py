@@ -103,8 +103,8 @@ async def nic_vs_golden_neighbours(dut):
         tx_before[s] = sum(1 for x in all_tx if x < s)
     tx_msgs = {i: [f for _, f in v] for i, v in tx_msgs.items()}
     for i in range(P):
-        getattr(dut, f"rx{i}__valid").value = 0
-        getattr(dut, f"tx{i}__credit").value = 0
+        getattr(dut, f"rx__{i}__valid").value = 0
+        getattr(dut, f"tx__{i}__credit").value = 0
     dut.host__we.value = 0
     dut.host__re.value = 0
     dut.start.value = 0
@@ -124,10 +124,10 @@ async def nic_vs_golden_neighbours(dut):
         done = int(dut.done.value)
         err = int(dut.error.value)
         for i in range(P):
-            if int(getattr(dut, f"tx{i}__valid").value):
-                got[i].append(int(getattr(dut, f"tx{i}__flit").value))
+            if int(getattr(dut, f"tx__{i}__valid").value):
+                got[i].append(int(getattr(dut, f"tx__{i}__flit").value))
                 pending_credit[i].append(cycle + rnd.randint(1, credit_delay))
-            rx_cred[i] += int(getattr(dut, f"rx{i}__credit").value)
+            rx_cred[i] += int(getattr(dut, f"rx__{i}__credit").value)
         if done or err:
             break
         await RisingEdge(dut.clk)
@@ -136,18 +136,18 @@ async def nic_vs_golden_neighbours(dut):
             sent = sum(len(v) for v in got.values())
             go = (rx_pos[i] < len(flits) and rx_cred[i] > 0 and rnd.random() < send_p
                   and sent >= tx_before[flits[rx_pos[i]][0]])
-            getattr(dut, f"rx{i}__valid").value = int(go)
+            getattr(dut, f"rx__{i}__valid").value = int(go)
             if go:
-                getattr(dut, f"rx{i}__flit").value = flits[rx_pos[i]][1]
+                getattr(dut, f"rx__{i}__flit").value = flits[rx_pos[i]][1]
                 rx_pos[i] += 1
                 rx_cred[i] -= 1
             ret = [c for c in pending_credit[i] if c <= cycle and rnd.random() > stall_p]
             if ret:
                 pending_credit[i].remove(ret[0])
-            getattr(dut, f"tx{i}__credit").value = int(bool(ret))
+            getattr(dut, f"tx__{i}__credit").value = int(bool(ret))
     await RisingEdge(dut.clk)
     for i in range(P):
-        getattr(dut, f"rx{i}__valid").value = 0
+        getattr(dut, f"rx__{i}__valid").value = 0
     assert not err, f"NIC flagged errors {await host_read(dut, Reg.ERR_FLAGS):#x}"
     assert done, f"NIC not done after {cycle} cycles"
     for i in range(P):

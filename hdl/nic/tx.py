@@ -1,0 +1,141 @@
+"""Transmit unit of one NIC port: DMA from the gradient buffer into a FIFO, the packetiser,
+the link.
+
+::
+
+    go + descriptor ─► addr/left ─► buffer read (lanes words per grant) ─► FIFO ─► Packetiser ─► link
+                   └─► header register (dest = PEER[port]) ───────────────────────┘
+
+A descriptor (flow, op, step, start, size) sent with ``go`` becomes one message: the
+header waits for the first data beat (no bubble on the link behind the header while the
+buffer read is in flight), then ``ceil(size / lanes)`` beats follow at up to one per
+cycle.  Golden model: the flits of :func:`treenic.hdl.link.model.packetise` for the same
+message (``tests/hdl/test_tx_unit.py``).
+"""
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.lib import data, fifo, wiring
+from amaranth.lib.wiring import In, Out
+from amaranth.utils import ceil_log2
+
+from ..link.flit import LinkSignature
+from ..link.packetiser import Packetiser
+from .buffer import READ_LATENCY, BufferReadSignature
+from .params import NicParams
+
+__all__ = ["TxUnit", "TxDescriptor", "TX_FIFO_DEPTH", "buffer_abits"]
+
+#: TX unit FIFO (beats): covers the buffer's read latency plus the FIFO's own at full rate
+TX_FIFO_DEPTH = 1 << ceil_log2(READ_LATENCY + 4)
+
+
+def buffer_abits(params: NicParams) -> int:
+    """Address bits of the :class:`~.buffer.BankedBuffer` the NIC builds for ``params``."""
+    bank_depth = -(-params.depth // params.banks)
+    return max(1, ceil_log2(bank_depth * params.banks))
+
+
+def TxDescriptor(params: NicParams) -> data.StructLayout:
+    """What the issue logic hands a TX unit: the head entry's flow, op, step, chunk."""
+    return data.StructLayout({"flow": params.flow_bits, "op": 2, "step": params.step_bits,
+                              "start": params.abits, "size": params.abits})
+
+
+class TxUnit(wiring.Component):
+    """DMA + FIFO + :class:`~treenic.hdl.link.packetiser.Packetiser` of one port.
+
+    Parameters
+    ----------
+    params : NicParams
+        The NIC build.
+    port : int
+        This unit's port index (the header's ``next``/``eject`` fields).
+
+    Members
+    -------
+    link : ``Out(LinkSignature(params.fmt))``
+        Flits out, credits in.
+    read : ``Out(BufferReadSignature)``
+        The unit's reader of the gradient buffer.
+    go : ``In(1)``
+        Load ``desc`` and start a message (only while ``idle``).
+    desc : ``In(TxDescriptor(params))``
+        The message to send.
+    peer, node_id : ``In(16)``
+        Packet-mode destination and source of the header.
+    clear : ``In(1)``
+        Zero the words counter.
+    idle : ``Out(1)``
+        Nothing loaded, in flight or queued, and the packetiser takes a header.
+    flits, heads, words : ``Out(32)``
+        Flits and head flits sent (the packetiser's), payload words issued.
+    """
+
+    def __init__(self, *, params: NicParams, port: int):
+        if not isinstance(params, NicParams):
+            raise TypeError(f"params must be NicParams, not {type(params).__name__}")
+        if not 0 <= port < params.ports:
+            raise ValueError(f"port {port} is not among the NIC's {params.ports} ports")
+        self.params, self.port = params, port
+        super().__init__({
+            "link": Out(LinkSignature(params.fmt)),
+            "read": Out(BufferReadSignature(buffer_abits(params), params.lanes)),
+            "go": In(1), "desc": In(TxDescriptor(params)),
+            "peer": In(16), "node_id": In(16), "clear": In(1),
+            "idle": Out(1), "flits": Out(32), "heads": Out(32), "words": Out(32)})
+
+    def elaborate(self, platform):
+        m = Module()
+        p, W, AB = self.params, self.params.lanes, self.params.abits
+        pk = Packetiser(p.fmt, mode=p.mode, sub_words=p.sub_words,
+                        packet_words=p.packet_words, credits=p.credits)
+        m.submodules.packetiser = pk
+        wiring.connect(m, pk.tx, wiring.flipped(self.link))
+        q = fifo.SyncFIFOBuffered(width=W * 32, depth=TX_FIFO_DEPTH)
+        m.submodules.fifo = q
+        brd = self.read
+        addr = Signal(AB)
+        left = Signal(AB)
+        inflight = Signal(READ_LATENCY)        # reads in flight
+        hdr_pend = Signal()
+        hdr = Signal(p.fmt.header)
+        issue = Signal()
+        # FIFO slots not yet claimed by a read (in flight or written): all but one, more
+        # than the read latency + the buffered FIFO's two cycles from write to output,
+        # so a granted stream runs at one beat per cycle.  The request is an AND of
+        # two registers (``room`` and ``left_nz``): it feeds the cross-port bank grant.
+        room = Signal(range(TX_FIFO_DEPTH), init=TX_FIFO_DEPTH - 1)
+        left_nz = Signal()
+        pop = q.r_en & q.r_rdy
+        m.d.comb += [brd.req.eq(left_nz & (room != 0)), brd.addr.eq(addr), issue.eq(brd.grant)]
+        m.d.sync += [inflight.eq(Cat(issue, inflight[:-1])), room.eq(room - issue + pop)]
+        with m.If(issue):
+            m.d.sync += [addr.eq(addr + W), left.eq(Mux(left > W, left - W, 0)),
+                         left_nz.eq(left > W)]
+        m.d.comb += [q.w_data.eq(brd.data), q.w_en.eq(brd.valid),
+                     pk.data.payload.eq(q.r_data), pk.data.valid.eq(q.r_rdy),
+                     q.r_en.eq(pk.data.ready),
+                     pk.hdr.payload.eq(hdr),
+                     # the head flit waits for the first data beat: no bubble on the link
+                     # behind it while the buffer read is in flight (``~left_nz``, not
+                     # ``left == 0``: no wide compare in front of the packetiser's header
+                     # load)
+                     pk.hdr.valid.eq(hdr_pend & (q.r_rdy | (~left_nz & (inflight == 0))))]
+        with m.If(pk.hdr.valid & pk.hdr.ready):
+            m.d.sync += hdr_pend.eq(0)
+        m.d.comb += self.idle.eq(~hdr_pend & ~left_nz & (inflight == 0) & ~q.r_rdy &
+                                 pk.hdr.ready)
+        d = self.desc
+        with m.If(self.go):
+            m.d.sync += [addr.eq(d.start), left.eq(d.size), left_nz.eq(d.size != 0),
+                         hdr_pend.eq(1),
+                         hdr.vc.eq(0), hdr.next.eq(self.port), hdr.eject.eq(self.port),
+                         hdr.dest.eq(self.peer), hdr.src.eq(self.node_id),
+                         hdr.flow.eq(d.flow), hdr.op.eq(d.op), hdr.step.eq(d.step),
+                         hdr.offset.eq(d.start), hdr.length.eq(d.size),
+                         self.words.eq(self.words + d.size)]
+        with m.If(self.clear):
+            m.d.sync += self.words.eq(0)
+        m.d.comb += [self.flits.eq(pk.status.flits), self.heads.eq(pk.status.heads)]
+        return m
