@@ -13,11 +13,11 @@ from amaranth.sim import Simulator
 
 
 def run_stream_unit(dut, inputs, *, n_out=None, i="i", o="o", p_valid=1.0, p_ready=1.0,
-                    seed=0, setup=None, max_cycles=None, until_last=False):
+                    seed=0, setup=None, max_cycles=None, until=None):
     """Drive ``dut.<i>`` with ``inputs`` (ints) and collect ``dut.<o>`` payloads.
 
-    ``n_out``: items to collect (default ``len(inputs)``); ``until_last``: stop after the
-    output transfer whose ``last`` member is set instead. ``setup(ctx)``: sets configuration
+    ``n_out``: items to collect (default ``len(inputs)``); ``until(word)``: stop after the
+    first output transfer for which it is true instead. ``setup(ctx)``: sets configuration
     ports before the first cycle. Returns ``(outputs, cycles)``, where cycles counts from the
     first offered input to the last output transfer."""
     rng = random.Random(seed)
@@ -41,17 +41,15 @@ def run_stream_unit(dut, inputs, *, n_out=None, i="i", o="o", p_valid=1.0, p_rea
 
     async def consumer(ctx):
         payload = so.payload.as_value() if hasattr(so.payload, "as_value") else so.payload
-        last = getattr(so, "last", None) if until_last else None
         cycles = 0
         while True:
             ready = int(rng.random() < p_ready)
             ctx.set(so.ready, ready)
-            sampled = await ctx.tick().sample(so.valid, payload, *( [last] if last is not None else []))
-            valid, word = sampled[2], sampled[3]
+            _, _, valid, word = await ctx.tick().sample(so.valid, payload)
             cycles += 1
             if valid and ready:
                 out.append(word)
-                if (last is not None and sampled[4]) or (last is None and len(out) >= n_out):
+                if (until(word) if until else len(out) >= n_out):
                     break
             if cycles > limit:
                 raise TimeoutError(f"{type(dut).__name__}: {len(out)} outputs after {cycles} cycles")
