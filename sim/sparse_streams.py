@@ -13,11 +13,10 @@ def init_streams(dut, *, i="i", o="o"):
 
 
 async def drive_collect(dut, words, *, rng, p_valid, p_ready, i="i", o="o", n_out=None,
-                        until_last=False, max_cycles=None):
-    """Returns ``(outputs, cycles)``; ``until_last`` stops after an output with ``last``."""
+                        until=None, max_cycles=None):
+    """Returns ``(outputs, cycles)``; ``until(word)`` true stops after that output."""
     iv, ip, ir = (getattr(dut, f"{i}__{f}") for f in ("valid", "payload", "ready"))
     ov, op, orr = (getattr(dut, f"{o}__{f}") for f in ("valid", "payload", "ready"))
-    olast = getattr(dut, f"{o}__last", None) if until_last else None
     n_out = len(words) if n_out is None else n_out
     limit = max_cycles or 50 * (len(words) + n_out) + 10_000
     sent, out, cycles, offering = 0, [], 0, False
@@ -35,7 +34,7 @@ async def drive_collect(dut, words, *, rng, p_valid, p_ready, i="i", o="o", n_ou
         done = False
         if ready and int(ov.value):
             out.append(int(op.value))
-            done = (int(olast.value) == 1) if olast is not None else len(out) >= n_out
+            done = until(out[-1]) if until else len(out) >= n_out
         await RisingEdge(dut.clk)
         cycles += 1
         if done:
