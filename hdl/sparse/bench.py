@@ -29,7 +29,7 @@ def _lib(unit, name):
 
 def topk_run(lib, x, k, lanes) -> dict:
     """One EXACT selection on the Verilated unit; compares indices and value bits."""
-    from .topk import PASSES, Mode, chunk_beats, command_word, decode_pairs
+    from .topk import PASSES, Mode, chunk_words, command_word, decode_pairs
     from treenic.sparse import select
     gold = select.topk(x, k)
     beats_per_pass = -(-x.size // lanes)
@@ -42,7 +42,7 @@ def topk_run(lib, x, k, lanes) -> dict:
     sim["cmd__valid"] = 1
     sim.step()                                          # taken in IDLE
     sim["cmd__valid"] = 0
-    res = sim.run_streams(inputs={"i": chunk_beats(x, lanes, PASSES[Mode.EXACT])},
+    res = sim.run_streams(inputs={"i": chunk_words(x, lanes, PASSES[Mode.EXACT])},
                           outputs={"o": out_beats})
     from ..cosim import unpack_words
     idx, val = decode_pairs(unpack_words(res.outputs["o"]), lanes)

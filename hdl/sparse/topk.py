@@ -38,7 +38,7 @@ from amaranth.lib.wiring import In, Out
 
 from treenic.sparse import select
 
-__all__ = ["TopKUnit", "Mode", "HIST_PASSES", "SCAN_CYCLES", "PASSES", "chunk_beats",
+__all__ = ["TopKUnit", "Mode", "HIST_PASSES", "SCAN_CYCLES", "PASSES", "chunk_beats", "chunk_words",
            "decode_pairs", "command_word", "search_command"]
 
 KEY_BITS = 31
@@ -69,6 +69,17 @@ def chunk_beats(values, lanes: int, passes: int) -> list[int]:
     one = [sum(int(v) << (32 * l) for l, v in enumerate(bits[b * lanes:(b + 1) * lanes]))
            | (int(b == nb - 1) << (32 * lanes)) for b in range(nb)]
     return one * passes
+
+
+def chunk_words(values, lanes: int, passes: int) -> np.ndarray:
+    """:func:`chunk_beats` as the ``(beats, lanes + 1)`` uint32 array the C++ co-simulation
+    takes (lane words, then the word holding ``last``); no Python loop over beats."""
+    bits = np.asarray(values, np.float32).view(np.uint32)
+    bits = np.concatenate([bits, np.zeros(-bits.size % lanes, np.uint32)])
+    one = np.zeros((bits.size // lanes, lanes + 1), np.uint32)
+    one[:, :lanes] = bits.reshape(-1, lanes)
+    one[-1, lanes] = 1
+    return np.tile(one, (passes, 1))
 
 
 def decode_pairs(words, lanes: int) -> tuple[np.ndarray, np.ndarray]:
