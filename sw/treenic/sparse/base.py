@@ -98,6 +98,28 @@ def merge_add(a_idx, a_val, b_idx, b_val) -> tuple[np.ndarray, np.ndarray]:
     return idx, val
 
 
+def scatter_accumulate(dense, messages) -> tuple[np.ndarray, list[tuple[int, np.float32]]]:
+    """Golden of the scatter-accumulate unit: add each message's (index, value) pairs into a
+    copy of the float32 ``dense`` buffer, ``buf[i] = fl32(buf[i] + v)`` -- the buffer's value
+    is the left operand (local value first) and messages are applied in the given order,
+    i.e. ascending (step, rx_port), the receive rule of ``multitree_sparse``. Returns the new
+    buffer and the sequence of (index, written value) in application order. Indices must be
+    in range; within a message they are ascending (each appears at most once)."""
+    buf = np.array(dense, dtype=np.float32, copy=True)
+    writes = []
+    for idx, val in messages:
+        idx = np.asarray(idx, np.int64)
+        val = np.asarray(val, np.float32)
+        if idx.size and (idx.min() < 0 or idx.max() >= buf.size):
+            raise SparseError(f"scatter index out of range [0, {buf.size})")
+        if np.any(np.diff(idx) <= 0):
+            raise SparseError("scatter message indices must be strictly ascending")
+        with np.errstate(over="ignore", invalid="ignore"):
+            buf[idx] = buf[idx] + val
+        writes += list(zip(idx.tolist(), buf[idx].tolist()))
+    return buf, writes
+
+
 def densify(idx, val, elements: int) -> np.ndarray:
     out = np.zeros(elements, np.float32)
     out[np.asarray(idx, np.int64)] = val

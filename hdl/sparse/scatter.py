@@ -1,0 +1,103 @@
+"""Scatter-accumulate: adds an (index, value) stream into the dense buffer through the
+project's pipelined binary32 adder (``treenic.hdl.fp32.FP32Adder``).
+
+Contract
+--------
+Each pair (index, value) on ``i`` performs ``buf[index] = fl32(buf[index] + value)`` with the
+buffer's value as the left operand (local value first); pairs take effect in stream order, so
+messages fed in ascending (step, rx_port) order give exactly the numeric contract of
+``treenic.sparse.base.scatter_accumulate`` (golden). Every write is also emitted on ``o`` as
+(index, new value), in the same order. An index outside the buffer is dropped and sets the
+sticky ``range_error`` flag (the golden raises).
+
+Timing: one pair per cycle sustained (read, 7-stage add, write back: latency 9 cycles). The
+buffer is a simple-dual-port ``lib.memory`` (one read port for the operand, one write port for
+the sum), so the read of a new pair and the write-back of an older one never compete for a
+port: at one pair per cycle there is no bank conflict to arbitrate. The only hazard is
+read-after-write on one index, possible only when a new message starts (indices inside one
+message are strictly ascending, so a pair never meets an in-flight write of its own
+message): a pair whose index is not above the previous pair's waits until the pipeline is
+empty, about 9 cycles per message boundary. Nothing is ever reordered.
+"""
+from amaranth import Module, Signal
+from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..fp32 import LATENCY as ADD_LATENCY
+from ..fp32 import FP32Adder
+
+__all__ = ["ScatterAccumulate", "LATENCY"]
+
+LATENCY = ADD_LATENCY + 2
+
+
+class ScatterAccumulate(wiring.Component):
+    """Pairs in, read-add-write into an internal dense buffer, writes out.
+
+    Parameters
+    ----------
+    depth : int
+        Buffer words (power of two, 2..2**20).
+    init : sequence of int
+        Initial buffer contents (binary32 bit patterns): the local values.
+
+    Members
+    -------
+    i : In(stream.Signature(StructLayout{index: 32, value: 32}))
+        Pairs, ascending index within a message.
+    o : Out(stream.Signature(StructLayout{index: 32, value: 32}))
+        Every buffer write (index, new value), in input order.
+    range_error : Out(1)
+        Sticky: a pair with index >= depth was dropped.
+    """
+
+    def __init__(self, *, depth: int = 1024, init=()):
+        if not isinstance(depth, int) or not 2 <= depth <= 1 << 20 or depth & (depth - 1):
+            raise ValueError(f"depth must be a power of two in 2..2**20, got {depth!r}")
+        if len(init) > depth:
+            raise ValueError(f"init has {len(init)} words, the buffer {depth}")
+        self.depth, self.addr_bits = depth, depth.bit_length() - 1
+        self.buffer = memory.Memory(shape=32, depth=depth, init=list(init))
+        pair = data.StructLayout({"index": 32, "value": 32})
+        super().__init__({"i": In(stream.Signature(pair)), "o": Out(stream.Signature(pair)),
+                          "range_error": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        AB = self.addr_bits
+        m.submodules.buffer = self.buffer
+        m.submodules.adder = adder = FP32Adder(tag_width=AB)
+        rp, wp = self.buffer.read_port(), self.buffer.write_port()
+        idx, val = self.i.payload.index, self.i.payload.value
+        in_range = (idx >> AB) == 0
+
+        # pairs accepted but not yet written back; a message boundary waits for zero
+        in_flight = Signal(range(LATENCY + 4))
+        last_index = Signal(AB)
+        started = Signal()
+        # stage B: the operand read of the accepted pair arrives one cycle later
+        b_valid, b_index, b_value = Signal(), Signal(AB), Signal(32)
+        advance_b = ~b_valid | adder.i.ready
+        boundary = started & (idx[:AB] <= last_index)
+        may_issue = advance_b & (~boundary | (in_flight == 0))
+        m.d.comb += self.i.ready.eq(may_issue | ~in_range)
+        issue = self.i.valid & may_issue & in_range
+        with m.If(self.i.valid & ~in_range):
+            m.d.sync += self.range_error.eq(1)
+        m.d.comb += [rp.addr.eq(idx[:AB]), rp.en.eq(advance_b)]
+        with m.If(advance_b):
+            m.d.sync += [b_valid.eq(issue), b_index.eq(idx[:AB]), b_value.eq(val)]
+        with m.If(issue):
+            m.d.sync += [last_index.eq(idx[:AB]), started.eq(1)]
+        m.d.comb += [adder.i.valid.eq(b_valid), adder.i.payload.a.eq(rp.data),
+                     adder.i.payload.b.eq(b_value), adder.i.payload.tag.eq(b_index)]
+
+        # write-back and the write stream leave together
+        done = adder.o.valid & self.o.ready
+        m.d.comb += [adder.o.ready.eq(self.o.ready), self.o.valid.eq(adder.o.valid),
+                     self.o.payload.index.eq(adder.o.payload.tag),
+                     self.o.payload.value.eq(adder.o.payload.sum),
+                     wp.addr.eq(adder.o.payload.tag), wp.data.eq(adder.o.payload.sum),
+                     wp.en.eq(done)]
+        m.d.sync += in_flight.eq(in_flight + issue - done)
+        return m

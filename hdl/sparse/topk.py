@@ -1,0 +1,412 @@
+"""Streaming top-k selection unit: radix-histogram select + compaction pass (notes §7.4).
+
+Contract
+--------
+Input ``i``: a chunk of C binary32 values streamed W lanes per beat, element ``b*W + l`` in
+lane ``l`` of beat ``b``, ``last`` set on the chunk's final beat (C is a multiple of W; pad
+with zeros, which are never selected). A command on ``cmd`` starts a selection; the unit
+then consumes the chunk once per pass (the banked buffer re-streams it) and emits on ``o``
+the selected (index u32, value f32) pairs in **ascending index order**, up to W per beat,
+compacted into lanes ``0 .. count-1``; the final output beat (possibly ``count = 0``)
+carries ``last``.
+
+Keys are ``bits(x) & 0x7FFFFFFF`` (``select.magnitude_keys``); with ``sign = +1/-1`` keys of
+the other sign are 0 (``select.signed_keys``). Key 0 is never selected.
+
+Modes (``cmd.mode``), each equal to a golden selector of ``treenic.sparse.select``:
+
+``EXACT`` (0) -- ``select.topk`` / ``radix_topk``: |v| descending, ties by ascending index,
+    exactly min(k, nonzeros) pairs. Passes: 4 histogram passes over the 31-bit key
+    (digits 30..24, 23..16, 15..8, 7..0; 256-bin histograms in block RAM, one per lane,
+    two bins per memory word), each followed by a 130-cycle scan (two bins per cycle, top
+    down) that picks the digit holding the k-th largest key
+    and clears the bins; then 1 emit pass: keys > v_k, plus keys == v_k in ascending index
+    order until k are out.
+``THRESHOLD`` (1) -- one emit pass: ``key > threshold`` in index order, cut after ``limit``
+    pairs: threshold reuse (``ThresholdReuse``: limit = cap_factor * k) and the converged
+    outcome of the binary search (limit = 2**32 - 1).
+``BAND`` (2) -- one count pass (``#key > hi``), then one emit pass: every key > hi plus the
+    keys in (lo, hi] in index order until k are out: the band fill of a non-converged
+    binary search (``select._band_fill``).
+
+Every pass takes C/W cycles at full input rate, independent of k (the emit pass can be
+slowed only by output backpressure). EXACT total at full rate: 5 C/W + 4 * 132 + 3 cycles
+(measured exactly that for C = 256, W = 4: 851).
+"""
+import numpy as np
+from amaranth import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.lib import data, enum, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from treenic.sparse import select
+
+__all__ = ["TopKUnit", "Mode", "HIST_PASSES", "SCAN_CYCLES", "PASSES", "chunk_beats", "chunk_words",
+           "decode_pairs", "command_word", "search_command"]
+
+KEY_BITS = 31
+DIGIT_BITS = 8
+BINS = 1 << DIGIT_BITS
+DIGIT_SHIFTS = (24, 16, 8, 0)                 # most significant digit first (7 bits, then 8)
+HIST_PASSES = len(DIGIT_SHIFTS)
+ROW_BINS = 2                                 # bins per histogram memory word (scan reads 2/cycle)
+ROWS = BINS // ROW_BINS
+assert ROW_BINS == 2, "the row address is digit[1:] and the bin select digit[0]"
+ROW_BITS = (ROWS - 1).bit_length()
+SCAN_CYCLES = ROWS + 2                       # read latency + the registered decision
+
+
+class Mode(enum.Enum, shape=2):
+    EXACT = 0
+    THRESHOLD = 1
+    BAND = 2
+
+
+PASSES = {Mode.EXACT: HIST_PASSES + 1, Mode.THRESHOLD: 1, Mode.BAND: 2}
+
+
+# ---- stream formats shared by tests, benches and the benchmark ----------------------------
+
+def chunk_beats(values, lanes: int, passes: int) -> list[int]:
+    """The input words of ``passes`` passes over a float32 chunk (``last`` on each pass's
+    final beat); the chunk is zero-padded to a multiple of ``lanes``."""
+    bits = np.asarray(values, np.float32).view(np.uint32)
+    bits = np.concatenate([bits, np.zeros(-bits.size % lanes, np.uint32)])
+    nb = bits.size // lanes
+    one = [sum(int(v) << (32 * l) for l, v in enumerate(bits[b * lanes:(b + 1) * lanes]))
+           | (int(b == nb - 1) << (32 * lanes)) for b in range(nb)]
+    return one * passes
+
+
+def chunk_words(values, lanes: int, passes: int) -> np.ndarray:
+    """:func:`chunk_beats` as the ``(beats, lanes + 1)`` uint32 array the C++ co-simulation
+    takes (lane words, then the word holding ``last``); no Python loop over beats."""
+    bits = np.asarray(values, np.float32).view(np.uint32)
+    bits = np.concatenate([bits, np.zeros(-bits.size % lanes, np.uint32)])
+    one = np.zeros((bits.size // lanes, lanes + 1), np.uint32)
+    one[:, :lanes] = bits.reshape(-1, lanes)
+    one[-1, lanes] = 1
+    return np.tile(one, (passes, 1))
+
+
+def decode_pairs(words, lanes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(indices int64, value bits uint32) of the output words, in stream order."""
+    cb = lanes.bit_length()
+    idx, val = [], []
+    for w in words:
+        c = w & ((1 << cb) - 1)
+        body = w >> (cb + 1)
+        idx += [(body >> (32 * l)) & 0xFFFFFFFF for l in range(c)]
+        val += [(body >> (32 * (lanes + l))) & 0xFFFFFFFF for l in range(c)]
+    return np.array(idx, np.int64), np.array(val, np.uint32)
+
+
+def output_is_last(word: int, lanes: int) -> bool:
+    return bool((word >> lanes.bit_length()) & 1)
+
+
+def command_word(mode: Mode, *, k=0, threshold=0, lo=0, limit=0, sign=0) -> int:
+    """Packed ``cmd`` payload (field order of the layout: mode, sign, k, threshold, lo,
+    limit). ``sign`` as in ``select.signed_keys``: 0, +1 or -1."""
+    code = {0: 0, 1: 1, -1: 2}[sign]
+    word, pos = 0, 0
+    for value, width in ((Mode(mode).value, 2), (code, 2), (k, 32), (threshold, KEY_BITS),
+                         (lo, KEY_BITS), (limit, 32)):
+        word |= (int(value) & ((1 << width) - 1)) << pos
+        pos += width
+    return word
+
+
+def search_command(x, k: int, **search_args) -> tuple[int, "select.SearchSelection"]:
+    """The command a controller issues after ``select.binary_search_histogram`` decided:
+    converged -> THRESHOLD (``key > threshold``, no cap); not converged -> BAND with the
+    final interval's thresholds (the band fill). Threshold arithmetic and the decision loop
+    are the golden's own; the unit selects."""
+    res = select.binary_search_histogram(x, k, **search_args)
+    if res.converged:
+        return command_word(Mode.THRESHOLD, threshold=res.threshold_key, limit=0xFFFFFFFF,
+                            sign=search_args.get("sign", 0)), res
+    depth, lower = search_args.get("depth", 16), search_args.get("lower", "mean")
+    _, keys, base, top = select._search_setup(x, k, search_args.get("sign", 0), depth, lower)
+    hi = select._grid_threshold(base, top, res.hi, depth) if keys.size and keys.max() else 0
+    return command_word(Mode.BAND, k=k, threshold=int(hi), lo=res.threshold_key,
+                        sign=search_args.get("sign", 0)), res
+
+
+class TopKUnit(wiring.Component):
+    """Streaming top-k / threshold selection over W lanes.
+
+    Parameters
+    ----------
+    lanes : int
+        W, values per input beat (2..32).
+    max_chunk : int
+        Largest chunk C supported (sizes the counters; up to 2**24).
+
+    Members
+    -------
+    cmd : In(stream.Signature(StructLayout{mode, sign, k, threshold, lo, limit}))
+        Starts one selection. ``sign``: 0 magnitude, 1 positive keys, 2 negative keys.
+        ``threshold``: THRESHOLD threshold and BAND upper bound (keys); ``lo``: BAND lower
+        bound. ``k``: EXACT and BAND count; ``limit``: THRESHOLD cap.
+    i : In(stream.Signature(StructLayout{value: ArrayLayout(32, W), last}))
+        The chunk, once per pass.
+    o : Out(stream.Signature(StructLayout{count, last, index, value}))
+        Selected pairs, ascending index, compacted to lanes 0..count-1.
+    busy : Out(1)
+        A selection is in progress.
+    pass_index : Out(3)
+        Pass the unit expects next (0-based).
+    nonfinite : Out(1)
+        A NaN/Inf key was seen in the first pass of the current selection (the golden model
+        raises; the result is then unspecified and the caller falls back to dense).
+    """
+
+    def __init__(self, *, lanes: int = 2, max_chunk: int = 65536):
+        if not isinstance(lanes, int) or not 2 <= lanes <= 32 or lanes & (lanes - 1):
+            raise ValueError(f"lanes must be a power of two in 2..32, got {lanes!r}")
+        if not isinstance(max_chunk, int) or not lanes <= max_chunk <= 1 << 24 \
+                or max_chunk % lanes:
+            raise ValueError(f"max_chunk must be a multiple of lanes in [lanes, 2**24], "
+                             f"got {max_chunk!r}")
+        self.lanes, self.max_chunk = lanes, max_chunk
+        self.count_bits = max_chunk.bit_length()
+        cmd = data.StructLayout({"mode": Mode, "sign": 2, "k": 32, "threshold": KEY_BITS,
+                                 "lo": KEY_BITS, "limit": 32})
+        inp = data.StructLayout({"value": data.ArrayLayout(32, lanes), "last": 1})
+        out = data.StructLayout({"count": range(lanes + 1), "last": 1,
+                                 "index": data.ArrayLayout(32, lanes),
+                                 "value": data.ArrayLayout(32, lanes)})
+        super().__init__({"cmd": In(stream.Signature(cmd)), "i": In(stream.Signature(inp)),
+                          "o": Out(stream.Signature(out)), "busy": Out(1),
+                          "pass_index": Out(3), "nonfinite": Out(1)})
+
+    def elaborate(self, platform):
+        m = Module()
+        W = self.lanes
+        st = _State(self)
+        keys = [self._key(m, st, self.i.payload.value[l]) for l in range(W)]
+        beat = Signal(32 - (W - 1).bit_length())       # beat number within the pass
+        accepted = self.i.valid & self.i.ready
+        with m.If(accepted):
+            m.d.sync += beat.eq(Mux(self.i.payload.last, 0, beat + 1))
+        hist_sum, scanning_bin, hist_ready = self._histograms(m, st, keys, accepted)
+        self._control(m, st, keys, accepted, hist_sum, scanning_bin, hist_ready)
+        self._emit(m, st, keys, beat, accepted)
+        return m
+
+    def _key(self, m, st, value):
+        """Magnitude key, zeroed when its sign is not the selected one (signed keys)."""
+        key = Signal(KEY_BITS)
+        negative = value[31]
+        wrong = ((st.sign == 1) & negative) | ((st.sign == 2) & ~negative)
+        m.d.comb += key.eq(Mux(wrong, 0, value[:KEY_BITS]))
+        return key
+
+    def _histograms(self, m, st, keys, accepted):
+        """Per-lane 256-bin counters, two bins per memory word (the scan reads both at once):
+        read-modify-write of the word at one key per lane per cycle (the
+        transparent read port forwards a same-cycle write, so back-to-back hits on one bin
+        count correctly), then a scan that sums the lanes bin by bin and clears them."""
+        W, CB = self.lanes, self.count_bits
+        in_hist = st.phase == _Phase.HIST
+        digit = Signal(DIGIT_BITS)
+        match_mask = Signal(KEY_BITS)
+        with m.Switch(st.pass_index):
+            for p, shift in enumerate(DIGIT_SHIFTS):
+                with m.Case(p):
+                    m.d.comb += match_mask.eq(((1 << KEY_BITS) - 1) & ~((1 << (shift + DIGIT_BITS)) - 1))
+        scan_addr = Signal(ROW_BITS + 1)        # counts 0..ROWS; row read = ROWS-1-scan_addr
+        scan_valid = Signal()                   # rdata holds row scanning_row this cycle
+        scanning_row = Signal(ROW_BITS)
+        sums = [0] * ROW_BINS
+        for l in range(W):
+            # one memory word holds ROW_BINS adjacent bins: the scan reads them together
+            m.submodules[f"hist{l}"] = mem = memory.Memory(shape=CB * ROW_BINS, depth=ROWS, init=[])
+            wp = mem.write_port()
+            rp = mem.read_port(transparent_for=(wp,))
+            d = Signal(DIGIT_BITS, name=f"digit{l}")
+            with m.Switch(st.pass_index):
+                for p, shift in enumerate(DIGIT_SHIFTS):
+                    with m.Case(p):
+                        m.d.comb += d.eq(keys[l][shift:shift + DIGIT_BITS])
+            hit = accepted & in_hist & (((keys[l] ^ st.prefix) & match_mask) == 0)
+            hit_b, bin_b = Signal(name=f"hit{l}"), Signal(DIGIT_BITS, name=f"bin{l}")
+            m.d.sync += [hit_b.eq(hit), bin_b.eq(d)]
+            m.d.comb += rp.addr.eq(Mux(in_hist, d[1:], ROWS - 1 - scan_addr[:ROW_BITS]))
+            fields = [rp.data[h * CB:(h + 1) * CB] for h in range(ROW_BINS)]
+            with m.If(scan_valid):
+                m.d.comb += [wp.addr.eq(scanning_row), wp.data.eq(0), wp.en.eq(1)]
+            with m.Else():
+                bumped = Cat(*[(f + (bin_b[:1] == h))[:CB] for h, f in enumerate(fields)])
+                m.d.comb += [wp.addr.eq(bin_b[1:]), wp.data.eq(bumped), wp.en.eq(hit_b)]
+            sums = [acc + f for acc, f in zip(sums, fields)]
+        hist_sums = [Signal(CB + (W - 1).bit_length() + 1, name=f"hist_sum{h}")
+                     for h in range(ROW_BINS)]
+        m.d.comb += [hs.eq(v) for hs, v in zip(hist_sums, sums)]
+        st.scan_addr, st.scan_valid, st.match_mask = scan_addr, scan_valid, match_mask
+        return hist_sums, scanning_row, None
+
+    def _control(self, m, st, keys, accepted, hist_sum, scanning_bin, _):
+        """Command intake, pass sequencing and the per-pass digit decision."""
+        W, CB = self.lanes, self.count_bits
+        cmd = self.cmd.payload
+        m.d.comb += [self.busy.eq(st.phase != _Phase.IDLE), self.pass_index.eq(st.pass_index),
+                     self.nonfinite.eq(st.nonfinite)]
+        nonzero = sum(k != 0 for k in keys)
+        over = sum(k > st.hi for k in keys)
+        bad = Cat(k >= 0x7F800000 for k in keys).any()
+        drain = Signal(2)
+        with m.Switch(st.phase):
+            with m.Case(_Phase.IDLE):
+                m.d.comb += self.cmd.ready.eq(1)
+                with m.If(self.cmd.valid):
+                    self._start(m, st, cmd)
+            with m.Case(_Phase.HIST):
+                m.d.comb += self.i.ready.eq(1)
+                with m.If(accepted):
+                    with m.If(st.pass_index == 0):
+                        m.d.sync += st.nonzero.eq(st.nonzero + nonzero)
+                        with m.If(bad):
+                            m.d.sync += st.nonfinite.eq(1)
+                    with m.If(self.i.payload.last):
+                        m.d.sync += [st.phase.eq(_Phase.DRAIN), drain.eq(0)]
+            with m.Case(_Phase.DRAIN):
+                # the last beat's histogram write lands one cycle after its read
+                m.d.sync += drain.eq(drain + 1)
+                with m.If(drain == 1):
+                    m.d.sync += [st.phase.eq(_Phase.SCAN), st.scan_addr.eq(0), st.acc.eq(0),
+                                 st.found.eq(0)]
+                    with m.If(st.pass_index == 0):
+                        m.d.sync += st.k_left.eq(Mux(st.k_total < st.nonzero, st.k_total, st.nonzero))
+                        m.d.sync += st.k_total.eq(Mux(st.k_total < st.nonzero, st.k_total, st.nonzero))
+            with m.Case(_Phase.SCAN):
+                self._scan(m, st, hist_sum, scanning_bin)
+            with m.Case(_Phase.COUNT):
+                m.d.comb += self.i.ready.eq(1)
+                with m.If(accepted):
+                    m.d.sync += st.acc.eq(st.acc + over)
+                    with m.If(self.i.payload.last):
+                        total = st.acc + over
+                        m.d.sync += [st.phase.eq(_Phase.EMIT), st.pass_index.eq(1),
+                                     st.ties_left.eq(Mux(total < st.k_total, st.k_total - total, 0))]
+            with m.Case(_Phase.EMIT):
+                m.d.comb += self.i.ready.eq(~self.o.valid | self.o.ready)
+
+    def _start(self, m, st, cmd):
+        m.d.sync += [st.pass_index.eq(0), st.prefix.eq(0), st.nonzero.eq(0), st.nonfinite.eq(0),
+                     st.emitted.eq(0), st.acc.eq(0), st.sign.eq(cmd.sign), st.k_total.eq(cmd.k)]
+        with m.Switch(cmd.mode):
+            with m.Case(Mode.EXACT):
+                m.d.sync += st.phase.eq(_Phase.HIST)
+            with m.Case(Mode.THRESHOLD):
+                m.d.sync += [st.phase.eq(_Phase.EMIT), st.hi.eq(cmd.threshold),
+                             st.lo.eq(cmd.threshold), st.ties_left.eq(0), st.limit.eq(cmd.limit)]
+            with m.Case(Mode.BAND):
+                m.d.sync += [st.phase.eq(_Phase.COUNT), st.hi.eq(cmd.threshold),
+                             st.lo.eq(cmd.lo), st.limit.eq(0xFFFFFFFF)]
+
+    def _scan(self, m, st, hist_sums, scanning_row):
+        """Bins from the top down, two per cycle: the first bin where (#keys in higher bins)
+        + hist >= k_left holds the k-th largest key; keys in higher bins are all selected."""
+        m.d.sync += [st.scan_valid.eq(st.scan_addr < ROWS),
+                     scanning_row.eq(ROWS - 1 - st.scan_addr[:ROW_BITS])]
+        with m.If(st.scan_addr < ROWS):
+            m.d.sync += st.scan_addr.eq(st.scan_addr + 1)
+        with m.If(st.scan_valid):
+            running = st.acc
+            for n, h in enumerate(reversed(range(ROW_BINS))):     # higher bin of the row first
+                cond = ~st.found & (running + hist_sums[h] >= st.k_left)
+                with (m.If(cond) if n == 0 else m.Elif(cond)):
+                    m.d.sync += [st.found.eq(1), st.k_left.eq(st.k_left - running),
+                                 st.digit.eq(Cat(Const(h, (ROW_BINS - 1).bit_length()), scanning_row))]
+                running = running + hist_sums[h]
+            with m.Elif(~st.found):
+                m.d.sync += st.acc.eq(running)
+        with m.Elif(st.scan_addr == ROWS):
+            # all bins read and cleared: fix the digit and start the next pass
+            with m.Switch(st.pass_index):
+                for p, shift in enumerate(DIGIT_SHIFTS):
+                    with m.Case(p):
+                        m.d.sync += st.prefix.eq(st.prefix | (st.digit << shift))
+            m.d.sync += st.pass_index.eq(st.pass_index + 1)
+            with m.If(st.pass_index == HIST_PASSES - 1):
+                m.d.sync += [st.phase.eq(_Phase.EMIT_SETUP)]
+            with m.Else():
+                m.d.sync += st.phase.eq(_Phase.HIST)
+
+    def _emit(self, m, st, keys, beat, accepted):
+        """Compaction pass: lane l is taken when key > hi, or when lo < key <= hi (a tie of the
+        exact mode, a band key of BAND) and fewer than ties_left such keys came before it in
+        index order; the running total is cut at ``limit``. Taken lanes are packed into
+        output lanes 0..count-1 in index order."""
+        W = self.lanes
+        with m.If(st.phase == _Phase.EMIT_SETUP):
+            # v_k = prefix: emit keys > v_k and ties (v_k - 1, v_k] up to k_left, k in all
+            m.d.sync += [st.hi.eq(st.prefix), st.lo.eq(st.prefix - 1), st.ties_left.eq(st.k_left),
+                         st.limit.eq(st.k_total), st.phase.eq(_Phase.EMIT)]
+        emitting = st.phase == _Phase.EMIT
+        advance = ~self.o.valid | self.o.ready
+        take, tie_used = [], 0
+        ran = 0
+        for l, key in enumerate(keys):
+            above = key > st.hi
+            band = (key > st.lo) & ~above & (key != 0)
+            tie = band & (tie_used < st.ties_left)
+            sel = Signal(name=f"sel{l}")
+            m.d.comb += sel.eq((above | tie) & (st.emitted + ran < st.limit))
+            take.append(sel)
+            tie_used = tie_used + tie
+            ran = ran + sel
+        count = Signal(range(W + 1))
+        ties = Signal(range(W + 1))
+        m.d.comb += [count.eq(ran), ties.eq(tie_used)]
+        out = self.o.payload
+        with m.If(emitting & accepted):
+            m.d.sync += [st.emitted.eq(st.emitted + count), st.ties_left.eq(st.ties_left - ties)]
+            with m.If(self.i.payload.last):
+                m.d.sync += st.phase.eq(_Phase.IDLE)
+        with m.If(advance):
+            m.d.sync += self.o.valid.eq(emitting & accepted & ((count != 0) | self.i.payload.last))
+            m.d.sync += [out.count.eq(count), out.last.eq(self.i.payload.last)]
+            for j in range(W):
+                # output lane j = the taken input lane with j taken lanes before it
+                rank, idx, val = 0, Const(0, 32), Const(0, 32)
+                for l in range(W):
+                    hit = take[l] & (rank == j)
+                    idx = Mux(hit, Cat(Const(l, (W - 1).bit_length()), beat)[:32], idx)
+                    val = Mux(hit, self.i.payload.value[l], val)
+                    rank = rank + take[l]
+                m.d.sync += [out.index[j].eq(idx), out.value[j].eq(val)]
+
+
+class _Phase(enum.Enum, shape=3):
+    IDLE = 0
+    HIST = 1
+    DRAIN = 2
+    SCAN = 3
+    COUNT = 4
+    EMIT_SETUP = 5
+    EMIT = 6
+
+
+class _State:
+    """Registers of one selection (shared by the controller, histograms and emitter)."""
+
+    def __init__(self, unit):
+        CB = unit.count_bits
+        self.phase = Signal(_Phase)
+        self.pass_index = Signal(3)
+        self.sign = Signal(2)
+        self.prefix = Signal(KEY_BITS)
+        self.digit = Signal(DIGIT_BITS)
+        self.hi = Signal(KEY_BITS)
+        self.lo = Signal(KEY_BITS)
+        self.k_total = Signal(32)
+        self.k_left = Signal(32)
+        self.ties_left = Signal(32)
+        self.limit = Signal(32)
+        self.emitted = Signal(32)
+        self.acc = Signal(32)
+        self.found = Signal()
+        self.nonzero = Signal(CB + 1)
+        self.nonfinite = Signal()

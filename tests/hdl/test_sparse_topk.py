@@ -1,0 +1,120 @@
+"""Amaranth-simulator tests of the streaming top-k unit against the golden selectors of
+``treenic.sparse.select`` (exact top-k, threshold reuse, binary-search outcomes)."""
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from treenic.hdl.sparse.simdrive import run_stream_unit
+from treenic.hdl.sparse.topk import (PASSES, Mode, TopKUnit, chunk_beats, command_word,
+                                     decode_pairs, output_is_last, search_command)
+from treenic.sparse import select
+
+SUBNORMALS = np.array([1, 2, 3, 0x7FFFFF, 0x400000], np.uint32).view(np.float32)
+
+
+def run_topk(x, cmd, *, lanes, mode, p_valid=1.0, p_ready=1.0, seed=0):
+    dut = TopKUnit(lanes=lanes, max_chunk=1024)
+    beats = chunk_beats(x, lanes, PASSES[Mode(mode)])
+
+    def setup(ctx):
+        ctx.set(dut.cmd.payload.as_value(), cmd)
+        ctx.set(dut.cmd.valid, 1)
+
+    out, cycles = run_stream_unit(dut, beats, setup=setup, p_valid=p_valid, p_ready=p_ready,
+                                  seed=seed, until=lambda w: output_is_last(w, lanes))
+    idx, val = decode_pairs(out, lanes)
+    return idx, val, cycles
+
+
+def check_exact(x, k, lanes, sign=0, **kw):
+    idx, val, cycles = run_topk(x, command_word(Mode.EXACT, k=k, sign=sign), lanes=lanes,
+                                mode=Mode.EXACT, **kw)
+    gold = select.topk(x, k, sign=sign)
+    assert np.array_equal(idx, gold), (idx, gold)
+    assert np.array_equal(val, x.view(np.uint32)[gold])
+    return cycles
+
+
+@st.composite
+def chunks(draw):
+    """Chunks with heavy ties, signed zeros, subnormals and all-equal magnitudes."""
+    n = draw(st.sampled_from([8, 16, 24, 40]))
+    kind = draw(st.sampled_from(["ties", "mixed", "equal", "zeros"]))
+    rng = np.random.default_rng(draw(st.integers(0, 2**31)))
+    if kind == "ties":
+        pool = np.array([0.0, -0.0, 1.0, -1.0, 2.0, 0.5, -2.0], np.float32)
+        x = rng.choice(pool, n)
+    elif kind == "equal":
+        x = rng.choice(np.array([3.0, -3.0], np.float32), n)
+    elif kind == "zeros":
+        x = rng.choice(np.array([0.0, -0.0], np.float32), n)
+        x[rng.integers(0, n)] = np.float32(-1e-3)
+    else:
+        x = rng.standard_normal(n).astype(np.float32)
+        x[rng.random(n) < 0.3] = 0
+        x[rng.random(n) < 0.2] = rng.choice(SUBNORMALS, 1)[0] * rng.choice([-1, 1])
+    return x.astype(np.float32)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(x=chunks(), k=st.sampled_from([1, 2, 3, 7, 64]), lanes=st.sampled_from([2, 4, 8]),
+       sign=st.sampled_from([0, 0, 1, -1]), seed=st.integers(0, 99))
+def test_exact_matches_golden_with_stalls(x, k, lanes, sign, seed):
+    check_exact(x, k, lanes, sign, p_valid=0.7, p_ready=0.5, seed=seed)
+
+
+def test_exact_k_one_and_k_at_least_nonzeros():
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal(64).astype(np.float32)
+    x[::3] = 0
+    for k in (1, int(np.count_nonzero(x)), 64, 1000):
+        check_exact(x, k, 4)
+
+
+def test_exact_cycles_independent_of_k():
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal(128).astype(np.float32)
+    cycles = {check_exact(x, k, 4) for k in (1, 10, 100)}
+    assert len(cycles) == 1, cycles
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(x=chunks(), k=st.integers(1, 6), lanes=st.sampled_from([2, 4]),
+       thr_pick=st.integers(0, 39), seed=st.integers(0, 99))
+def test_threshold_reuse_matches_golden(x, k, lanes, thr_pick, seed):
+    keys = select.magnitude_keys(x)
+    reuse = select.ThresholdReuse(k, interval=100, cap_factor=2)
+    reuse.cached, reuse.iteration = np.uint32(keys[thr_pick % keys.size]), 1   # a reuse step
+    gold = reuse.select(x)
+    assert not gold.searched
+    cmd = command_word(Mode.THRESHOLD, threshold=gold.threshold_key, limit=2 * k)
+    idx, val, _ = run_topk(x, cmd, lanes=lanes, mode=Mode.THRESHOLD, p_valid=0.8,
+                           p_ready=0.6, seed=seed)
+    assert np.array_equal(idx, gold.indices)
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(x=chunks(), k=st.integers(1, 8), lanes=st.sampled_from([2, 4]),
+       depth=st.sampled_from([2, 4, 16]), seed=st.integers(0, 99))
+def test_binary_search_outcome_matches_golden(x, k, lanes, depth, seed):
+    cmd, gold = search_command(x, k, depth=depth, hist_bits=4)
+    mode = Mode.THRESHOLD if gold.converged else Mode.BAND
+    idx, _, _ = run_topk(x, cmd, lanes=lanes, mode=mode, p_valid=0.8, p_ready=0.6, seed=seed)
+    assert np.array_equal(idx, gold.indices)
+
+
+def test_band_mode_is_the_band_fill():
+    x = np.array([5, 1, 2, 2, 3, 2, 0, 4, 2, 1, 6, 2, 2, 0, 3, 2], np.float32)
+    keys = select.magnitude_keys(x)
+    lo, hi = select.float_to_key(1.0), select.float_to_key(3.0)
+    for k in (1, 3, 5, 8, 20):
+        idx, _, _ = run_topk(x, command_word(Mode.BAND, k=k, threshold=hi, lo=lo), lanes=4,
+                             mode=Mode.BAND)
+        assert np.array_equal(idx, select._band_fill(keys, k, lo, hi)), k
+
+
+def test_bad_parameters_rejected():
+    with pytest.raises(ValueError, match="lanes"):
+        TopKUnit(lanes=3)
+    with pytest.raises(ValueError, match="max_chunk"):
+        TopKUnit(lanes=4, max_chunk=6)
