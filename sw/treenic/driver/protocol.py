@@ -86,6 +86,12 @@ PROTOCOL_VERSION = 1
 HEADER = struct.Struct("<4sBBHII")
 CRC = struct.Struct("<I")
 MAX_PAYLOAD = 1 << 30            # 1 GiB: 256 M float32 elements per buffer
+#: Largest payload a connection may send before its HELLO is accepted: a stranger cannot make
+#: the server buffer more than this (HELLO is 8 bytes + secret + a short client name).
+MAX_PAYLOAD_BEFORE_HELLO = 4096
+#: Payloads are received in pieces of at most this size, so memory grows only as fast as the
+#: peer actually sends bytes (a header declaring 1 GiB costs nothing until 1 GiB arrives).
+RECV_PIECE = 1 << 20
 FLAG_REPLY = 0x1
 CYCLES_UNKNOWN = (1 << 64) - 1
 
@@ -183,22 +189,23 @@ def encode(msg: int, payload: bytes = b"", tag: int = 0, *, reply: bool = False,
 
 
 def _recv_exact(sock: socket.socket, n: int, *, started: bool = False) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
+    """Receive exactly ``n`` bytes, growing the buffer piece by piece as bytes arrive."""
+    buf = bytearray()
+    while len(buf) < n:
+        piece = sock.recv(min(n - len(buf), RECV_PIECE))
+        if not piece:
             raise ConnectionClosed("connection closed by peer"
-                                   + (" in the middle of a frame" if got or started else ""))
-        got += k
+                                   + (" in the middle of a frame" if buf or started else ""))
+        buf += piece
     return bytes(buf)
 
 
-def read_frame(sock: socket.socket):
+def read_frame(sock: socket.socket, max_payload: int = MAX_PAYLOAD):
     """Read one frame: returns ``(msg_type, tag, flags, payload)``.
 
-    Raises :class:`ProtocolError` (``fatal`` when the framing can no longer be trusted),
+    ``max_payload`` bounds the declared payload length (the server passes
+    :data:`MAX_PAYLOAD_BEFORE_HELLO` until the connection's HELLO is accepted). Raises
+    :class:`ProtocolError` (``fatal`` when the framing can no longer be trusted),
     :class:`ConnectionClosed` on EOF and ``socket.timeout`` from the socket.
     """
     head = _recv_exact(sock, HEADER.size)
@@ -210,9 +217,11 @@ def read_frame(sock: socket.socket):
         raise ProtocolError(ErrorCode.VERSION_MISMATCH,
                             f"frame has protocol version {version}, this end speaks "
                             f"{PROTOCOL_VERSION}", fatal=True)
-    if length > MAX_PAYLOAD:
+    if length > max_payload:
+        limit = "" if max_payload == MAX_PAYLOAD else " allowed before HELLO"
         raise ProtocolError(ErrorCode.FRAME_TOO_LARGE,
-                            f"payload length {length} exceeds {MAX_PAYLOAD}", fatal=True)
+                            f"payload length {length} exceeds the {max_payload} bytes{limit}",
+                            fatal=True)
     payload = _recv_exact(sock, length, started=True)
     (crc,) = CRC.unpack(_recv_exact(sock, CRC.size, started=True))
     want = zlib.crc32(payload, zlib.crc32(head))

@@ -107,7 +107,9 @@ class FabricServer:
         try:
             while not self._stop.is_set():
                 try:
-                    msg, tag, flags, payload = P.read_frame(conn)
+                    limit = (P.MAX_PAYLOAD if ctx["rank"] is not None
+                             else P.MAX_PAYLOAD_BEFORE_HELLO)
+                    msg, tag, flags, payload = P.read_frame(conn, limit)
                 except P.ProtocolError as e:
                     self._send(conn, P.Msg.ERROR, P.error_payload(e.code, e.message), 0)
                     if e.fatal:

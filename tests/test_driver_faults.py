@@ -1,0 +1,99 @@
+"""Regression tests of issue 19 (reliability and security of the host protocol, the fabric
+server and the driver): each test names the defect it pins down and failed before its fix."""
+import socket
+import threading
+import time
+import tracemalloc
+import zlib
+
+import numpy as np
+import pytest
+
+from treenic import algorithms
+from treenic.driver import FabricError, open_nic, schedule_image
+from treenic.driver import protocol as P
+from treenic.driver.server import FabricServer
+from treenic.schedule.execute import execute
+
+WORLD = 4
+
+
+@pytest.fixture(scope="module")
+def ring4():
+    return algorithms.build("ring", "ring:4")
+
+
+@pytest.fixture
+def server():
+    srv = FabricServer(WORLD, "golden", collective_timeout=10.0, idle_timeout=30.0)
+    srv.start_thread()
+    yield srv
+    srv.stop()
+
+
+def conn(server, timeout=5.0):
+    return socket.create_connection(server.address, timeout=timeout)
+
+
+def req(sock, msg, payload=b""):
+    sock.sendall(P.encode(msg, payload, 1))
+    return P.read_frame(sock)
+
+
+def expect_error(reply, code):
+    msg, _, _, payload = reply
+    assert msg == P.Msg.ERROR, f"expected ERROR {code.name}, got {msg:#x}"
+    got, text = P.decode_error(payload)
+    assert got == code, (got, text)
+    return text
+
+
+def hello_payload(server, rank, world=WORLD):
+    return P.HELLO.pack(P.PROTOCOL_VERSION, rank, world, 0) + b"test"
+
+
+def run_threads(fn, world=WORLD, timeout=30.0):
+    out, errs = [None] * world, [None] * world
+
+    def wrap(r):
+        try:
+            out[r] = fn(r)
+        except BaseException as e:
+            errs[r] = e
+    ts = [threading.Thread(target=wrap, args=(r,), daemon=True) for r in range(world)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout)
+        assert not t.is_alive(), "rank thread hung"
+    return out, errs
+
+
+# ---- defect 1: unbounded frame buffering ---------------------------------------------------
+
+def test_huge_frame_before_hello_refused_at_once(server):
+    """A stranger declaring a 1 GiB payload gets FRAME_TOO_LARGE at once and is hung up on:
+    nothing is buffered for it (the server used to wait for — and allocate — 1 GiB)."""
+    with conn(server, timeout=3.0) as c:
+        c.sendall(P.HEADER.pack(P.MAGIC, P.PROTOCOL_VERSION, P.Msg.HELLO, 0, 1, 1 << 30))
+        text = expect_error(P.read_frame(c), P.ErrorCode.FRAME_TOO_LARGE)
+        assert "before HELLO" in text
+        with pytest.raises((P.ConnectionClosed, ConnectionResetError)):
+            P.read_frame(c)
+
+
+def test_frame_payload_read_incrementally():
+    """Memory for a payload grows with the bytes that arrive, not with the declared length."""
+    a, b = socket.socketpair()
+    with a, b:
+        head = P.HEADER.pack(P.MAGIC, P.PROTOCOL_VERSION, P.Msg.WRITE_BUFFER, 0, 1, 1 << 29)
+        a.sendall(head + bytes(1000))
+        a.shutdown(socket.SHUT_WR)
+        tracemalloc.start()
+        try:
+            with pytest.raises(P.ConnectionClosed, match="middle of a frame"):
+                P.read_frame(b)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert peak < 8 << 20, f"reading a truncated 512 MiB frame allocated {peak} bytes"
