@@ -97,3 +97,85 @@ def test_frame_payload_read_incrementally():
         finally:
             tracemalloc.stop()
         assert peak < 8 << 20, f"reading a truncated 512 MiB frame allocated {peak} bytes"
+
+
+# ---- defect 2: connection cap, idle and slowloris connections, EMFILE -----------------------
+
+def test_connection_cap_refuses_extra_connections_busy():
+    srv = FabricServer(WORLD, "golden", max_connections=WORLD + 1)
+    srv.start_thread()
+    try:
+        held = [conn(srv) for _ in range(WORLD + 1)]
+        time.sleep(0.2)
+        with conn(srv) as extra:
+            text = expect_error(P.read_frame(extra), P.ErrorCode.BUSY)
+            assert f"cap of {WORLD + 1}" in text
+        for c in held:
+            c.close()
+        time.sleep(0.3)                       # slots are given back when connections close
+        with conn(srv) as c:
+            assert req(c, P.Msg.HELLO, hello_payload(srv, 0))[0] == P.Msg.HELLO_ACK
+    finally:
+        srv.stop()
+
+
+@pytest.mark.parametrize("trickle", [False, True])
+def test_silent_or_slowloris_connection_dropped_before_hello(trickle):
+    srv = FabricServer(WORLD, "golden", hello_timeout=0.5)
+    srv.start_thread()
+    try:
+        with conn(srv) as c:
+            t0 = time.monotonic()
+            frame = P.encode(P.Msg.HELLO, hello_payload(srv, 0))
+            with pytest.raises((P.ConnectionClosed, ConnectionResetError, BrokenPipeError)):
+                for i in range(40):               # one byte every 0.1 s: 4 s if let through
+                    if trickle:
+                        c.sendall(frame[i:i + 1])
+                    time.sleep(0.1)
+                    c.setblocking(False)
+                    try:
+                        if c.recv(1) == b"":
+                            raise P.ConnectionClosed("closed")
+                    except BlockingIOError:
+                        pass
+                    finally:
+                        c.setblocking(True)
+            assert time.monotonic() - t0 < 2.0
+    finally:
+        srv.stop()
+
+
+def test_server_survives_emfile_and_keeps_serving(tmp_path):
+    """Under a low file-descriptor limit the accept loop hits EMFILE: the server logs it and
+    keeps serving (it used to exit with status 0 and no message)."""
+    import resource
+    import subprocess
+    import sys
+
+    def low_limit():
+        resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48))
+    proc = subprocess.Popen([sys.executable, "-m", "treenic.driver.server", "--nodes", "4",
+                             "--port", "0", "--max-connections", "1000", "--hello-timeout", "30"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=low_limit)
+    try:
+        line = proc.stdout.readline().split()
+        address = (line[1], int(line[2]))
+        held = []
+        for _ in range(80):
+            try:
+                held.append(socket.create_connection(address, timeout=2))
+            except OSError:
+                break
+        time.sleep(1.0)
+        assert proc.poll() is None, "server exited on EMFILE"
+        for c in held:
+            c.close()
+        time.sleep(1.0)
+        with socket.create_connection(address, timeout=5) as c:
+            c.sendall(P.encode(P.Msg.HELLO, P.HELLO.pack(P.PROTOCOL_VERSION, 0, WORLD, 0)))
+            assert P.read_frame(c)[0] == P.Msg.HELLO_ACK
+    finally:
+        proc.terminate()
+        _, err = proc.communicate(timeout=10)
+    assert "EMFILE" in err

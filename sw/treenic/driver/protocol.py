@@ -78,6 +78,7 @@ from __future__ import annotations
 
 import socket
 import struct
+import time
 import zlib
 from enum import IntEnum
 
@@ -142,6 +143,8 @@ class ErrorCode(IntEnum):
     TIMEOUT = 16           # server gave up waiting for the other ranks
     ENGINE = 17            # the fabric engine failed
     INTERNAL = 18
+    BUSY = 19              # connection cap reached: connection closed
+    AUTH = 20              # HELLO without the fabric's job secret
 
 
 REQUEST_REPLY = {Msg.HELLO: Msg.HELLO_ACK, Msg.LOAD_CONFIG: Msg.CONFIG_ACK,
@@ -188,10 +191,19 @@ def encode(msg: int, payload: bytes = b"", tag: int = 0, *, reply: bool = False,
     return b"".join((head, payload, CRC.pack(crc)))
 
 
-def _recv_exact(sock: socket.socket, n: int, *, started: bool = False) -> bytes:
-    """Receive exactly ``n`` bytes, growing the buffer piece by piece as bytes arrive."""
+def _recv_exact(sock: socket.socket, n: int, *, started: bool = False,
+                deadline: float | None = None) -> bytes:
+    """Receive exactly ``n`` bytes, growing the buffer piece by piece as bytes arrive. With a
+    ``deadline`` (``time.monotonic()``) the whole read must finish by then: a peer trickling
+    one byte at a time cannot hold the reader longer (``socket.timeout``)."""
     buf = bytearray()
     while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout(f"frame not complete by its deadline ({len(buf)} of {n} "
+                                     "bytes)")
+            sock.settimeout(left)
         piece = sock.recv(min(n - len(buf), RECV_PIECE))
         if not piece:
             raise ConnectionClosed("connection closed by peer"
@@ -200,15 +212,21 @@ def _recv_exact(sock: socket.socket, n: int, *, started: bool = False) -> bytes:
     return bytes(buf)
 
 
-def read_frame(sock: socket.socket, max_payload: int = MAX_PAYLOAD):
+def read_frame(sock: socket.socket, max_payload: int = MAX_PAYLOAD, *,
+               deadline: float | None = None, frame_seconds: float | None = None):
     """Read one frame: returns ``(msg_type, tag, flags, payload)``.
 
     ``max_payload`` bounds the declared payload length (the server passes
-    :data:`MAX_PAYLOAD_BEFORE_HELLO` until the connection's HELLO is accepted). Raises
+    :data:`MAX_PAYLOAD_BEFORE_HELLO` until the connection's HELLO is accepted). ``deadline``
+    bounds the whole frame; ``frame_seconds`` bounds the rest of the frame once its first
+    bytes arrived (both ``socket.timeout``). Raises
     :class:`ProtocolError` (``fatal`` when the framing can no longer be trusted),
     :class:`ConnectionClosed` on EOF and ``socket.timeout`` from the socket.
     """
-    head = _recv_exact(sock, HEADER.size)
+    head = _recv_exact(sock, HEADER.size, deadline=deadline)
+    if frame_seconds is not None:
+        rest = time.monotonic() + frame_seconds
+        deadline = rest if deadline is None else min(deadline, rest)
     magic, version, msg, flags, tag, length = HEADER.unpack(head)
     if magic != MAGIC:
         raise ProtocolError(ErrorCode.BAD_MAGIC, f"bad magic {magic!r} (expected {MAGIC!r})",
@@ -222,8 +240,8 @@ def read_frame(sock: socket.socket, max_payload: int = MAX_PAYLOAD):
         raise ProtocolError(ErrorCode.FRAME_TOO_LARGE,
                             f"payload length {length} exceeds the {max_payload} bytes{limit}",
                             fatal=True)
-    payload = _recv_exact(sock, length, started=True)
-    (crc,) = CRC.unpack(_recv_exact(sock, CRC.size, started=True))
+    payload = _recv_exact(sock, length, started=True, deadline=deadline)
+    (crc,) = CRC.unpack(_recv_exact(sock, CRC.size, started=True, deadline=deadline))
     want = zlib.crc32(payload, zlib.crc32(head))
     if crc != want:
         raise ProtocolError(ErrorCode.BAD_CRC,

@@ -17,6 +17,7 @@ changes nothing; a connection thread never takes the server down; every wait is 
 from __future__ import annotations
 
 import argparse
+import errno
 import socket
 import subprocess
 import sys
@@ -36,6 +37,10 @@ ENGINE_DESCRIPTIONS = {"golden": GoldenEngine.description,
                        "rtl": f"Verilated NIC fabric ({RTL_MODULE})"}
 
 
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
 class _Reply(Exception):
     """Internal: abort handling of one request with an ERROR reply."""
 
@@ -46,7 +51,9 @@ class _Reply(Exception):
 
 class FabricServer:
     def __init__(self, nodes: int, engine: str = "golden", host: str = "127.0.0.1",
-                 port: int = 0, collective_timeout: float = 60.0, idle_timeout: float = 600.0):
+                 port: int = 0, collective_timeout: float = 60.0, idle_timeout: float = 600.0,
+                 *, hello_timeout: float = 5.0, frame_timeout: float = 120.0,
+                 max_connections: int | None = None):
         if host not in LOOPBACK:
             raise DriverError(f"the fabric server binds loopback only, not {host!r}")
         if nodes < 2:
@@ -55,6 +62,13 @@ class FabricServer:
         self.engine_name = engine
         self.collective_timeout = collective_timeout
         self.idle_timeout = idle_timeout
+        self.hello_timeout = hello_timeout        # whole handshake of a new connection
+        self.frame_timeout = frame_timeout        # rest of a frame once its header arrived
+        # every rank plus as many again connecting or leaving, plus a few for tools
+        self.max_connections = max_connections or 2 * nodes + 8
+        if self.max_connections < nodes:
+            raise DriverError(f"max_connections {self.max_connections} < {nodes} nodes")
+        self.connections = 0
         self.lock = threading.Lock()
         self.config_id = 0
         self.config_image = b""
@@ -78,18 +92,61 @@ class FabricServer:
     # ---- lifecycle ------------------------------------------------------------------------
     def serve_forever(self, idle_exit: float | None = None) -> None:
         self.sock.settimeout(0.5)
-        while not self._stop.is_set():
-            if idle_exit and not self.ranks and time.monotonic() - self.last_activity > idle_exit:
-                break
+        why = "stopped"
+        try:
+            while not self._stop.is_set():
+                if idle_exit and not self.ranks and \
+                        time.monotonic() - self.last_activity > idle_exit:
+                    why = f"no client for {idle_exit:g}s (--idle-exit)"
+                    break
+                try:
+                    conn, _ = self.sock.accept()
+                except socket.timeout:
+                    continue
+                except OSError as e:
+                    if self._stop.is_set():
+                        break
+                    # EMFILE/ENFILE/ENOBUFS/ECONNABORTED...: transient; the listening socket
+                    # is fine. Say so (rate-limited) and keep serving the connected ranks.
+                    self._log_accept_error(e)
+                    time.sleep(0.1)
+                    continue
+                self.last_activity = time.monotonic()
+                self._admit(conn)
+        finally:
+            self.sock.close()
+            log(f"treenic fabric server: exiting ({why})")
+
+    def _log_accept_error(self, e: OSError) -> None:
+        now = time.monotonic()
+        if now - getattr(self, "_last_accept_log", -1e9) >= 5.0:
+            self._last_accept_log = now
+            name = errno.errorcode.get(e.errno, str(e.errno))
+            log(f"treenic fabric server: accept failed ({name}: {e.strerror}); "
+                f"{self.connections} connections open; still serving, retrying")
+
+    def _admit(self, conn: socket.socket) -> None:
+        """Serve ``conn`` in its own thread, or refuse it (BUSY) when the cap is reached."""
+        with self.lock:
+            full = self.connections >= self.max_connections
+            if not full:
+                self.connections += 1
+        if full:
             try:
-                conn, _ = self.sock.accept()
-            except socket.timeout:
-                continue
+                conn.settimeout(1.0)
+                conn.sendall(P.encode(P.Msg.ERROR, P.error_payload(
+                    P.ErrorCode.BUSY, f"connection cap of {self.max_connections} reached"),
+                    0, reply=True))
             except OSError:
-                break
-            self.last_activity = time.monotonic()
+                pass
+            conn.close()
+            return
+        try:
             threading.Thread(target=self._serve_conn, args=(conn,), daemon=True).start()
-        self.sock.close()
+        except RuntimeError:                  # cannot start a thread: refuse, keep serving
+            with self.lock:
+                self.connections -= 1
+            conn.close()
 
     def start_thread(self) -> threading.Thread:
         t = threading.Thread(target=self.serve_forever, daemon=True)
@@ -101,15 +158,20 @@ class FabricServer:
 
     # ---- one connection -------------------------------------------------------------------
     def _serve_conn(self, conn: socket.socket) -> None:
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn.settimeout(self.idle_timeout)
         ctx = {"rank": None, "staged": {}, "done": {}}
+        # a new connection has hello_timeout seconds in all to get its HELLO accepted
+        hello_deadline = time.monotonic() + self.hello_timeout
         try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             while not self._stop.is_set():
                 try:
-                    limit = (P.MAX_PAYLOAD if ctx["rank"] is not None
-                             else P.MAX_PAYLOAD_BEFORE_HELLO)
-                    msg, tag, flags, payload = P.read_frame(conn, limit)
+                    if ctx["rank"] is None:
+                        msg, tag, flags, payload = P.read_frame(
+                            conn, P.MAX_PAYLOAD_BEFORE_HELLO, deadline=hello_deadline)
+                    else:
+                        conn.settimeout(self.idle_timeout)
+                        msg, tag, flags, payload = P.read_frame(
+                            conn, frame_seconds=self.frame_timeout)
                 except P.ProtocolError as e:
                     self._send(conn, P.Msg.ERROR, P.error_payload(e.code, e.message), 0)
                     if e.fatal:
@@ -136,6 +198,8 @@ class FabricServer:
             pass
         finally:
             self._release(ctx)
+            with self.lock:
+                self.connections -= 1
             try:
                 conn.close()
             except OSError:
@@ -143,6 +207,7 @@ class FabricServer:
 
     def _send(self, conn, msg, payload, tag) -> None:
         frame = P.encode(msg, payload, tag, reply=True)
+        conn.settimeout(self.idle_timeout)     # a peer that stops reading is dropped too
         conn.sendall(frame)
 
     def _release(self, ctx) -> None:
@@ -407,8 +472,16 @@ def main(argv=None) -> int:
     ap.add_argument("--collective-timeout", type=float, default=60.0)
     ap.add_argument("--idle-exit", type=float, default=600.0,
                     help="exit after this many seconds without any client (0: never)")
+    ap.add_argument("--idle-timeout", type=float, default=600.0,
+                    help="drop a rank's connection silent for this many seconds")
+    ap.add_argument("--hello-timeout", type=float, default=5.0,
+                    help="a new connection must complete its HELLO within this many seconds")
+    ap.add_argument("--max-connections", type=int, default=None,
+                    help="connection cap (default 2 x nodes + 8); beyond it: ERROR BUSY")
     a = ap.parse_args(argv)
-    server = FabricServer(a.nodes, a.engine, a.host, a.port, a.collective_timeout)
+    server = FabricServer(a.nodes, a.engine, a.host, a.port, a.collective_timeout,
+                          a.idle_timeout, hello_timeout=a.hello_timeout,
+                          max_connections=a.max_connections)
     print(f"LISTENING {server.address[0]} {server.address[1]} {a.engine}", flush=True)
     server.serve_forever(idle_exit=a.idle_exit or None)
     return 0
