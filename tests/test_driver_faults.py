@@ -179,3 +179,105 @@ def test_server_survives_emfile_and_keeps_serving(tmp_path):
         proc.terminate()
         _, err = proc.communicate(timeout=10)
     assert "EMFILE" in err
+
+
+# ---- defects 3, 6 and 4 (configuration): inline, bounded, checked, per rank ----------------
+
+def load(sock, image):
+    return req(sock, P.Msg.LOAD_CONFIG, P.LOAD_CONFIG.pack(1, zlib.crc32(image)) + image)
+
+
+def with_topology(schedule, spec, **fields):
+    d = schedule.to_json()
+    d["topology"] = spec
+    d.update(fields)
+    import json
+    return json.dumps(d).encode()
+
+
+def hello_conn(server, rank):
+    c = conn(server)
+    assert req(c, P.Msg.HELLO, hello_payload(server, rank))[0] == P.Msg.HELLO_ACK
+    return c
+
+
+def test_config_topology_file_never_opened(server, ring4, tmp_path):
+    """A file: topology over the protocol is refused with the same text whether the file
+    exists, holds secrets or not: no file is opened, nothing of it is echoed."""
+    secret = tmp_path / "secret.edgelist"
+    secret.write_text("0 1\n1 2\nTOPSECRET line\n")
+    texts = []
+    with hello_conn(server, 0) as c:
+        for spec in (f"file:{secret}", f"file:{tmp_path}/missing.json", str(secret),
+                     "file:/etc/passwd"):
+            texts.append(expect_error(load(c, with_topology(ring4, spec)),
+                                      P.ErrorCode.BAD_CONFIG))
+    assert len(set(texts)) == 1 and "inline" in texts[0]
+    assert "TOPSECRET" not in texts[0] and str(tmp_path) not in texts[0]
+
+
+def test_huge_topology_refused_before_building_and_hello_not_blocked(server, ring4):
+    image = with_topology(ring4, "mesh:300x300")
+    with hello_conn(server, 0) as c:
+        t0 = time.monotonic()
+        c.sendall(P.encode(P.Msg.LOAD_CONFIG, P.LOAD_CONFIG.pack(1, zlib.crc32(image)) + image))
+        with hello_conn(server, 1):                 # HELLO answered while LOAD_CONFIG runs
+            assert time.monotonic() - t0 < 1.0
+        text = expect_error(P.read_frame(c), P.ErrorCode.BAD_CONFIG)
+        assert time.monotonic() - t0 < 1.0
+        assert "larger than the fabric's 4 nodes" in text
+
+
+def test_config_with_empty_or_partial_schedule_refused(server, ring4):
+    """An empty schedule used to be accepted: every rank got its own input back."""
+    with hello_conn(server, 0) as c:
+        text = expect_error(load(c, with_topology(ring4, "ring:4", transfers=[])),
+                            P.ErrorCode.BAD_CONFIG)
+        assert "checkers" in text and "postcondition" in text
+        d = ring4.to_json()
+        half = with_topology(ring4, "ring:4", transfers=d["transfers"][: len(d["transfers"]) // 2])
+        expect_error(load(c, half), P.ErrorCode.BAD_CONFIG)
+        assert load(c, schedule_image(ring4))[0] == P.Msg.CONFIG_ACK
+
+
+def test_ranks_with_different_configs_get_config_mismatch(server):
+    """A second rank's image used to replace the first one's silently."""
+    ring = algorithms.build("ring", "ring:4")
+    tree = algorithms.build("multitree", "ring:4")
+
+    def rank(r):
+        s = tree if r == 2 else ring
+        with open_nic("rtl", r, WORLD, algorithm=s, address=server.address, timeout=10) as c:
+            c.allreduce(np.ones(64, np.float32))
+    t0 = time.monotonic()
+    _, errs = run_threads(rank)
+    assert time.monotonic() - t0 < 5
+    ids = [zlib.crc32(schedule_image(s)) for s in (ring, tree)]
+    for e in errs:
+        assert isinstance(e, FabricError) and e.code == "CONFIG_MISMATCH", e
+        assert f"rank 2: {ids[1]:#010x}" in str(e) and f"rank 0: {ids[0]:#010x}" in str(e)
+
+
+def test_client_verifies_config_id(ring4):
+    """A fabric acknowledging another config id than the one sent is an error."""
+    from treenic.driver.client import NICClient
+    lsock = socket.socket()
+    lsock.bind(("127.0.0.1", 0))
+    lsock.listen(1)
+
+    def fake():
+        c, _ = lsock.accept()
+        with c:
+            for reply in (P.HELLO_ACK.pack(P.PROTOCOL_VERSION, WORLD, 0, 0),
+                          P.CONFIG_ACK.pack(0x1234, WORLD, 3, 4)):
+                _, tag, _, _ = P.read_frame(c)
+                c.sendall(P.encode(P.Msg.HELLO_ACK if len(reply) == 8 else P.Msg.CONFIG_ACK,
+                                   reply, tag, reply=True))
+    t = threading.Thread(target=fake, daemon=True)
+    t.start()
+    client = NICClient(lsock.getsockname(), 0, WORLD, timeout=5)
+    with pytest.raises(FabricError, match="acknowledged config 0x00001234") as e:
+        client.load_config(schedule_image(ring4))
+    assert e.value.code == "CONFIG_MISMATCH"
+    client.sock.close()
+    lsock.close()

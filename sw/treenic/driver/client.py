@@ -92,6 +92,10 @@ class NICClient:
         (cid, nodes, steps, chunks), _ = self._request(
             P.Msg.LOAD_CONFIG, P.LOAD_CONFIG.pack(P.IMAGE_SCHEDULE_JSON, crc) + image,
             what="LOAD_CONFIG", layout=P.CONFIG_ACK, exact=True)
+        if cid != crc or nodes != self.world:
+            raise FabricError(f"rank {self.rank}: the fabric acknowledged config "
+                              f"{cid:#010x} for {nodes} nodes, but this rank loaded "
+                              f"{crc:#010x} for {self.world}", code="CONFIG_MISMATCH")
         return cid
 
     def collective(self, seq: int, data: np.ndarray, *, sparse: tuple | None = None):

@@ -172,6 +172,9 @@ class Request:
     scheme: str = ""
     density: float = 0.0
     seed: int = 0
+    #: the rank's loaded configuration ``(config_id, schedule, engine)``; None: the
+    #: rendezvous' own (in-process fabric). Ranks with different ids get CONFIG_MISMATCH.
+    config: tuple | None = field(default=None, compare=False, repr=False)
 
     def signature(self):
         return (self.mode, int(self.data.shape[0]), self.scheme, float(self.density),
@@ -253,6 +256,13 @@ class Rendezvous:
 
     def _run(self, seq: int, rec: _Record) -> None:
         reqs = [rec.requests[r] for r in range(self.world)]
+        ids = [q.config[0] if q.config else None for q in reqs]
+        if len(set(ids)) != 1:
+            desc = ", ".join(f"rank {r}: {'none' if i is None else f'{i:#010x}'}"
+                             for r, i in enumerate(ids))
+            rec.error = FabricError(f"collective #{seq}: ranks loaded different "
+                                    f"configurations ({desc})", code="CONFIG_MISMATCH")
+            return
         sigs = [q.signature() for q in reqs]
         if len(set(sigs)) != 1:
             desc = "; ".join(f"rank {r}: {s[0]} {s[1]} elements"
@@ -261,19 +271,23 @@ class Rendezvous:
             rec.error = FabricError(f"collective #{seq}: ranks disagree ({desc})",
                                     code="SIZE_MISMATCH")
             return
+        _, schedule, engine = reqs[0].config or (None, self.schedule, self.engine)
         try:
             data = np.stack([q.data for q in reqs])
             req = reqs[0]
             if req.mode == "dense":
-                out, cycles = self.engine.run(data)
+                out, cycles = engine.run(data)
                 e = data.shape[1]
-                if e not in self._link_bytes_cache:
-                    self._link_bytes_cache[e] = link_bytes(self.schedule, e)
-                sent, recv = self._link_bytes_cache[e]
+                key = (ids[0], e)
+                if key not in self._link_bytes_cache:
+                    if len(self._link_bytes_cache) > 64:
+                        self._link_bytes_cache.clear()
+                    self._link_bytes_cache[key] = link_bytes(schedule, e)
+                sent, recv = self._link_bytes_cache[key]
                 rec.outcomes = [Outcome(out[r], None, int(sent[r]), int(recv[r]),
-                                        self.schedule.steps, cycles) for r in range(self.world)]
+                                        schedule.steps, cycles) for r in range(self.world)]
             else:
-                res = self.engine.run_sparse(req.scheme, data, req.density, req.seed)
+                res = engine.run_sparse(req.scheme, data, req.density, req.seed)
                 sent, recv = res.bytes_sent_per_worker(), res.bytes_received_per_worker()
                 rec.outcomes = [Outcome(np.asarray(res.result[r], np.float32),
                                         np.asarray(res.residuals[r], np.float32),
@@ -282,7 +296,7 @@ class Rendezvous:
             self.completed += 1
         except Exception as e:        # engine failure: every rank gets the same error
             rec.error = FabricError(f"collective #{seq}: fabric engine "
-                                    f"{getattr(self.engine, 'name', '?')} failed: "
+                                    f"{getattr(engine, 'name', '?')} failed: "
                                     f"{type(e).__name__}: {e}", code="ENGINE")
 
 

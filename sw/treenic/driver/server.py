@@ -27,8 +27,8 @@ import zlib
 
 import numpy as np
 
-from ..schedule.ir import Schedule, ScheduleError
 from . import protocol as P
+from .config import ConfigRejected, parse_image
 from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailable
 from .fabric import RTL_MODULE, GoldenEngine, Request, Rendezvous, make_engine
 
@@ -70,11 +70,12 @@ class FabricServer:
             raise DriverError(f"max_connections {self.max_connections} < {nodes} nodes")
         self.connections = 0
         self.lock = threading.Lock()
-        self.config_id = 0
-        self.config_image = b""
-        self.schedule: Schedule | None = None
-        self.rendezvous: Rendezvous | None = None
-        self.engine = None
+        # Loaded configurations by config id: (image, schedule, engine). Each rank holds its
+        # own (ctx["config"]); a collective runs only when all ranks hold the same one.
+        self.configs: dict[int, tuple] = {}
+        self.build_lock = threading.Lock()        # one configuration built at a time; never
+        self.engine = None                        # held together with self.lock
+        self.rendezvous = Rendezvous(nodes, None, None, collective_timeout)
         self.engine_error: str | None = None
         self.ranks: dict[int, object] = {}
         self.nic = [dict(host_rx=0, host_tx=0, link_tx=0, link_rx=0, cycles=0, collectives=0)
@@ -232,7 +233,7 @@ class FabricServer:
             nic = self.nic[rank]
             nic["host_rx"] += len(payload) + P.HEADER.size + P.CRC.size
             if msg == P.Msg.LOAD_CONFIG:
-                return self._load_config(payload)
+                return self._load_config(ctx, payload)
             if msg == P.Msg.WRITE_BUFFER:
                 return self._write(ctx, payload)
             if msg == P.Msg.START:
@@ -271,44 +272,40 @@ class FabricServer:
                                                  P.ENGINE_IDS[self.engine_name], 0) + \
             desc.encode()
 
-    def _load_config(self, payload):
+    def _load_config(self, ctx, payload):
         (kind, crc), image = P.unpack(P.LOAD_CONFIG, payload, "LOAD_CONFIG", exact=False)
         if kind != P.IMAGE_SCHEDULE_JSON:
             raise _Reply(P.ErrorCode.BAD_CONFIG, f"unknown config image kind {kind}")
         if zlib.crc32(image) != crc:
             raise _Reply(P.ErrorCode.BAD_CONFIG, f"config image CRC-32 {zlib.crc32(image):#010x}"
                                                  f" != declared {crc:#010x}")
-        with self.lock:
-            if self.config_id == crc and self.config_image == image:
-                s = self.schedule
-                return P.Msg.CONFIG_ACK, P.CONFIG_ACK.pack(crc, s.n, s.steps, s.num_chunks)
-            if self.rendezvous is not None and self.rendezvous.busy():
-                raise _Reply(P.ErrorCode.CONFIG_MISMATCH,
-                             f"config {crc:#010x} differs from the loaded {self.config_id:#010x}"
-                             " and a collective is in flight")
-            try:
-                schedule = Schedule.loads(image.decode("utf-8"))
-            except (ScheduleError, UnicodeDecodeError, ValueError) as e:
-                raise _Reply(P.ErrorCode.BAD_CONFIG, f"config image rejected: {e}") from None
-            if schedule.n != self.nodes:
-                raise _Reply(P.ErrorCode.BAD_CONFIG, f"schedule is for {schedule.n} nodes, "
-                                                     f"fabric has {self.nodes}")
-            try:
-                engine = make_engine(self.engine_name, schedule)
-            except RTLFabricUnavailable as e:
-                raise _Reply(P.ErrorCode.ENGINE, str(e)) from None
-            if self.rendezvous is None:
-                self.rendezvous = Rendezvous(self.nodes, engine, schedule,
-                                             self.collective_timeout)
-            else:
-                try:
-                    self.rendezvous.reload(engine, schedule)
-                except FabricError as e:
-                    raise _Reply(P.ErrorCode.CONFIG_MISMATCH, str(e)) from None
-            self.engine, self.schedule = engine, schedule
-            self.config_id, self.config_image = crc, image
+        config = self._config(crc, image)
+        ctx["config"] = config
+        schedule = config[1]
         return P.Msg.CONFIG_ACK, P.CONFIG_ACK.pack(crc, schedule.n, schedule.steps,
                                                    schedule.num_chunks)
+
+    def _config(self, crc: int, image: bytes) -> tuple:
+        """``(config id, schedule, engine)`` of an image: cached, or parsed, bounded, checked
+        and built under build_lock only — HELLO and the other ranks never wait for a build."""
+        with self.build_lock:
+            cached = self.configs.get(crc)
+            if cached is not None and cached[0] == image:
+                return (crc,) + cached[1:]
+            try:
+                schedule = parse_image(image, self.nodes)
+                engine = make_engine(self.engine_name, schedule)
+            except ConfigRejected as e:
+                raise _Reply(P.ErrorCode.BAD_CONFIG, str(e)) from None
+            except RTLFabricUnavailable as e:
+                raise _Reply(P.ErrorCode.ENGINE, str(e)) from None
+            with self.lock:
+                in_use = {c["config"][0] for c in self.ranks.values() if c.get("config")}
+                for old in [k for k in self.configs if k not in in_use][:-3]:
+                    del self.configs[old]          # bounded: unused ones, oldest first
+                self.configs[crc] = (image, schedule, engine)
+                self.engine = engine
+        return crc, schedule, engine
 
     def _write(self, ctx, payload):
         (seq, dtype, buf_id, _, count), data = P.unpack(P.BUFFER, payload, "WRITE_BUFFER",
@@ -336,7 +333,7 @@ class FabricServer:
         if len(rest) != nlen:
             raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"START name length {nlen} but {len(rest)} "
                                                   "bytes follow")
-        if self.rendezvous is None:
+        if ctx.get("config") is None:
             raise _Reply(P.ErrorCode.NOT_READY, "START before LOAD_CONFIG")
         data = ctx["staged"].pop(seq, None)
         if data is None:
@@ -344,11 +341,12 @@ class FabricServer:
                                                "WRITE_BUFFER")
         rank = ctx["rank"]
         if mode == P.MODE_DENSE:
-            req = Request("dense", data)
+            req = Request("dense", data, config=ctx["config"])
         elif mode == P.MODE_SPARSE:
             if not 0.0 < density <= 1.0:
                 raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"density {density} outside (0, 1]")
-            req = Request("sparse", data, rest.decode("utf-8", "replace"), density, seed)
+            req = Request("sparse", data, rest.decode("utf-8", "replace"), density, seed,
+                          config=ctx["config"])
         else:
             raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"unknown START mode {mode}")
         try:
@@ -357,6 +355,7 @@ class FabricServer:
             raise _Reply(P.ErrorCode.TIMEOUT, str(e)) from None
         except FabricError as e:
             code = {"SIZE_MISMATCH": P.ErrorCode.SIZE_MISMATCH,
+                    "CONFIG_MISMATCH": P.ErrorCode.CONFIG_MISMATCH,
                     "ENGINE": P.ErrorCode.ENGINE}.get(e.code, P.ErrorCode.ABORTED)
             raise _Reply(code, str(e)) from None
         ctx["done"][seq] = out
@@ -402,9 +401,10 @@ class FabricServer:
             raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"STATUS takes no payload, got "
                                                   f"{len(payload)} bytes")
         nic = self.nic[ctx["rank"]]
-        busy = self.rendezvous is not None and self.rendezvous.busy()
+        busy = self.rendezvous.busy()
+        config_id = ctx["config"][0] if ctx.get("config") else 0
         return P.Msg.STATUS_REPLY, P.STATUS_REPLY.pack(
-            1 if busy else 0, self.config_id, nic["collectives"], nic["host_rx"],
+            1 if busy else 0, config_id, nic["collectives"], nic["host_rx"],
             nic["host_tx"], nic["link_tx"], nic["link_rx"], nic["cycles"])
 
 
