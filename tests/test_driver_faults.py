@@ -1,5 +1,6 @@
 """Regression tests of issue 19 (reliability and security of the host protocol, the fabric
 server and the driver): each test names the defect it pins down and failed before its fix."""
+import os
 import socket
 import threading
 import time
@@ -49,7 +50,8 @@ def expect_error(reply, code):
 
 
 def hello_payload(server, rank, world=WORLD):
-    return P.HELLO.pack(P.PROTOCOL_VERSION, rank, world, 0) + b"test"
+    return P.HELLO.pack(P.PROTOCOL_VERSION, rank, world, 0,
+                        bytes.fromhex(server.secret)) + b"test"
 
 
 def run_threads(fn, world=WORLD, timeout=30.0):
@@ -154,10 +156,11 @@ def test_server_survives_emfile_and_keeps_serving(tmp_path):
 
     def low_limit():
         resource.setrlimit(resource.RLIMIT_NOFILE, (48, 48))
+    secret = P.new_secret()
     proc = subprocess.Popen([sys.executable, "-m", "treenic.driver.server", "--nodes", "4",
                              "--port", "0", "--max-connections", "1000", "--hello-timeout", "30"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=low_limit)
+                            preexec_fn=low_limit, env=dict(os.environ, **{P.SECRET_ENV: secret}))
     try:
         line = proc.stdout.readline().split()
         address = (line[1], int(line[2]))
@@ -173,7 +176,8 @@ def test_server_survives_emfile_and_keeps_serving(tmp_path):
             c.close()
         time.sleep(1.0)
         with socket.create_connection(address, timeout=5) as c:
-            c.sendall(P.encode(P.Msg.HELLO, P.HELLO.pack(P.PROTOCOL_VERSION, 0, WORLD, 0)))
+            c.sendall(P.encode(P.Msg.HELLO, P.HELLO.pack(P.PROTOCOL_VERSION, 0, WORLD, 0,
+                                                         bytes.fromhex(secret))))
             assert P.read_frame(c)[0] == P.Msg.HELLO_ACK
     finally:
         proc.terminate()
@@ -247,7 +251,7 @@ def test_ranks_with_different_configs_get_config_mismatch(server):
 
     def rank(r):
         s = tree if r == 2 else ring
-        with open_nic("rtl", r, WORLD, algorithm=s, address=server.address, timeout=10) as c:
+        with open_nic("rtl", r, WORLD, algorithm=s, **server.endpoint, timeout=10) as c:
             c.allreduce(np.ones(64, np.float32))
     t0 = time.monotonic()
     _, errs = run_threads(rank)
@@ -275,9 +279,48 @@ def test_client_verifies_config_id(ring4):
                                    reply, tag, reply=True))
     t = threading.Thread(target=fake, daemon=True)
     t.start()
-    client = NICClient(lsock.getsockname(), 0, WORLD, timeout=5)
+    client = NICClient(lsock.getsockname(), 0, WORLD, timeout=5, secret=P.new_secret())
     with pytest.raises(FabricError, match="acknowledged config 0x00001234") as e:
         client.load_config(schedule_image(ring4))
     assert e.value.code == "CONFIG_MISMATCH"
     client.sock.close()
     lsock.close()
+
+
+# ---- defect 4 (authentication): the job secret ---------------------------------------------
+
+def test_hello_without_job_secret_refused_and_hung_up(server, ring4):
+    """A local stranger can neither take a free rank, nor squat one, nor read STATUS."""
+    wrong = P.HELLO.pack(P.PROTOCOL_VERSION, 1, WORLD, 0, bytes(32)) + b"stranger"
+    with conn(server) as c:
+        text = expect_error(req(c, P.Msg.HELLO, wrong), P.ErrorCode.AUTH)
+        assert server.secret not in text and "00" * 8 not in text
+        with pytest.raises((P.ConnectionClosed, ConnectionResetError)):
+            P.read_frame(c)                      # one guess per connection
+    with conn(server) as c:                      # nothing bound: STATUS still needs HELLO
+        expect_error(req(c, P.Msg.STATUS), P.ErrorCode.NOT_READY)
+    assert not server.ranks
+    # the real rank 1 still gets its rank and runs with the others
+    g = np.random.default_rng(1).standard_normal((WORLD, 33)).astype(np.float32)
+
+    def rank(r):
+        with open_nic("rtl", r, WORLD, algorithm=ring4, **server.endpoint, timeout=10) as c:
+            t = g[r].copy()
+            c.allreduce(t)
+            return t
+    out, errs = run_threads(rank)
+    assert errs == [None] * WORLD
+    assert np.array_equal(out[1].view(np.uint32), execute(ring4, g)[1].view(np.uint32))
+
+
+def test_rank_needs_the_secret(server, ring4, monkeypatch):
+    monkeypatch.delenv(P.SECRET_ENV, raising=False)
+    with pytest.raises(FabricError, match="AUTH"):
+        open_nic("rtl", 0, WORLD, algorithm=ring4, address=server.address,
+                 secret=P.new_secret(), timeout=5)
+    from treenic.driver import DriverError
+    with pytest.raises(DriverError, match=f"no job secret: pass secret= or set {P.SECRET_ENV}"):
+        open_nic("rtl", 0, WORLD, algorithm=ring4, address=server.address, timeout=5)
+    monkeypatch.setenv(P.SECRET_ENV, server.secret)             # out of band: environment
+    with open_nic("rtl", 0, WORLD, algorithm=ring4, address=server.address, timeout=5) as c:
+        assert c.status()["nic"]["config_id"] == c.config_id

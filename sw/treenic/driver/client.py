@@ -18,7 +18,12 @@ class NICClient:
     server raises :class:`FabricTimeout` naming the rank, the collective and the step."""
 
     def __init__(self, address, rank: int, world: int, timeout: float = 30.0,
-                 connect_timeout: float = 10.0, name: str = "treenic-driver"):
+                 connect_timeout: float = 10.0, name: str = "treenic-driver",
+                 secret: str | bytes | None = None):
+        try:
+            secret = P.secret_bytes(secret)      # explicit, else $TREENIC_FABRIC_SECRET
+        except ValueError as e:
+            raise DriverError(f"rank {rank}: {e}") from None
         self.address = (address[0], int(address[1]))
         self.rank, self.world = rank, world
         self.timeout = timeout
@@ -41,7 +46,7 @@ class NICClient:
         self.host_tx = 0
         self.host_rx = 0
         (ver, nodes, engine_id, _), desc = self._request(
-            P.Msg.HELLO, P.HELLO.pack(P.PROTOCOL_VERSION, rank, world, 0) + name.encode(),
+            P.Msg.HELLO, P.HELLO.pack(P.PROTOCOL_VERSION, rank, world, 0, secret) + name.encode(),
             what="HELLO", layout=P.HELLO_ACK)
         self.nodes = nodes
         self.engine_id = engine_id

@@ -224,7 +224,8 @@ def open_nic(backend: str, rank: int, world: int, topology=None, algorithm="mult
     Options: ``model``: ``fabric`` (LocalFabric; else torch.distributed), ``group``,
     ``engine`` ("golden"), ``timeout`` (seconds per collective; default: the fabric's
     own); ``torch``: ``group``, ``verify`` (check sizes across ranks per call, default
-    True); ``rtl``: ``address`` (host, port) of the fabric server (required), ``timeout``
+    True); ``rtl``: ``address`` (host, port) of the fabric server (required), ``secret``
+    (the job secret its starter generated; default ``$TREENIC_FABRIC_SECRET``), ``timeout``
     (seconds per request, default 30)."""
     schedule = schedule_for(algorithm, topology, world)
     return Communicator(backend, rank, world, schedule, **opts)
@@ -333,13 +334,14 @@ def _check_same_config(comm: Communicator, config_id: int, group) -> None:
 
 class _RTLBackend:
     def __init__(self, comm: Communicator, address=None, timeout: float = 30.0,
-                 connect_timeout: float = 10.0):
+                 connect_timeout: float = 10.0, secret: str | bytes | None = None):
         from .client import NICClient
         if address is None:
             raise DriverError("backend 'rtl' needs address=(host, port) of a fabric server "
                               "(treenic.driver.server.ServerProcess)")
         self.comm = comm
-        self.client = NICClient(address, comm.rank, comm.world, timeout, connect_timeout)
+        self.client = NICClient(address, comm.rank, comm.world, timeout, connect_timeout,
+                                secret=secret)
         self._last_cycles = None
 
     def load(self, schedule, image):

@@ -76,6 +76,8 @@ framing, which every version keeps (magic, version, type at the same offsets).
 """
 from __future__ import annotations
 
+import os
+import secrets
 import socket
 import struct
 import time
@@ -83,7 +85,7 @@ import zlib
 from enum import IntEnum
 
 MAGIC = b"TNIC"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2             # 2: HELLO carries the job secret; ABORT
 HEADER = struct.Struct("<4sBBHII")
 CRC = struct.Struct("<I")
 MAX_PAYLOAD = 1 << 30            # 1 GiB: 256 M float32 elements per buffer
@@ -153,7 +155,7 @@ REQUEST_REPLY = {Msg.HELLO: Msg.HELLO_ACK, Msg.LOAD_CONFIG: Msg.CONFIG_ACK,
                  Msg.BYE: Msg.BYE_ACK}
 
 # payload layouts
-HELLO = struct.Struct("<HHHH")
+HELLO = struct.Struct("<HHHH32s")         # version, rank, world, reserved, job secret
 HELLO_ACK = struct.Struct("<HHHH")
 LOAD_CONFIG = struct.Struct("<II")
 CONFIG_ACK = struct.Struct("<IIII")
@@ -164,6 +166,36 @@ COMPLETE = struct.Struct("<IIQQQ")
 READ_BUFFER = struct.Struct("<IB")
 STATUS_REPLY = struct.Struct("<IIQQQQQQ")
 ERROR = struct.Struct("<HH")
+
+
+#: Job secret: 32 random bytes, written as 64 hex digits outside the protocol.
+SECRET_BYTES = 32
+#: Environment variable a rank reads its job secret from when none is passed explicitly.
+SECRET_ENV = "TREENIC_FABRIC_SECRET"
+
+
+def new_secret() -> str:
+    """A fresh job secret (64 hex digits) for whoever starts a fabric."""
+    return secrets.token_hex(SECRET_BYTES)
+
+
+def secret_bytes(secret: str | bytes | None) -> bytes:
+    """The 32 bytes of a job secret given as 64 hex digits (or raw bytes); ``None`` reads
+    :data:`SECRET_ENV`. Raises ValueError naming the problem (never the secret)."""
+    if secret is None:
+        secret = os.environ.get(SECRET_ENV)
+        if not secret:
+            raise ValueError(f"no job secret: pass secret= or set {SECRET_ENV} (whoever "
+                             "starts the fabric generates it)")
+    if isinstance(secret, bytes) and len(secret) == SECRET_BYTES:
+        return secret
+    try:
+        raw = bytes.fromhex(secret.strip() if isinstance(secret, str) else "")
+    except ValueError:
+        raw = b""
+    if len(raw) != SECRET_BYTES:
+        raise ValueError(f"a job secret is {2 * SECRET_BYTES} hex digits")
+    return raw
 
 
 class ProtocolError(Exception):

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import errno
+import hmac
+import os
 import socket
 import subprocess
 import sys
@@ -53,12 +55,16 @@ class FabricServer:
     def __init__(self, nodes: int, engine: str = "golden", host: str = "127.0.0.1",
                  port: int = 0, collective_timeout: float = 60.0, idle_timeout: float = 600.0,
                  *, hello_timeout: float = 5.0, frame_timeout: float = 120.0,
-                 max_connections: int | None = None):
+                 max_connections: int | None = None, secret: str | bytes | None = None):
         if host not in LOOPBACK:
             raise DriverError(f"the fabric server binds loopback only, not {host!r}")
         if nodes < 2:
             raise DriverError(f"a fabric needs at least 2 nodes, got {nodes}")
         self.nodes = nodes
+        # The job secret every HELLO must carry: given by whoever starts the fabric, or
+        # generated here (read it from .secret and hand it to the ranks out of band).
+        self.secret = P.new_secret() if secret is None else P.secret_bytes(secret).hex()
+        self._secret = bytes.fromhex(self.secret)
         self.engine_name = engine
         self.collective_timeout = collective_timeout
         self.idle_timeout = idle_timeout
@@ -149,6 +155,11 @@ class FabricServer:
                 self.connections -= 1
             conn.close()
 
+    @property
+    def endpoint(self) -> dict:
+        """``open_nic("rtl", ..., **endpoint)``: the address and the job secret."""
+        return {"address": tuple(self.address), "secret": self.secret}
+
     def start_thread(self) -> threading.Thread:
         t = threading.Thread(target=self.serve_forever, daemon=True)
         t.start()
@@ -195,6 +206,8 @@ class FabricServer:
                     rmsg, rpayload = P.Msg.ERROR, P.error_payload(
                         P.ErrorCode.INTERNAL, f"{type(e).__name__}: {e}")
                 self._send(conn, rmsg, rpayload, tag)
+                if ctx.get("auth_failed"):
+                    return                          # no second guess on this connection
         except (P.ConnectionClosed, socket.timeout, OSError):
             pass
         finally:
@@ -247,7 +260,12 @@ class FabricServer:
         raise _Reply(P.ErrorCode.UNKNOWN_TYPE, f"unhandled {msg.name}")
 
     def _hello(self, ctx, payload):
-        (version, rank, world, _), name = P.unpack(P.HELLO, payload, "HELLO", exact=False)
+        (version, rank, world, _, secret), name = P.unpack(P.HELLO, payload, "HELLO",
+                                                           exact=False)
+        # constant-time compare; the reply never says more than "wrong" (nor echoes it)
+        if not hmac.compare_digest(secret, self._secret):
+            ctx["auth_failed"] = True
+            raise _Reply(P.ErrorCode.AUTH, "HELLO without this fabric's job secret")
         if version != P.PROTOCOL_VERSION:
             raise _Reply(P.ErrorCode.VERSION_MISMATCH,
                          f"client speaks protocol version {version}, server speaks "
@@ -415,11 +433,14 @@ class ServerProcess:
 
     def __init__(self, nodes: int, engine: str = "golden", *, collective_timeout: float = 60.0,
                  idle_exit: float = 600.0, startup_timeout: float = 30.0):
+        #: the job secret (64 hex digits): give it to the ranks (open_nic ``secret=``)
+        self.secret = P.new_secret()
+        env = dict(os.environ, **{P.SECRET_ENV: self.secret})
         cmd = [sys.executable, "-m", "treenic.driver.server", "--nodes", str(nodes),
                "--engine", engine, "--port", "0", "--collective-timeout",
                str(collective_timeout), "--idle-exit", str(idle_exit)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
+                                     text=True, env=env)
         line = _readline_with_timeout(self.proc, startup_timeout)
         parts = line.split()
         if len(parts) < 3 or parts[0] != "LISTENING":
@@ -430,6 +451,11 @@ class ServerProcess:
             raise DriverError(f"fabric server did not start: {line!r} {err}")
         self.address = (parts[1], int(parts[2]))
         self.engine = engine
+
+    @property
+    def endpoint(self) -> dict:
+        """``open_nic("rtl", ..., **endpoint)``: the address and the job secret."""
+        return {"address": tuple(self.address), "secret": self.secret}
 
     @property
     def pid(self) -> int:
@@ -462,6 +488,23 @@ def _readline_with_timeout(proc, timeout: float) -> str:
     return out[0].strip() if out else ""
 
 
+def _job_secret(path: str | None) -> tuple[str, str | None]:
+    """(secret, file it was written to or None): from ``path``, the environment, or fresh."""
+    if path is None and os.environ.get(P.SECRET_ENV):
+        return P.secret_bytes(os.environ[P.SECRET_ENV]).hex(), None
+    if path is not None and os.path.exists(path):
+        with open(path) as f:
+            return P.secret_bytes(f.read()).hex(), None
+    if path is None:
+        import tempfile
+        path = os.path.join(tempfile.mkdtemp(prefix="treenic-fabric-"), "secret")
+    secret = P.new_secret()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    return secret, path
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m treenic.driver.server",
                                  description="treenic fabric server (N simulated NICs)")
@@ -478,11 +521,17 @@ def main(argv=None) -> int:
                     help="a new connection must complete its HELLO within this many seconds")
     ap.add_argument("--max-connections", type=int, default=None,
                     help="connection cap (default 2 x nodes + 8); beyond it: ERROR BUSY")
+    ap.add_argument("--secret-file", default=None,
+                    help=f"job secret file (64 hex digits; created with a fresh secret, mode "
+                         f"0600, when missing). Default: ${P.SECRET_ENV}, else a fresh secret "
+                         "written to a new private file named on the LISTENING line")
     a = ap.parse_args(argv)
+    secret, secret_file = _job_secret(a.secret_file)
     server = FabricServer(a.nodes, a.engine, a.host, a.port, a.collective_timeout,
                           a.idle_timeout, hello_timeout=a.hello_timeout,
-                          max_connections=a.max_connections)
-    print(f"LISTENING {server.address[0]} {server.address[1]} {a.engine}", flush=True)
+                          max_connections=a.max_connections, secret=secret)
+    print(f"LISTENING {server.address[0]} {server.address[1]} {a.engine}"
+          + (f" {secret_file}" if secret_file else ""), flush=True)
     server.serve_forever(idle_exit=a.idle_exit or None)
     return 0
 
