@@ -324,3 +324,40 @@ def test_rank_needs_the_secret(server, ring4, monkeypatch):
     monkeypatch.setenv(P.SECRET_ENV, server.secret)             # out of band: environment
     with open_nic("rtl", 0, WORLD, algorithm=ring4, address=server.address, timeout=5) as c:
         assert c.status()["nic"]["config_id"] == c.config_id
+
+
+# ---- defect 7: a refused START changes nothing ---------------------------------------------
+
+def test_refused_start_keeps_the_staged_buffer(server, ring4):
+    g = np.random.default_rng(7).standard_normal((WORLD, 50)).astype(np.float32)
+    with hello_conn(server, 0) as c:
+        assert load(c, schedule_image(ring4))[0] == P.Msg.CONFIG_ACK
+        raw = g[0].astype("<f4").tobytes()
+        assert req(c, P.Msg.WRITE_BUFFER, P.BUFFER.pack(1, 1, 0, 0, 50) + raw)[0] == \
+            P.Msg.WRITE_ACK
+        expect_error(req(c, P.Msg.START, P.START.pack(1, 9, 0, 0, 0.0, 0)),
+                     P.ErrorCode.BAD_PAYLOAD)                             # unknown mode
+        expect_error(req(c, P.Msg.START, P.START.pack(1, 1, 0, 5, 2.0, 0) + b"topka"),
+                     P.ErrorCode.BAD_PAYLOAD)                             # density 2
+        expect_error(req(c, P.Msg.START, P.START.pack(1, 1, 0, 2, 0.5, 0) + b"\xff\xfe"),
+                     P.ErrorCode.BAD_PAYLOAD)                             # name not UTF-8
+
+        def rank(r):
+            if r == 0:
+                return None
+            with open_nic("rtl", r, WORLD, algorithm=ring4, **server.endpoint,
+                          timeout=10) as cc:
+                t = g[r].copy()
+                cc.allreduce(t)
+                return t
+        threads = threading.Thread(target=lambda: out.append(run_threads(rank)), daemon=True)
+        out = []
+        threads.start()
+        reply = req(c, P.Msg.START, P.START.pack(1, 0, 0, 0, 0.0, 0))   # the buffer is there
+        assert reply[0] == P.Msg.COMPLETE, P.decode_error(reply[3])
+        threads.join(20)
+        results, errs = out[0]
+        assert errs == [None] * WORLD
+        msg, _, _, payload = req(c, P.Msg.READ_BUFFER, P.READ_BUFFER.pack(1, 0))
+        got = np.frombuffer(payload[P.BUFFER.size:], "<f4")
+        assert np.array_equal(got.view(np.uint32), execute(ring4, g)[0].view(np.uint32))

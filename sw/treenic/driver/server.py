@@ -353,20 +353,26 @@ class FabricServer:
                                                   "bytes follow")
         if ctx.get("config") is None:
             raise _Reply(P.ErrorCode.NOT_READY, "START before LOAD_CONFIG")
-        data = ctx["staged"].pop(seq, None)
-        if data is None:
+        # every check before the staged buffer is taken: a refused START changes nothing
+        if mode == P.MODE_SPARSE:
+            if not 0.0 < density <= 1.0:
+                raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"density {density} outside (0, 1]")
+            try:
+                scheme = rest.decode("utf-8")
+            except UnicodeDecodeError:
+                raise _Reply(P.ErrorCode.BAD_PAYLOAD, "sparse scheme name is not UTF-8") \
+                    from None
+        elif mode != P.MODE_DENSE:
+            raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"unknown START mode {mode}")
+        if seq not in ctx["staged"]:
             raise _Reply(P.ErrorCode.SEQUENCE, f"START of collective #{seq} without its "
                                                "WRITE_BUFFER")
+        data = ctx["staged"].pop(seq)
         rank = ctx["rank"]
         if mode == P.MODE_DENSE:
             req = Request("dense", data, config=ctx["config"])
-        elif mode == P.MODE_SPARSE:
-            if not 0.0 < density <= 1.0:
-                raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"density {density} outside (0, 1]")
-            req = Request("sparse", data, rest.decode("utf-8", "replace"), density, seed,
-                          config=ctx["config"])
         else:
-            raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"unknown START mode {mode}")
+            req = Request("sparse", data, scheme, density, seed, config=ctx["config"])
         try:
             out = self.rendezvous.submit(seq, rank, req)
         except FabricTimeout as e:
