@@ -361,3 +361,44 @@ def test_refused_start_keeps_the_staged_buffer(server, ring4):
         msg, _, _, payload = req(c, P.Msg.READ_BUFFER, P.READ_BUFFER.pack(1, 0))
         got = np.frombuffer(payload[P.BUFFER.size:], "<f4")
         assert np.array_equal(got.view(np.uint32), execute(ring4, g)[0].view(np.uint32))
+
+
+# ---- defect 8: non-contiguous numpy arrays -------------------------------------------------
+
+@pytest.mark.parametrize("layout", ["transposed", "strided", "fortran"])
+def test_allreduce_writes_into_non_contiguous_numpy_array(ring4, layout):
+    from treenic.driver import LocalFabric
+    fab = LocalFabric(ring4)
+    rng = np.random.default_rng(8)
+    base = rng.standard_normal((WORLD, 6, 10)).astype(np.float32)
+
+    def view(r):
+        m = base[r].copy()
+        if layout == "transposed":
+            return m.T                                 # (10, 6), not C-contiguous
+        if layout == "strided":
+            return np.repeat(m, 2, axis=1)[:, ::2]     # every other column
+        return np.asfortranarray(m)
+    arrays = [view(r) for r in range(WORLD)]
+    assert not arrays[0].flags.c_contiguous
+    expect = execute(ring4, np.stack([a.reshape(-1) for a in arrays]))
+
+    def rank(r):
+        c = open_nic("model", r, WORLD, algorithm=ring4, fabric=fab)
+        assert c.allreduce(arrays[r]) is arrays[r]
+    _, errs = run_threads(rank)
+    assert errs == [None] * WORLD
+    for r in range(WORLD):
+        assert np.array_equal(arrays[r].reshape(-1).view(np.uint32), expect[r].view(np.uint32))
+
+
+def test_allreduce_refuses_read_only_array(ring4):
+    from treenic.driver import DriverError, LocalFabric
+    fab = LocalFabric(ring4)
+    a = np.ones(8, np.float32)
+    a.flags.writeable = False
+    c = open_nic("model", 0, WORLD, algorithm=ring4, fabric=fab)
+    t0 = time.monotonic()
+    with pytest.raises(DriverError, match="read-only"):
+        c.allreduce(a)
+    assert time.monotonic() - t0 < 5            # refused up front, not after a collective

@@ -95,6 +95,9 @@ def _to_numpy(tensor):
     if isinstance(tensor, np.ndarray):
         arr = tensor
         kind = "numpy"
+        if not arr.flags.writeable:
+            raise DriverError("the result is written into the caller's array, which is "
+                              "read-only")
     else:
         arr = tensor.detach()
         if arr.device.type != "cpu":
@@ -108,7 +111,10 @@ def _to_numpy(tensor):
 
 def _write_back(tensor, values: np.ndarray):
     if isinstance(tensor, np.ndarray):
-        tensor.reshape(-1)[...] = values
+        # values are in C order (_to_numpy flattened a C-ordered copy); a strided or
+        # Fortran-ordered array gets them element by element — reshape(-1) of such an array
+        # is a copy, and writing into it left the caller's array unchanged
+        np.copyto(tensor, values.reshape(tensor.shape))
     else:
         import torch
         values = np.ascontiguousarray(values)
