@@ -308,6 +308,8 @@ def test_missing_rank_times_out_server_side(schedules):
             with open_nic("rtl", r, WORLD, algorithm=s, **srv.endpoint, timeout=10) as c:
                 if r != 3:
                     c.allreduce(np.ones(10, np.float32))
+                else:
+                    time.sleep(2.0)     # connected but never starts (a closed rank aborts)
         _, errs = run_threads(rank)
         for r in range(3):
             assert isinstance(errs[r], FabricTimeout)

@@ -402,3 +402,64 @@ def test_allreduce_refuses_read_only_array(ring4):
     with pytest.raises(DriverError, match="read-only"):
         c.allreduce(a)
     assert time.monotonic() - t0 < 5            # refused up front, not after a collective
+
+
+# ---- defect 5: a rank that dies aborts the collective for everyone --------------------------
+
+def _wait_for(cond, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+@pytest.mark.parametrize("when", ["before_start", "inside_start"])
+def test_killed_rank_aborts_collective_for_every_rank_within_1s(server, ring4, when):
+    """Rank 3 runs in its own process and is SIGKILLed: ranks 0 and 1 (waiting in START)
+    and rank 2 (starting later) all get ABORTED naming rank 3 within a second (they used
+    to wait for the full collective timeout, and the message blamed the server)."""
+    import subprocess
+    import sys
+    script = ("import sys, numpy as np, time\n"
+              "from treenic.driver import open_nic\n"
+              "from treenic import algorithms\n"
+              "c = open_nic('rtl', 3, 4, 'ring:4', 'ring', address=(sys.argv[1], "
+              "int(sys.argv[2])), secret=sys.argv[3], timeout=30)\n"
+              "print('ready', flush=True)\n"
+              + ("c.allreduce(np.ones(64, np.float32))\n" if when == "inside_start"
+                 else "time.sleep(60)\n"))
+    proc = subprocess.Popen([sys.executable, "-c", script, server.address[0],
+                             str(server.address[1]), server.secret], stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "ready"
+        errs, done = [None] * 3, [None] * 3
+        clients = [open_nic("rtl", r, WORLD, algorithm=ring4, **server.endpoint, timeout=30)
+                   for r in range(3)]
+
+        def rank(r):
+            try:
+                clients[r].allreduce(np.ones(64, np.float32))
+            except FabricError as e:
+                errs[r] = e
+            done[r] = time.monotonic()
+        ts = [threading.Thread(target=rank, args=(r,), daemon=True) for r in (0, 1)]
+        for t in ts:
+            t.start()
+        rv = server.rendezvous
+        want = {0, 1, 3} if when == "inside_start" else {0, 1}
+        _wait_for(lambda: any(set(rec.requests) == want for rec in list(rv._records.values())))
+        proc.kill()
+        killed = time.monotonic()
+        for t in ts:
+            t.join(5)
+        rank(2)                                    # a rank arriving after the death
+        for r in range(3):
+            assert errs[r] is not None and errs[r].code == "ABORTED", errs[r]
+            assert "ABORTED: rank 3 disconnected" in str(errs[r])
+            assert done[r] - killed < 1.0, f"rank {r} learned after {done[r] - killed:.2f}s"
+        for c in clients:
+            c.close()
+    finally:
+        proc.kill()
+        proc.wait(5)

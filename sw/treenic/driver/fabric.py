@@ -39,6 +39,8 @@ from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailabl
 RTL_MODULE = "treenic.hdl.nic.fabric_sim"
 
 ENGINES = ("golden", "rtl")
+#: How often a rank waiting in a collective checks that its own connection is still open.
+POLL_SECONDS = 0.1
 
 
 def link_bytes(schedule: Schedule, elements: int, itemsize: int = 4):
@@ -212,10 +214,35 @@ class Rendezvous:
         self._records: dict[int, _Record] = {}
         self.completed = 0
         self._link_bytes_cache: dict[int, tuple] = {}
+        #: ranks whose connection closed, and why: their peers' collectives abort at once
+        self.departed: dict[int, str] = {}
 
     def busy(self) -> bool:
         with self._cv:
             return any(r.outcomes is None and r.error is None for r in self._records.values())
+
+    def abort_rank(self, rank: int, reason: str) -> None:
+        """Rank ``rank`` is gone (``reason``, e.g. "disconnected"): every collective in flight
+        fails for every rank at once, and so does every later one until the rank rejoins."""
+        with self._cv:
+            self.departed[rank] = reason
+            for seq, rec in self._records.items():
+                if rec.outcomes is None and rec.error is None:
+                    rec.error = self._departed_error(seq)
+            self._cv.notify_all()
+
+    def rejoin(self, rank: int) -> None:
+        with self._cv:
+            self.departed.pop(rank, None)
+
+    def forget_departed(self) -> None:
+        """No rank is connected any more: a new job starts with a clean slate."""
+        with self._cv:
+            self.departed.clear()
+
+    def _departed_error(self, seq: int) -> FabricError:
+        who = "; ".join(f"rank {r} {why}" for r, why in sorted(self.departed.items()))
+        return FabricError(f"{who} (collective #{seq} aborted)", code="ABORTED")
 
     def reload(self, engine, schedule):
         with self._cv:
@@ -224,13 +251,19 @@ class Rendezvous:
             self.engine, self.schedule = engine, schedule
             self._link_bytes_cache.clear()
 
-    def submit(self, seq: int, rank: int, req: Request, timeout: float | None = None) -> Outcome:
+    def submit(self, seq: int, rank: int, req: Request, timeout: float | None = None,
+               alive=None) -> Outcome:
+        """Rank ``rank``'s part of collective ``seq``; blocks until every rank submitted (or
+        an error). ``alive()`` (optional) is polled every :data:`POLL_SECONDS` while waiting:
+        False means the rank's connection closed, which aborts the collective for all."""
         timeout = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         with self._cv:
             rec = self._records.setdefault(seq, _Record())
             if rank in rec.requests:
                 raise FabricError(f"rank {rank} started collective #{seq} twice")
+            if rec.error is None and rec.outcomes is None and self.departed:
+                rec.error = self._departed_error(seq)
             if rec.error is None and rec.outcomes is None:
                 rec.requests[rank] = req
                 if len(rec.requests) == self.world:
@@ -245,7 +278,10 @@ class Rendezvous:
                         f"rank(s) {missing} never started it")
                     self._cv.notify_all()
                     break
-                self._cv.wait(left)
+                if alive is not None and not alive():
+                    self.abort_rank(rank, "disconnected")      # re-entrant: RLock
+                    break
+                self._cv.wait(left if alive is None else min(left, POLL_SECONDS))
             rec.collected += 1
             if rec.collected >= self.world or (rec.error is not None
                                                 and rec.collected >= len(rec.requests)):

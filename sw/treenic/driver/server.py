@@ -170,7 +170,7 @@ class FabricServer:
 
     # ---- one connection -------------------------------------------------------------------
     def _serve_conn(self, conn: socket.socket) -> None:
-        ctx = {"rank": None, "staged": {}, "done": {}}
+        ctx = {"rank": None, "staged": {}, "done": {}, "conn": conn}
         # a new connection has hello_timeout seconds in all to get its HELLO accepted
         hello_deadline = time.monotonic() + self.hello_timeout
         try:
@@ -225,10 +225,17 @@ class FabricServer:
         conn.sendall(frame)
 
     def _release(self, ctx) -> None:
-        """Unbind a connection's rank (idempotent)."""
+        """Unbind a connection's rank (idempotent). Its peers' collectives abort at once:
+        a rank that is gone cannot contribute, so nobody waits for the timeout."""
         with self.lock:
-            if ctx["rank"] is not None and self.ranks.get(ctx["rank"]) is ctx:
-                del self.ranks[ctx["rank"]]
+            rank = ctx["rank"]
+            if rank is None or self.ranks.get(rank) is not ctx:
+                return
+            del self.ranks[rank]
+            nobody = not self.ranks
+        self.rendezvous.abort_rank(rank, "disconnected")
+        if nobody:
+            self.rendezvous.forget_departed()
 
     def _handle(self, ctx, msg, payload):
         try:
@@ -284,6 +291,7 @@ class FabricServer:
             self.ranks[rank] = ctx
             ctx["rank"] = rank
             ctx["name"] = name.decode("utf-8", "replace")
+        self.rendezvous.rejoin(rank)
         desc = (self.engine.description if self.engine is not None
                 else ENGINE_DESCRIPTIONS[self.engine_name])
         return P.Msg.HELLO_ACK, P.HELLO_ACK.pack(P.PROTOCOL_VERSION, self.nodes,
@@ -374,7 +382,7 @@ class FabricServer:
         else:
             req = Request("sparse", data, scheme, density, seed, config=ctx["config"])
         try:
-            out = self.rendezvous.submit(seq, rank, req)
+            out = self.rendezvous.submit(seq, rank, req, alive=lambda: _peer_open(ctx["conn"]))
         except FabricTimeout as e:
             raise _Reply(P.ErrorCode.TIMEOUT, str(e)) from None
         except FabricError as e:
@@ -430,6 +438,24 @@ class FabricServer:
         return P.Msg.STATUS_REPLY, P.STATUS_REPLY.pack(
             1 if busy else 0, config_id, nic["collectives"], nic["host_rx"],
             nic["host_tx"], nic["link_tx"], nic["link_rx"], nic["cycles"])
+
+
+def _peer_open(conn: socket.socket) -> bool:
+    """False once the peer closed (or reset) ``conn``; never blocks, never consumes data."""
+    # called by the connection's own thread; a socket with a timeout would wait in recv
+    timeout = conn.gettimeout()
+    try:
+        conn.setblocking(False)
+        return conn.recv(1, socket.MSG_PEEK) != b""
+    except (BlockingIOError, InterruptedError):
+        return True
+    except OSError:
+        return False
+    finally:
+        try:
+            conn.settimeout(timeout)
+        except OSError:
+            pass
 
 
 # ---- a server in its own process ----------------------------------------------------------
