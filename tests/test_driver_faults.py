@@ -463,3 +463,46 @@ def test_killed_rank_aborts_collective_for_every_rank_within_1s(server, ring4, w
     finally:
         proc.kill()
         proc.wait(5)
+
+
+# ---- defect 10: a bad tensor on one rank fails every rank at once, naming it ----------------
+
+@pytest.mark.parametrize("backend", ["model", "rtl"])
+@pytest.mark.parametrize("bad", ["dtype", "size", "read_only"])
+def test_bad_tensor_on_one_rank_reported_to_every_rank(server, ring4, backend, bad):
+    from treenic.driver import LocalFabric
+    fab = LocalFabric(ring4, timeout=20)
+    opts = dict(fabric=fab) if backend == "model" else dict(server.endpoint, timeout=20)
+    comms = [open_nic(backend, r, WORLD, algorithm=ring4, **opts) for r in range(WORLD)]
+
+    def tensor(r):
+        if r != 2:
+            return np.ones(40, np.float32)
+        if bad == "dtype":
+            return np.ones(40, np.float64)
+        if bad == "size":
+            return np.ones(39, np.float32)
+        t = np.ones(40, np.float32)
+        t.flags.writeable = False
+        return t
+    done = [None] * WORLD
+
+    def rank(r):
+        try:
+            comms[r].allreduce(tensor(r))
+        finally:
+            done[r] = time.monotonic()
+    t0 = time.monotonic()
+    _, errs = run_threads(rank)
+    for r in range(WORLD):
+        assert isinstance(errs[r], FabricError if r != 2 or bad == "size" else Exception), errs
+        assert "rank 2" in str(errs[r]), errs[r]
+        assert done[r] - t0 < 1.0, f"rank {r} learned after {done[r] - t0:.2f}s"
+    for r in range(WORLD):
+        if r != 2 and bad != "size":
+            assert errs[r].code == "ABORTED"
+    # the next collective works again on every rank
+    _, errs = run_threads(lambda r: comms[r].allreduce(np.ones(40, np.float32)))
+    assert errs == [None] * WORLD
+    for c in comms:
+        c.close()

@@ -138,6 +138,12 @@ class NICClient:
                               f"match the request ({rseq}, {dtype}, {rwhich}, {rcount})")
         return np.frombuffer(data, dtype="<f4").astype(np.float32)
 
+    def abort(self, seq: int, reason: str) -> None:
+        """Give up collective ``seq``: every other rank's part of it fails at once with
+        ``reason``, naming this rank."""
+        self._request(P.Msg.ABORT, P.ABORT.pack(seq) + reason.encode()[:P.MAX_ABORT_REASON],
+                      what=f"collective #{seq} step ABORT", layout=P.ABORT, exact=True)
+
     def status(self) -> dict:
         fields, _ = self._request(P.Msg.STATUS, b"", what="STATUS", layout=P.STATUS_REPLY,
                                   exact=True)

@@ -31,6 +31,7 @@ Backends:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import zlib
@@ -41,7 +42,7 @@ import numpy as np
 from .. import algorithms
 from ..schedule.ir import Schedule
 from ..topology import Topology, parse
-from .errors import DriverError, FabricError
+from .errors import BadTensor, DriverError, FabricError
 from .fabric import LocalFabric, Request, link_bytes, make_engine
 
 BACKENDS = ("model", "torch", "rtl")
@@ -96,7 +97,7 @@ def _to_numpy(tensor):
         arr = tensor
         kind = "numpy"
         if not arr.flags.writeable:
-            raise DriverError("the result is written into the caller's array, which is "
+            raise BadTensor("the result is written into the caller's array, which is "
                               "read-only")
     else:
         arr = tensor.detach()
@@ -105,7 +106,7 @@ def _to_numpy(tensor):
         arr = arr.numpy()
         kind = "torch"
     if arr.dtype != np.float32:
-        raise DriverError(f"treenic NICs reduce binary32 only; got dtype {arr.dtype}")
+        raise BadTensor(f"treenic NICs reduce binary32 only; got dtype {arr.dtype}")
     return np.ascontiguousarray(arr).reshape(-1), kind
 
 
@@ -167,7 +168,8 @@ class Communicator:
         """In-place sum over all ranks; returns ``tensor``."""
         t0 = time.perf_counter()
         self._seq += 1
-        sent, recv = self._impl.dense(tensor, self._seq)
+        with self._aborting_on_bad_tensor():
+            sent, recv = self._impl.dense(tensor, self._seq)
         c = self.counters
         c.collectives += 1
         c.steps += self.schedule.steps
@@ -190,8 +192,9 @@ class Communicator:
             if residual is not None and residual.shape != tensor.shape:
                 residual = None
         self._seq += 1
-        new_res, sent, recv, steps = self._impl.sparse(tensor, residual, scheme, float(density),
-                                                       int(seed), self._seq)
+        with self._aborting_on_bad_tensor():
+            new_res, sent, recv, steps = self._impl.sparse(tensor, residual, scheme,
+                                                           float(density), int(seed), self._seq)
         if own:
             self.residuals[key] = new_res
         c = self.counters
@@ -201,6 +204,21 @@ class Communicator:
         c.bytes_received += recv
         c.seconds += time.perf_counter() - t0
         return SparseOutcome(tensor, new_res, sent, recv)
+
+    @contextlib.contextmanager
+    def _aborting_on_bad_tensor(self):
+        """A bad tensor on this rank fails the collective for every rank at once, naming
+        this rank (the peers would otherwise wait for their timeout)."""
+        try:
+            yield
+        except BadTensor as e:
+            abort = getattr(self._impl, "abort", None)
+            if abort is not None:
+                try:
+                    abort(self._seq, str(e))
+                except FabricError:
+                    pass                       # the fabric is gone: nobody left to tell
+            raise BadTensor(f"rank {self.rank}: {e}") from None
 
     # ---- status -----------------------------------------------------------------------
     def status(self) -> dict:
@@ -320,6 +338,15 @@ class _ModelBackend:
                 int(res.bytes_sent_per_worker()[r]), int(res.bytes_received_per_worker()[r]),
                 res.steps)
 
+    def abort(self, seq, reason):
+        if self.fabric is not None:
+            self.fabric.rendezvous.fail(seq, self.comm.rank, reason)
+            return
+        # the peers are in _gather's signature exchange: they see this one and refuse
+        import torch.distributed as dist
+        sigs = [None] * self.comm.world
+        dist.all_gather_object(sigs, ("aborted", reason), group=self.group)
+
     def status(self):
         return {"engine": self.engine.name,
                 "transport": "in-process fabric" if self.fabric else "torch.distributed gather"}
@@ -376,6 +403,9 @@ class _RTLBackend:
         _write_back(tensor, result)
         self._account()
         return _like(tensor, new_res), info["sent"], info["received"], info["steps"]
+
+    def abort(self, seq, reason):
+        self.client.abort(seq, reason)
 
     def status(self):
         return {"engine": self.client.engine_description, "last_cycles": self._last_cycles,

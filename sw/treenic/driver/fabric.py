@@ -216,6 +216,7 @@ class Rendezvous:
         self._link_bytes_cache: dict[int, tuple] = {}
         #: ranks whose connection closed, and why: their peers' collectives abort at once
         self.departed: dict[int, str] = {}
+        self._failed: dict[int, FabricError] = {}     # seq -> error (a rank gave up on it)
 
     def busy(self) -> bool:
         with self._cv:
@@ -229,6 +230,19 @@ class Rendezvous:
             for seq, rec in self._records.items():
                 if rec.outcomes is None and rec.error is None:
                     rec.error = self._departed_error(seq)
+            self._cv.notify_all()
+
+    def fail(self, seq: int, rank: int, reason: str) -> None:
+        """Rank ``rank`` gives up collective ``seq`` (its tensor is bad): every rank's part of
+        it fails at once with the reason, naming the rank."""
+        err = FabricError(f"rank {rank} aborted collective #{seq}: {reason}", code="ABORTED")
+        with self._cv:
+            self._failed[seq] = err
+            while len(self._failed) > 256:                  # bounded: oldest first
+                self._failed.pop(next(iter(self._failed)))
+            rec = self._records.get(seq)
+            if rec is not None and rec.outcomes is None and rec.error is None:
+                rec.error = err
             self._cv.notify_all()
 
     def rejoin(self, rank: int) -> None:
@@ -262,6 +276,8 @@ class Rendezvous:
             rec = self._records.setdefault(seq, _Record())
             if rank in rec.requests:
                 raise FabricError(f"rank {rank} started collective #{seq} twice")
+            if rec.error is None and rec.outcomes is None and seq in self._failed:
+                rec.error = self._failed[seq]
             if rec.error is None and rec.outcomes is None and self.departed:
                 rec.error = self._departed_error(seq)
             if rec.error is None and rec.outcomes is None:

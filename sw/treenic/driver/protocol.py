@@ -116,6 +116,7 @@ class Msg(IntEnum):
     READ_BUFFER = 0x05
     STATUS = 0x06
     BYE = 0x07
+    ABORT = 0x08
     HELLO_ACK = 0x81
     CONFIG_ACK = 0x82
     WRITE_ACK = 0x83
@@ -123,6 +124,7 @@ class Msg(IntEnum):
     BUFFER_DATA = 0x85
     STATUS_REPLY = 0x86
     BYE_ACK = 0x87
+    ABORT_ACK = 0x88
     ERROR = 0x7F
 
 
@@ -152,7 +154,7 @@ class ErrorCode(IntEnum):
 REQUEST_REPLY = {Msg.HELLO: Msg.HELLO_ACK, Msg.LOAD_CONFIG: Msg.CONFIG_ACK,
                  Msg.WRITE_BUFFER: Msg.WRITE_ACK, Msg.START: Msg.COMPLETE,
                  Msg.READ_BUFFER: Msg.BUFFER_DATA, Msg.STATUS: Msg.STATUS_REPLY,
-                 Msg.BYE: Msg.BYE_ACK}
+                 Msg.BYE: Msg.BYE_ACK, Msg.ABORT: Msg.ABORT_ACK}
 
 # payload layouts
 HELLO = struct.Struct("<HHHH32s")         # version, rank, world, reserved, job secret
@@ -166,6 +168,8 @@ COMPLETE = struct.Struct("<IIQQQ")
 READ_BUFFER = struct.Struct("<IB")
 STATUS_REPLY = struct.Struct("<IIQQQQQQ")
 ERROR = struct.Struct("<HH")
+ABORT = struct.Struct("<I")               # sequence + UTF-8 reason
+MAX_ABORT_REASON = 1024
 
 
 #: Job secret: 32 random bytes, written as 64 hex digits outside the protocol.

@@ -262,6 +262,8 @@ class FabricServer:
                 return self._read(ctx, payload)
             if msg == P.Msg.STATUS:
                 return self._status(ctx, payload)
+            if msg == P.Msg.ABORT:
+                return self._abort(ctx, payload)
         except P.ProtocolError as e:
             raise _Reply(e.code, e.message) from None
         raise _Reply(P.ErrorCode.UNKNOWN_TYPE, f"unhandled {msg.name}")
@@ -427,6 +429,15 @@ class FabricServer:
         self.nic[ctx["rank"]]["host_tx"] += len(data) + P.BUFFER.size
         return P.Msg.BUFFER_DATA, P.BUFFER.pack(seq, P.DTYPE_FLOAT32, which, 0,
                                                 arr.shape[0]) + data
+
+    def _abort(self, ctx, payload):
+        (seq,), reason = P.unpack(P.ABORT, payload, "ABORT", exact=False)
+        if len(reason) > P.MAX_ABORT_REASON:
+            raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"ABORT reason longer than "
+                                                  f"{P.MAX_ABORT_REASON} bytes")
+        ctx["staged"].pop(seq, None)
+        self.rendezvous.fail(seq, ctx["rank"], reason.decode("utf-8", "replace"))
+        return P.Msg.ABORT_ACK, P.ABORT.pack(seq)
 
     def _status(self, ctx, payload):
         if payload:
