@@ -40,6 +40,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .. import algorithms
+from ..schedule.execute import CANONICAL_NAN
 from ..schedule.ir import Schedule
 from ..topology import Topology, parse
 from .errors import BadTensor, DriverError, FabricError
@@ -126,6 +127,20 @@ def _write_back(tensor, values: np.ndarray):
     return tensor
 
 
+def _canonicalize_nan_tensor(tensor) -> None:
+    """The numeric contract's NaN rule (:data:`treenic.schedule.execute.CANONICAL_NAN`) on a
+    torch result: torch/CUDA adds keep NaN payloads (and give 0xFFC00000 for inf - inf on
+    x86). Whether an element is NaN does not depend on payloads, so canonicalising the result
+    gives the bits the per-addition rule gives (every element went through an addition)."""
+    import torch
+    if tensor.dtype != torch.float32:
+        return
+    nan = torch.isnan(tensor)
+    if bool(nan.any()):
+        bits = torch.tensor(CANONICAL_NAN, dtype=torch.int64).to(torch.int32)
+        tensor.masked_fill_(nan, bits.view(torch.float32).item())
+
+
 def _like(tensor, values: np.ndarray):
     if isinstance(tensor, np.ndarray):
         return values.reshape(tensor.shape).copy()
@@ -170,6 +185,8 @@ class Communicator:
         self._seq += 1
         with self._aborting_on_bad_tensor():
             sent, recv = self._impl.dense(tensor, self._seq)
+        if self.backend == "torch":
+            _canonicalize_nan_tensor(tensor)
         c = self.counters
         c.collectives += 1
         c.steps += self.schedule.steps
