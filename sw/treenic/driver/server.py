@@ -122,7 +122,8 @@ class FabricServer:
                 self._admit(conn)
         finally:
             self.sock.close()
-            log(f"treenic fabric server: exiting ({why})")
+            if why != "stopped":                  # stop() is the owner's own decision
+                log(f"treenic fabric server: exiting ({why})")
 
     def _log_accept_error(self, e: OSError) -> None:
         now = time.monotonic()
