@@ -11,11 +11,12 @@ Framing (all integers little-endian)
 offset size field
 ====== ==== ==================================================================
 0      4    magic ``b"TNIC"``
-4      1    protocol version (:data:`PROTOCOL_VERSION`, currently 1)
+4      1    protocol version (:data:`PROTOCOL_VERSION`, currently 2)
 5      1    message type (:class:`Msg`)
 6      2    flags (bit 0: reply; other bits reserved, must be 0)
 8      4    tag: request id chosen by the client; the reply echoes it
-12     4    payload length ``L`` (at most :data:`MAX_PAYLOAD`)
+12     4    payload length ``L`` (at most :data:`MAX_PAYLOAD`; at most
+            :data:`MAX_PAYLOAD_BEFORE_HELLO` until the connection's HELLO is accepted)
 16     L    payload (layout per message type, below)
 16+L   4    CRC-32 (IEEE 802.3, ``zlib.crc32``) of bytes ``0 .. 16+L-1``
 ====== ==== ==================================================================
@@ -29,16 +30,21 @@ Messages (request → reply; payload layouts as :mod:`struct` formats)
 --------------------------------------------------------------------
 
 ``HELLO`` 0x01 → ``HELLO_ACK`` 0x81
-    request ``<HHHH`` protocol version, rank, world size, reserved(0) + UTF-8 client name.
-    reply ``<HHHH`` protocol version, nodes simulated, engine id (0 golden, 1 rtl), reserved
-    + UTF-8 engine description. Must be the first message of a connection (else
-    ``NOT_READY``); the world must equal the fabric's node count; a rank is held by at most
-    one connection.
+    request ``<HHHH32s`` protocol version, rank, world size, reserved(0), the 32-byte job
+    secret + UTF-8 client name. reply ``<HHHH`` protocol version, nodes simulated, engine id
+    (0 golden, 1 rtl), reserved + UTF-8 engine description. Must be the first message of a
+    connection (else ``NOT_READY``) and arrive within the server's hello timeout (else the
+    connection is closed). A wrong secret gets ``AUTH`` and the connection is closed (one
+    guess per connection; compared in constant time; never echoed). The world must equal
+    the fabric's node count; a rank is held by at most one connection.
 ``LOAD_CONFIG`` 0x02 → ``CONFIG_ACK`` 0x82
     request ``<II`` image kind (1: treenic-schedule JSON, :meth:`Schedule.dumps`), CRC-32 of
     the image + image bytes. reply ``<IIII`` config id (the image CRC-32), nodes, steps,
-    chunks. Every rank loads the same image (else ``CONFIG_MISMATCH``); a new image replaces
-    the old one only when no collective is in flight.
+    chunks; the client checks that the id and node count are the ones it sent. The image is
+    bounded, names its topology inline (no file path is ever opened) and must pass the
+    schedule checkers (:mod:`treenic.driver.config`), else ``BAD_CONFIG``. The configuration
+    is this rank's: a collective runs only when every rank loaded the same one; otherwise
+    every rank's ``START`` of it gets ``CONFIG_MISMATCH`` naming each rank's config id.
 ``WRITE_BUFFER`` 0x03 → ``WRITE_ACK`` 0x83
     request ``<IBBHQ`` collective sequence number (from 1, +1 per collective), dtype code
     (1: float32 — the only type the reduction unit implements, ARCHITECTURE §5), buffer id
@@ -57,20 +63,32 @@ Messages (request → reply; payload layouts as :mod:`struct` formats)
     reply ``<IBBHQ`` + data, the ``WRITE_BUFFER`` layout. A collective is retired once every
     rank has read its result (and residual, for sparse).
 Errors of a collective (``SIZE_MISMATCH`` when ranks wrote different element counts or
-sparse parameters, ``TIMEOUT`` when a rank never started it within the server's collective
-timeout, ``ENGINE``) are answered to every rank's ``START`` of that collective, naming the
-ranks involved.
+sparse parameters, ``CONFIG_MISMATCH``, ``ABORTED`` when a rank's connection closed —
+``rank N disconnected`` — or a rank sent ``ABORT``, ``TIMEOUT`` when a rank never started it
+within the server's collective timeout, ``ENGINE``) are answered to every rank's ``START``
+of that collective, naming the ranks involved. A closed rank connection aborts every
+collective in flight at once (a rank waiting in ``START`` watches its own socket too) and
+every later one until the rank connects again.
 
 ``STATUS`` 0x06 → ``STATUS_REPLY`` 0x86
     request empty. reply ``<IIQQQQQQ`` state (0 idle, 1 collective in flight, 2 error),
     loaded config id (0: none), collectives completed, host bytes received, host bytes sent,
     link bytes sent, link bytes received (this rank's NIC), cycles total (this NIC).
 ``BYE`` 0x07 → ``BYE_ACK`` 0x87
-    request empty; the server closes the connection after the reply.
+    request empty; the server releases the rank, replies and closes the connection.
+``ABORT`` 0x08 → ``ABORT_ACK`` 0x88
+    request ``<I`` sequence + UTF-8 reason (at most :data:`MAX_ABORT_REASON` bytes). This
+    rank gives up collective ``sequence`` (e.g. its tensor has the wrong dtype): its staged
+    buffer is dropped and every rank's ``START`` of it fails at once with ``ABORTED: rank N
+    aborted collective #k: reason``. reply ``<I`` sequence.
 ``ERROR`` 0x7F (reply only)
     ``<HH`` error code (:class:`ErrorCode`), reserved + UTF-8 message naming the problem.
 
-Versioning: the version byte changes whenever a layout changes. A server answers a frame of
+``BUSY`` (connection cap reached) is sent unasked to a connection the server refuses, which
+it then closes. Security model, limits and guarantees: ``docs/driver-protocol.md``.
+
+Versioning: the version byte changes whenever a layout changes (2: HELLO carries the job
+secret; ABORT). A server answers a frame of
 another version with ``ERROR VERSION_MISMATCH`` (payload names both versions) in *its own*
 framing, which every version keeps (magic, version, type at the same offsets).
 """
