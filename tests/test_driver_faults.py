@@ -506,3 +506,23 @@ def test_bad_tensor_on_one_rank_reported_to_every_rank(server, ring4, backend, b
     assert errs == [None] * WORLD
     for c in comms:
         c.close()
+
+
+def test_rank_leaving_with_bye_and_reconnecting_aborts_nothing(server, ring4):
+    """Ranks reopen their communicator between phases, not in lockstep: rank 3 closing its
+    first connection (BYE) while rank 0 already waits in the next phase's collective must
+    not abort it."""
+    g = np.ones(16, np.float32)
+    first = open_nic("rtl", 3, WORLD, algorithm=ring4, **server.endpoint, timeout=10)
+
+    def rank(r):
+        if r == 3:
+            time.sleep(0.3)                   # the others are already waiting in START
+            first.close()
+        with open_nic("rtl", r, WORLD, algorithm=ring4, **server.endpoint, timeout=10) as c:
+            t = g.copy()
+            c.allreduce(t)
+            return t
+    out, errs = run_threads(rank)
+    assert errs == [None] * WORLD
+    assert all(np.all(o == 4) for o in out)

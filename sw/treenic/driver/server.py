@@ -193,7 +193,9 @@ class FabricServer:
                 self.last_activity = time.monotonic()
                 if msg == P.Msg.BYE:
                     # release the rank before acknowledging: a client that reconnects right
-                    # after BYE_ACK must find its rank free
+                    # after BYE_ACK must find its rank free. An orderly leave aborts nothing:
+                    # ranks reopen their communicator between phases, not in lockstep.
+                    ctx["bye"] = True
                     self._release(ctx)
                     self._send(conn, P.Msg.BYE_ACK, b"", tag)
                     return
@@ -226,15 +228,17 @@ class FabricServer:
         conn.sendall(frame)
 
     def _release(self, ctx) -> None:
-        """Unbind a connection's rank (idempotent). Its peers' collectives abort at once:
-        a rank that is gone cannot contribute, so nobody waits for the timeout."""
+        """Unbind a connection's rank (idempotent). A connection that closed without BYE (a
+        crashed or killed rank) aborts its peers' collectives at once: it cannot contribute,
+        so nobody waits for the timeout."""
         with self.lock:
             rank = ctx["rank"]
             if rank is None or self.ranks.get(rank) is not ctx:
                 return
             del self.ranks[rank]
             nobody = not self.ranks
-        self.rendezvous.abort_rank(rank, "disconnected")
+        if not ctx.get("bye"):
+            self.rendezvous.abort_rank(rank, "disconnected")
         if nobody:
             self.rendezvous.forget_departed()
 
