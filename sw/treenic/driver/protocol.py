@@ -66,9 +66,9 @@ Errors of a collective (``SIZE_MISMATCH`` when ranks wrote different element cou
 sparse parameters, ``CONFIG_MISMATCH``, ``ABORTED`` when a rank's connection closed —
 ``rank N disconnected`` — or a rank sent ``ABORT``, ``TIMEOUT`` when a rank never started it
 within the server's collective timeout, ``ENGINE``) are answered to every rank's ``START``
-of that collective, naming the ranks involved. A closed rank connection aborts every
-collective in flight at once (a rank waiting in ``START`` watches its own socket too) and
-every later one until the rank connects again.
+of that collective, naming the ranks involved. A rank connection closed without ``BYE``
+aborts every collective in flight at once (a rank waiting in ``START`` watches its own socket
+too) and every later one until the rank connects again; an orderly ``BYE`` aborts nothing.
 
 ``STATUS`` 0x06 → ``STATUS_REPLY`` 0x86
     request empty. reply ``<IIQQQQQQ`` state (0 idle, 1 collective in flight, 2 error),
