@@ -231,16 +231,15 @@ class FabricServer:
         """Unbind a connection's rank (idempotent). A connection that closed without BYE (a
         crashed or killed rank) aborts its peers' collectives at once: it cannot contribute,
         so nobody waits for the timeout."""
-        with self.lock:
-            rank = ctx["rank"]
+        with self.lock:              # with HELLO's rejoin: a new connection of the same
+            rank = ctx["rank"]       # rank is never marked departed by an old one
             if rank is None or self.ranks.get(rank) is not ctx:
                 return
             del self.ranks[rank]
-            nobody = not self.ranks
-        if not ctx.get("bye"):
-            self.rendezvous.abort_rank(rank, "disconnected")
-        if nobody:
-            self.rendezvous.forget_departed()
+            if not ctx.get("bye"):
+                self.rendezvous.abort_rank(rank, "disconnected")
+            if not self.ranks:
+                self.rendezvous.forget_departed()
 
     def _handle(self, ctx, msg, payload):
         try:
@@ -298,7 +297,7 @@ class FabricServer:
             self.ranks[rank] = ctx
             ctx["rank"] = rank
             ctx["name"] = name.decode("utf-8", "replace")
-        self.rendezvous.rejoin(rank)
+            self.rendezvous.rejoin(rank)
         desc = (self.engine.description if self.engine is not None
                 else ENGINE_DESCRIPTIONS[self.engine_name])
         return P.Msg.HELLO_ACK, P.HELLO_ACK.pack(P.PROTOCOL_VERSION, self.nodes,
