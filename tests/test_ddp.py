@@ -154,7 +154,7 @@ def test_state_reopens_communicator_from_config():
     try:
         states = [TreenicHookState(comm_config=dict(
             backend="rtl", rank=r, world=WORLD, topology="ring:4", algorithm="ring",
-            address=srv.address, timeout=10)) for r in range(WORLD)]
+            **srv.endpoint, timeout=10)) for r in range(WORLD)]
         states = [pickle.loads(pickle.dumps(s)) for s in states]
         out = run_iterations(states, 1)
         sched = algorithms.build("ring", "ring:4")

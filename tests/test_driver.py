@@ -97,7 +97,7 @@ def test_server_dense_bit_exact(server, schedules, key):
         sent, recv = link_bytes(s, n)
 
         def rank(r):
-            with open_nic("rtl", r, WORLD, algorithm=s, address=server.address,
+            with open_nic("rtl", r, WORLD, algorithm=s, **server.endpoint,
                           timeout=10) as c:
                 t = g[r].copy()
                 c.allreduce(t)
@@ -121,7 +121,7 @@ def test_server_sparse_matches_model_and_keeps_residual(server, schedules):
     r1, r2 = model.step(g1), model.step(g2)
 
     def rank(r):
-        with open_nic("rtl", r, WORLD, algorithm=s, address=server.address, timeout=10) as c:
+        with open_nic("rtl", r, WORLD, algorithm=s, **server.endpoint, timeout=10) as c:
             a, b = g1[r].copy(), g2[r].copy()
             o1 = c.sparse_allreduce(a, density, scheme="topka", key="bucket0")
             o2 = c.sparse_allreduce(b, density, scheme="topka", key="bucket0")
@@ -157,21 +157,22 @@ def expect_error(reply, code):
     return text
 
 
-def hello(sock, rank, world=WORLD, version=P.PROTOCOL_VERSION):
-    return req(sock, P.Msg.HELLO, P.HELLO.pack(version, rank, world, 0) + b"test")
+def hello(server, sock, rank, world=WORLD, version=P.PROTOCOL_VERSION):
+    return req(sock, P.Msg.HELLO, P.HELLO.pack(version, rank, world, 0,
+                                               bytes.fromhex(server.secret)) + b"test")
 
 
 def test_server_rejects_bad_input_and_survives(server, schedules):
     s = schedules[("ring", "ring:4")]
     with raw_conn(server) as c:
         assert "before HELLO" in expect_error(req(c, P.Msg.STATUS), P.ErrorCode.NOT_READY)
-        assert "version 9" in expect_error(hello(c, 0, version=9),
+        assert "version 9" in expect_error(hello(server, c, 0, version=9),
                                            P.ErrorCode.VERSION_MISMATCH)
-        assert "world size 3" in expect_error(hello(c, 0, world=3),
+        assert "world size 3" in expect_error(hello(server, c, 0, world=3),
                                               P.ErrorCode.WORLD_MISMATCH)
-        expect_error(hello(c, 7), P.ErrorCode.BAD_RANK)
+        expect_error(hello(server, c, 7), P.ErrorCode.BAD_RANK)
         expect_error(req(c, P.Msg.HELLO, b"\x01"), P.ErrorCode.BAD_PAYLOAD)
-        assert hello(c, 0)[0] == P.Msg.HELLO_ACK
+        assert hello(server, c, 0)[0] == P.Msg.HELLO_ACK
         expect_error(req(c, 0x42), P.ErrorCode.UNKNOWN_TYPE)
         expect_error(req(c, P.Msg.ERROR), P.ErrorCode.UNKNOWN_TYPE)
         expect_error(req(c, P.Msg.STATUS, b"junk"), P.ErrorCode.BAD_PAYLOAD)
@@ -205,11 +206,11 @@ def test_server_rejects_bad_input_and_survives(server, schedules):
         assert req(c, P.Msg.STATUS)[0] == P.Msg.STATUS_REPLY
         # a second connection cannot take rank 0
         with raw_conn(server) as c2:
-            assert "already connected" in expect_error(hello(c2, 0), P.ErrorCode.BAD_RANK)
+            assert "already connected" in expect_error(hello(server, c2, 0), P.ErrorCode.BAD_RANK)
     # fatal framing errors: ERROR reply then the server closes that connection only
     for junk, code in [(b"GARBAGE-NOT-A-FRAME", P.ErrorCode.BAD_MAGIC),
-                       (P.encode(P.Msg.STATUS, b"", 1, version=2), P.ErrorCode.VERSION_MISMATCH),
-                       (P.HEADER.pack(P.MAGIC, 1, 6, 0, 1, P.MAX_PAYLOAD + 1),
+                       (P.encode(P.Msg.STATUS, b"", 1, version=9), P.ErrorCode.VERSION_MISMATCH),
+                       (P.HEADER.pack(P.MAGIC, P.PROTOCOL_VERSION, 6, 0, 1, P.MAX_PAYLOAD + 1),
                         P.ErrorCode.FRAME_TOO_LARGE)]:
         with raw_conn(server) as c:
             c.sendall(junk.ljust(16, b"\0"))
@@ -222,7 +223,7 @@ def test_server_rejects_bad_input_and_survives(server, schedules):
     g = grads(5, 100)
 
     def rank(r):
-        with open_nic("rtl", r, WORLD, algorithm=s, address=server.address, timeout=10) as cc:
+        with open_nic("rtl", r, WORLD, algorithm=s, **server.endpoint, timeout=10) as cc:
             t = g[r].copy()
             cc.allreduce(t)
             return t
@@ -235,7 +236,7 @@ def test_mismatched_sizes_across_ranks_named(server, schedules):
     s = schedules[("ring", "ring:4")]
 
     def rank(r):
-        with open_nic("rtl", r, WORLD, algorithm=s, address=server.address, timeout=10) as c:
+        with open_nic("rtl", r, WORLD, algorithm=s, **server.endpoint, timeout=10) as c:
             c.allreduce(np.zeros(100 if r != 2 else 99, np.float32))
     _, errs = run_threads(rank)
     for e in errs:
@@ -245,7 +246,7 @@ def test_mismatched_sizes_across_ranks_named(server, schedules):
 
 def test_config_mismatch_across_ranks(server, schedules):
     with open_nic("rtl", 0, WORLD, algorithm=schedules[("ring", "ring:4")],
-                  address=server.address, timeout=10) as c0:
+                  **server.endpoint, timeout=10) as c0:
         c0.load_schedule(schedules[("multitree", "ring:4")])          # idle: replaces
         assert c0.status()["algorithm"] == "multitree"
 
@@ -272,7 +273,7 @@ def test_silent_server_times_out_naming_rank_and_step():
     lsock.listen(1)
     t0 = time.monotonic()
     with pytest.raises(FabricTimeout, match=r"rank 3: .* did not answer within 0\.5s at HELLO"):
-        NICClient(lsock.getsockname(), 3, WORLD, timeout=0.5)
+        NICClient(lsock.getsockname(), 3, WORLD, timeout=0.5, secret=P.new_secret())
     assert time.monotonic() - t0 < 5
     lsock.close()
 
@@ -280,7 +281,7 @@ def test_silent_server_times_out_naming_rank_and_step():
 def test_server_stopped_mid_collective_times_out(schedules):
     s = schedules[("ring", "ring:4")]
     with ServerProcess(WORLD, "golden", collective_timeout=30) as srv:
-        clients = [open_nic("rtl", r, WORLD, algorithm=s, address=srv.address, timeout=1.0)
+        clients = [open_nic("rtl", r, WORLD, algorithm=s, **srv.endpoint, timeout=1.0)
                    for r in range(WORLD)]
         os.kill(srv.pid, signal.SIGSTOP)                   # server stops answering
         try:
@@ -304,9 +305,11 @@ def test_missing_rank_times_out_server_side(schedules):
         s = schedules[("ring", "ring:4")]
 
         def rank(r):
-            with open_nic("rtl", r, WORLD, algorithm=s, address=srv.address, timeout=10) as c:
+            with open_nic("rtl", r, WORLD, algorithm=s, **srv.endpoint, timeout=10) as c:
                 if r != 3:
                     c.allreduce(np.ones(10, np.float32))
+                else:
+                    time.sleep(2.0)     # connected but never starts (a closed rank aborts)
         _, errs = run_threads(rank)
         for r in range(3):
             assert isinstance(errs[r], FabricTimeout)
@@ -362,6 +365,6 @@ def test_rtl_engine_unavailable_is_explicit(schedules):
     try:
         with pytest.raises(RTLFabricUnavailable, match="rank 0: .*RTL fabric engine "
                                                        "unavailable"):
-            open_nic("rtl", 0, WORLD, algorithm=s, address=srv.address, timeout=5)
+            open_nic("rtl", 0, WORLD, algorithm=s, **srv.endpoint, timeout=5)
     finally:
         srv.stop()

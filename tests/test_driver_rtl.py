@@ -30,7 +30,7 @@ def test_rtl_engine_through_server_bit_exact():
     out, status = [None] * 4, [None] * 4
 
     def rank(r):
-        with open_nic("rtl", r, 4, algorithm=s, address=srv.address, timeout=600) as c:
+        with open_nic("rtl", r, 4, algorithm=s, **srv.endpoint, timeout=600) as c:
             t = g[r].copy()
             c.allreduce(t)
             out[r], status[r] = t, c.status()

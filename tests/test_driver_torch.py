@@ -35,11 +35,11 @@ def butterfly():
     return Schedule("butterfly", parse("ring:4"), 1, ts, 2, 0)
 
 
-def _world(rank, world, address):
+def _world(rank, world, endpoint):
     import torch
     from treenic.driver import FabricError, open_nic
     out = {}
-    for backend, opts in (("torch", {}), ("model", {}), ("rtl", {"address": address})):
+    for backend, opts in (("torch", {}), ("model", {}), ("rtl", endpoint)):
         for alg, topo in CASES:
             comm = open_nic(backend, rank, world, topo, alg, **opts)
             for n in SIZES:
@@ -78,7 +78,7 @@ def _world(rank, world, address):
 @pytest.fixture(scope="module")
 def world_results():
     with ServerProcess(WORLD, "golden", collective_timeout=20) as srv:
-        return run_world(_world, WORLD, srv.address, timeout=240)
+        return run_world(_world, WORLD, srv.endpoint, timeout=240)
 
 
 @pytest.mark.parametrize("backend", ["torch", "model", "rtl"])

@@ -7,14 +7,20 @@
     treenic train [--backend rtl|model|torch] [...]   # data-parallel training demo
     treenic demo                                      # what `make demo` runs
 
-Errors (unknown algorithm, malformed or disconnected topology, N < 2, bad parameters) print
-one line ``treenic: error: ...`` and exit with status 2.
+Bad input (unknown algorithm, malformed, disconnected or oversized topology, N < 2, bad
+parameters, sizes beyond the available memory, an unwritable output path) is rejected before
+any work starts: one line ``treenic: error: ...`` and exit status 2. Anything else that goes
+wrong prints one line ``treenic: internal error: ...`` and exits with status 1 (set
+``TREENIC_DEBUG=1`` for the traceback).
 """
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
+import math
+import os
+import re
 import sys
 from pathlib import Path
 
@@ -25,24 +31,111 @@ from .schedule import check, cost
 from .schedule.execute import run_and_check
 from .schedule.ir import ScheduleError
 from .schedule.table import format_table
-from .topology import TopologyError
+from .topology import Topology, TopologyError, parse
 
 DEFAULT_TOPOLOGY = "torus:4x4"
+#: Largest topology the CLI compiles: a schedule of N nodes holds O(N^2) transfers.
+MAX_NODES = 4096
+#: Bytes the golden executor's check needs per node and element (state, payload copies and
+#: the independent replay in float32, the fp64 reference in float64).
+BYTES_PER_NODE_ELEMENT = 32
+#: Training processes the demo spawns at most.
+MAX_WORKERS = 64
 
 
 class CLIError(Exception):
     pass
 
 
+def topology_arg(spec: str) -> Topology:
+    """Parse a user's topology spec, bounded before anything is built; every failure is a
+    one-line CLIError naming the spec."""
+    text = str(spec).strip()
+    if not text.startswith("file:") and Path(text).suffix == "":
+        # every parameter multiplies into (or bounds) the end-node count
+        params = [int(x) for x in re.findall(r"[0-9]+", text.partition(":")[2])]
+        if params and math.prod(params) > MAX_NODES:
+            raise CLIError(f"topology {text!r} is too large: the CLI compiles topologies of "
+                           f"at most {MAX_NODES} nodes")
+    try:
+        topo = parse(text)
+    except TopologyError:
+        raise
+    except Exception as e:        # malformed graph files: XML/JSON/edge-list parse errors
+        raise CLIError(f"cannot read topology {text!r}: {type(e).__name__}: {e}") from None
+    if topo.n > MAX_NODES:
+        raise CLIError(f"topology {text!r} has {topo.n} nodes; the CLI compiles topologies of "
+                       f"at most {MAX_NODES}")
+    return topo
+
+
+def available_memory() -> int:
+    """Bytes of memory available now (MemAvailable), or physical memory if unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def check_memory(needed: int, what: str) -> None:
+    """Refuse a run that needs more than half the available memory."""
+    have = available_memory()
+    if needed > have // 2:
+        raise CLIError(f"{what} needs about {needed / 2**30:.1f} GiB; only "
+                       f"{have / 2**30:.1f} GiB of memory is available (limit: half of it)")
+
+
+def check_elements(elements: int, nodes: int, flag: str = "--elements") -> None:
+    if elements < 1:
+        raise CLIError(f"{flag} must be >= 1, got {elements}")
+    check_memory(nodes * elements * BYTES_PER_NODE_ELEMENT,
+                 f"{flag} {elements} on {nodes} nodes")
+
+
+def check_output_path(path: str, flag: str) -> Path:
+    """An output file whose directory exists and which is not a directory itself."""
+    p = Path(path)
+    if p.is_dir():
+        raise CLIError(f"{flag} {path}: is a directory")
+    if not p.parent.is_dir():
+        raise CLIError(f"{flag} {path}: directory {p.parent} does not exist")
+    if not os.access(p.parent, os.W_OK):
+        raise CLIError(f"{flag} {path}: directory {p.parent} is not writable")
+    return p
+
+
+def check_output_dir(path: str, flag: str) -> None:
+    """A directory that exists or can be created (its nearest existing ancestor is a
+    writable directory)."""
+    p = Path(path).absolute()
+    for q in (p, *p.parents):
+        if q.exists():
+            if not q.is_dir():
+                raise CLIError(f"{flag} {path}: {q} is not a directory")
+            if not os.access(q, os.W_OK):
+                raise CLIError(f"{flag} {path}: {q} is not writable")
+            return
+
+
 def _schedule(args):
-    return algorithms.build(args.algorithm, args.topology)
+    return algorithms.build(args.algorithm, topology_arg(args.topology))
 
 
 def cmd_schedule(args) -> int:
+    export = check_output_path(args.export, "--export") if args.export else None
+    if args.elements < 0:
+        raise CLIError(f"--elements must be >= 0, got {args.elements}")
     s = _schedule(args)
     conflicts = check.check_all(s)["link_conflicts"]
-    if args.export:
-        Path(args.export).write_text(s.dumps())
+    if export:
+        try:
+            export.write_text(s.dumps())
+        except OSError as e:
+            raise CLIError(f"--export {args.export}: {e.strerror}") from None
     if args.table is not None:
         print(format_table(s, args.table, args.elements))
         return 0
@@ -77,10 +170,16 @@ def allreduce_report(algorithm: str, topology, elements: int, seed: int = 0) -> 
             "contention_seconds": cost.contention(s, elements)}
 
 
+def check_seed(seed: int) -> None:
+    if not 0 <= seed < 2**63:
+        raise CLIError(f"--seed must be in 0..2^63-1, got {seed}")
+
+
 def cmd_allreduce(args) -> int:
-    if args.elements < 1:
-        raise CLIError(f"--elements must be >= 1, got {args.elements}")
-    r = allreduce_report(args.algorithm, args.topology, args.elements, args.seed)
+    topo = topology_arg(args.topology)
+    check_elements(args.elements, topo.n)
+    check_seed(args.seed)
+    r = allreduce_report(args.algorithm, topo, args.elements, args.seed)
     if args.json:
         print(json.dumps(r))
     else:
@@ -124,11 +223,17 @@ def print_compare(rows, topology, elements) -> None:
 
 
 def cmd_compare(args) -> int:
-    rows = compare_rows(args.topology, args.elements, args.seed)
+    topo = topology_arg(args.topology)
+    check_elements(args.elements, topo.n)
+    check_seed(args.seed)
+    rows = compare_rows(topo, args.elements, args.seed)
+    if all("skipped" in r for r in rows):
+        raise CLIError(f"no dense algorithm applies to {topo.spec}: "
+                       + "; ".join(f"{r['algorithm']}: {r['skipped']}" for r in rows))
     if args.json:
         print(json.dumps(rows))
     else:
-        print_compare(rows, args.topology, args.elements)
+        print_compare(rows, topo.spec, args.elements)
     return 0
 
 
@@ -140,7 +245,40 @@ def _optional(module: str):
         return None
 
 
+def check_train_args(args) -> None:
+    """Everything `treenic train` (and the demo's training) needs, checked before any
+    process is spawned: a bad scheme used to fail inside the workers after 20 s."""
+    if not 2 <= args.workers <= MAX_WORKERS:
+        raise CLIError(f"--workers must be in 2..{MAX_WORKERS}, got {args.workers}")
+    if args.epochs < 1:
+        raise CLIError(f"--epochs must be >= 1, got {args.epochs}")
+    if args.warmup_iters < 0:
+        raise CLIError(f"--warmup-iters must be >= 0, got {args.warmup_iters}")
+    if args.density is not None:
+        if not 0.0 < args.density <= 1.0:
+            raise CLIError(f"--density must be in (0, 1], got {args.density}")
+        from .sparse.base import REGISTRY
+        if args.scheme not in REGISTRY:
+            raise CLIError(f"unknown sparse --scheme {args.scheme!r}; known: "
+                           f"{', '.join(REGISTRY)}")
+    topo = topology_arg(args.topology or f"ring:{args.workers}")
+    if topo.n != args.workers:
+        raise CLIError(f"--topology {topo.spec} has {topo.n} nodes but --workers is "
+                       f"{args.workers}")
+    algorithms.build(args.algorithm, topo)            # unknown algorithm / not applicable
+    check_output_dir(args.out, "--out")
+
+
+def cmd_train(args) -> int:
+    check_train_args(args)
+    return importlib.import_module("treenic.train").main(args)
+
+
 def cmd_demo(args) -> int:
+    check_elements(args.elements, topology_arg(DEFAULT_TOPOLOGY).n)
+    train = _optional("treenic.train")
+    if train is not None and not args.schedules_only:
+        check_train_args(args)
     rows = compare_rows(DEFAULT_TOPOLOGY, args.elements, 0)
     print_compare(rows, DEFAULT_TOPOLOGY, args.elements)
     train = _optional("treenic.train")
@@ -149,8 +287,15 @@ def cmd_demo(args) -> int:
     return 0
 
 
+class _Parser(argparse.ArgumentParser):
+    """Usage errors are one line too (argparse prints the usage block before them)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="treenic", description=__doc__.split("\n\n")[0])
+    p = _Parser(prog="treenic", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
 
     s = sub.add_parser("schedule", help="compile a topology into an all-reduce schedule")
@@ -181,13 +326,14 @@ def build_parser() -> argparse.ArgumentParser:
     if sparse_cli is not None:
         sp = sub.add_parser("sparse", help="sparse all-reduce golden models")
         sparse_cli.add_arguments(sp)
-        sp.set_defaults(func=lambda args: _print_result(sparse_cli.run(args), args))
+        sp.set_defaults(func=lambda args: _print_result(sparse_cli.run(_checked_sparse(args)),
+                                                        args))
 
     train = _optional("treenic.train")
     if train is not None:
         tr = sub.add_parser("train", help="data-parallel training through treenic")
         train.add_arguments(tr)
-        tr.set_defaults(func=train.main)
+        tr.set_defaults(func=cmd_train)
 
     d = sub.add_parser("demo", help="the main job: schedules, then training (make demo)")
     d.add_argument("--elements", type=int, default=1 << 16)
@@ -198,6 +344,13 @@ def build_parser() -> argparse.ArgumentParser:
         d.set_defaults(density=0.01)
     d.set_defaults(func=cmd_demo)
     return p
+
+
+def _checked_sparse(args):
+    if args.workers >= 1 and args.elements >= 1:      # smaller: the sparse CLI's own errors
+        check_memory(args.workers * args.elements * BYTES_PER_NODE_ELEMENT,
+                     f"--workers {args.workers} x --elements {args.elements}")
+    return args
 
 
 def _print_result(result, args) -> int:
@@ -217,8 +370,24 @@ def main(argv=None) -> int:
     try:
         return args.func(args)
     except (TopologyError, ScheduleError, CLIError, ValueError) as e:
-        print(f"treenic: error: {e}", file=sys.stderr)
+        print(f"treenic: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except MemoryError as e:
+        print(f"treenic: error: not enough memory ({_one_line(e)})", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("treenic: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:                       # catch-all: still one line
+        if os.environ.get("TREENIC_DEBUG"):
+            raise
+        print(f"treenic: internal error: {type(e).__name__}: {_one_line(e)} (set "
+              "TREENIC_DEBUG=1 for the traceback)", file=sys.stderr)
+        return 1
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def _load_data(seed: int):
     return x[tr], y[tr], x[te], y[te]
 
 
-def _train_one(rank, world, cfg, server_address):
+def _train_one(rank, world, cfg, fabric):
     """One training run inside an initialised process group; returns this rank's summary."""
     import numpy as np
     import torch
@@ -61,8 +61,8 @@ def _train_one(rank, world, cfg, server_address):
     if cfg["backend"] != "ddp":
         # a cycle-accurate RTL collective (and loading its build) takes seconds, not ms
         timeout = cfg["timeout"] if cfg["engine"] != "rtl" else max(cfg["timeout"], 600.0)
-        opts = {"address": tuple(server_address), "timeout": timeout} \
-            if cfg["backend"] == "rtl" else {}
+        # fabric: the server's endpoint (address + job secret)
+        opts = dict(fabric, timeout=timeout) if cfg["backend"] == "rtl" else {}
         comm = open_nic(cfg["backend"], rank, world, cfg["topology"], cfg["algorithm"], **opts)
         state = TreenicHookState(comm, scheme=cfg["scheme"] if cfg["density"] else None,
                                  density=cfg["density"] or 0.01,
@@ -127,8 +127,8 @@ def _train_one(rank, world, cfg, server_address):
     return out
 
 
-def _world_worker(rank, world, cfgs, server_address):
-    return [_train_one(rank, world, cfg, server_address) for cfg in cfgs]
+def _world_worker(rank, world, cfgs, fabric):
+    return [_train_one(rank, world, cfg, fabric) for cfg in cfgs]
 
 
 def _config(backend="rtl", algorithm="multitree", topology=None, density=None, workers=4,
@@ -202,7 +202,7 @@ def run_many(configs: list[dict], *, timeout: float = 600.0, log=print) -> list[
     try:
         if engine is not None:
             server = ServerProcess(workers, engine, collective_timeout=60.0, idle_exit=120.0)
-        addr = server.address if server else None
+        addr = server.endpoint if server else None
         t0 = time.perf_counter()
         per_rank = run_world(_world_worker, workers, configs, addr, timeout=timeout)
         wall = time.perf_counter() - t0

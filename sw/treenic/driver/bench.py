@@ -89,7 +89,7 @@ def _bench_world(rank, world, elements, repeats, address, rtl_address):
     for engine, addr, n in (("golden", address, elements), ("rtl", rtl_address, RTL_ELEMENTS)):
         if addr is None:
             continue
-        comm = open_nic("rtl", rank, world, f"ring:{world}", "multitree", address=addr,
+        comm = open_nic("rtl", rank, world, f"ring:{world}", "multitree", **addr,
                         timeout=900)
         b = base[:n].clone()
 
@@ -119,8 +119,8 @@ def run(out_dir="build/bench", quick: bool = False) -> dict:
         try:
             if reason is None:
                 rtl_srv = ServerProcess(WORLD, "rtl", collective_timeout=900)
-            per_rank = run_world(_bench_world, WORLD, elements, repeats, srv.address,
-                                 rtl_srv.address if rtl_srv else None, timeout=1200,
+            per_rank = run_world(_bench_world, WORLD, elements, repeats, srv.endpoint,
+                                 rtl_srv.endpoint if rtl_srv else None, timeout=1200,
                                  pg_timeout=900)
         finally:
             if rtl_srv is not None:

@@ -18,7 +18,12 @@ class NICClient:
     server raises :class:`FabricTimeout` naming the rank, the collective and the step."""
 
     def __init__(self, address, rank: int, world: int, timeout: float = 30.0,
-                 connect_timeout: float = 10.0, name: str = "treenic-driver"):
+                 connect_timeout: float = 10.0, name: str = "treenic-driver",
+                 secret: str | bytes | None = None):
+        try:
+            secret = P.secret_bytes(secret)      # explicit, else $TREENIC_FABRIC_SECRET
+        except ValueError as e:
+            raise DriverError(f"rank {rank}: {e}") from None
         self.address = (address[0], int(address[1]))
         self.rank, self.world = rank, world
         self.timeout = timeout
@@ -41,7 +46,7 @@ class NICClient:
         self.host_tx = 0
         self.host_rx = 0
         (ver, nodes, engine_id, _), desc = self._request(
-            P.Msg.HELLO, P.HELLO.pack(P.PROTOCOL_VERSION, rank, world, 0) + name.encode(),
+            P.Msg.HELLO, P.HELLO.pack(P.PROTOCOL_VERSION, rank, world, 0, secret) + name.encode(),
             what="HELLO", layout=P.HELLO_ACK)
         self.nodes = nodes
         self.engine_id = engine_id
@@ -92,6 +97,10 @@ class NICClient:
         (cid, nodes, steps, chunks), _ = self._request(
             P.Msg.LOAD_CONFIG, P.LOAD_CONFIG.pack(P.IMAGE_SCHEDULE_JSON, crc) + image,
             what="LOAD_CONFIG", layout=P.CONFIG_ACK, exact=True)
+        if cid != crc or nodes != self.world:
+            raise FabricError(f"rank {self.rank}: the fabric acknowledged config "
+                              f"{cid:#010x} for {nodes} nodes, but this rank loaded "
+                              f"{crc:#010x} for {self.world}", code="CONFIG_MISMATCH")
         return cid
 
     def collective(self, seq: int, data: np.ndarray, *, sparse: tuple | None = None):
@@ -128,6 +137,12 @@ class NICClient:
             raise FabricError(f"rank {self.rank}: BUFFER_DATA for collective #{seq} does not "
                               f"match the request ({rseq}, {dtype}, {rwhich}, {rcount})")
         return np.frombuffer(data, dtype="<f4").astype(np.float32)
+
+    def abort(self, seq: int, reason: str) -> None:
+        """Give up collective ``seq``: every other rank's part of it fails at once with
+        ``reason``, naming this rank."""
+        self._request(P.Msg.ABORT, P.ABORT.pack(seq) + reason.encode()[:P.MAX_ABORT_REASON],
+                      what=f"collective #{seq} step ABORT", layout=P.ABORT, exact=True)
 
     def status(self) -> dict:
         fields, _ = self._request(P.Msg.STATUS, b"", what="STATUS", layout=P.STATUS_REPLY,

@@ -31,6 +31,7 @@ Backends:
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import zlib
@@ -39,9 +40,10 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from .. import algorithms
+from ..schedule.execute import CANONICAL_NAN
 from ..schedule.ir import Op, Schedule
 from ..topology import Topology, parse
-from .errors import DriverError, FabricError
+from .errors import BadTensor, DriverError, FabricError
 from .fabric import LocalFabric, Request, link_bytes, make_engine
 
 BACKENDS = ("model", "torch", "rtl")
@@ -95,6 +97,9 @@ def _to_numpy(tensor):
     if isinstance(tensor, np.ndarray):
         arr = tensor
         kind = "numpy"
+        if not arr.flags.writeable:
+            raise BadTensor("the result is written into the caller's array, which is "
+                              "read-only")
     else:
         arr = tensor.detach()
         if arr.device.type != "cpu":
@@ -102,13 +107,16 @@ def _to_numpy(tensor):
         arr = arr.numpy()
         kind = "torch"
     if arr.dtype != np.float32:
-        raise DriverError(f"treenic NICs reduce binary32 only; got dtype {arr.dtype}")
+        raise BadTensor(f"treenic NICs reduce binary32 only; got dtype {arr.dtype}")
     return np.ascontiguousarray(arr).reshape(-1), kind
 
 
 def _write_back(tensor, values: np.ndarray):
     if isinstance(tensor, np.ndarray):
-        tensor.reshape(-1)[...] = values
+        # values are in C order (_to_numpy flattened a C-ordered copy); a strided or
+        # Fortran-ordered array gets them element by element — reshape(-1) of such an array
+        # is a copy, and writing into it left the caller's array unchanged
+        np.copyto(tensor, values.reshape(tensor.shape))
     else:
         import torch
         values = np.ascontiguousarray(values)
@@ -117,6 +125,20 @@ def _write_back(tensor, values: np.ndarray):
         src = torch.from_numpy(values).view(tensor.shape)
         tensor.copy_(src)
     return tensor
+
+
+def _canonicalize_nan_tensor(tensor) -> None:
+    """The numeric contract's NaN rule (:data:`treenic.schedule.execute.CANONICAL_NAN`) on a
+    torch result: torch/CUDA adds keep NaN payloads (and give 0xFFC00000 for inf - inf on
+    x86). Whether an element is NaN does not depend on payloads, so canonicalising the result
+    gives the bits the per-addition rule gives (every element went through an addition)."""
+    import torch
+    if tensor.dtype != torch.float32:
+        return
+    nan = torch.isnan(tensor)
+    if bool(nan.any()):
+        bits = torch.tensor(CANONICAL_NAN, dtype=torch.int64).to(torch.int32)
+        tensor.masked_fill_(nan, bits.view(torch.float32).item())
 
 
 def _like(tensor, values: np.ndarray):
@@ -161,7 +183,10 @@ class Communicator:
         """In-place sum over all ranks; returns ``tensor``."""
         t0 = time.perf_counter()
         self._seq += 1
-        sent, recv = self._impl.dense(tensor, self._seq)
+        with self._aborting_on_bad_tensor():
+            sent, recv = self._impl.dense(tensor, self._seq)
+        if self.backend == "torch":
+            _canonicalize_nan_tensor(tensor)
         c = self.counters
         c.collectives += 1
         c.steps += self.schedule.steps
@@ -184,8 +209,9 @@ class Communicator:
             if residual is not None and residual.shape != tensor.shape:
                 residual = None
         self._seq += 1
-        new_res, sent, recv, steps = self._impl.sparse(tensor, residual, scheme, float(density),
-                                                       int(seed), self._seq)
+        with self._aborting_on_bad_tensor():
+            new_res, sent, recv, steps = self._impl.sparse(tensor, residual, scheme,
+                                                           float(density), int(seed), self._seq)
         if own:
             self.residuals[key] = new_res
         c = self.counters
@@ -195,6 +221,21 @@ class Communicator:
         c.bytes_received += recv
         c.seconds += time.perf_counter() - t0
         return SparseOutcome(tensor, new_res, sent, recv)
+
+    @contextlib.contextmanager
+    def _aborting_on_bad_tensor(self):
+        """A bad tensor on this rank fails the collective for every rank at once, naming
+        this rank (the peers would otherwise wait for their timeout)."""
+        try:
+            yield
+        except BadTensor as e:
+            abort = getattr(self._impl, "abort", None)
+            if abort is not None:
+                try:
+                    abort(self._seq, str(e))
+                except FabricError:
+                    pass                       # the fabric is gone: nobody left to tell
+            raise BadTensor(f"rank {self.rank}: {e}") from None
 
     # ---- status -----------------------------------------------------------------------
     def status(self) -> dict:
@@ -224,7 +265,8 @@ def open_nic(backend: str, rank: int, world: int, topology=None, algorithm="mult
     Options: ``model``: ``fabric`` (LocalFabric; else torch.distributed), ``group``,
     ``engine`` ("golden"), ``timeout`` (seconds per collective; default: the fabric's
     own); ``torch``: ``group``, ``verify`` (check sizes across ranks per call, default
-    True); ``rtl``: ``address`` (host, port) of the fabric server (required), ``timeout``
+    True); ``rtl``: ``address`` (host, port) of the fabric server (required), ``secret``
+    (the job secret its starter generated; default ``$TREENIC_FABRIC_SECRET``), ``timeout``
     (seconds per request, default 30)."""
     schedule = schedule_for(algorithm, topology, world)
     return Communicator(backend, rank, world, schedule, **opts)
@@ -313,6 +355,15 @@ class _ModelBackend:
                 int(res.bytes_sent_per_worker()[r]), int(res.bytes_received_per_worker()[r]),
                 res.steps)
 
+    def abort(self, seq, reason):
+        if self.fabric is not None:
+            self.fabric.rendezvous.fail(seq, self.comm.rank, reason)
+            return
+        # the peers are in _gather's signature exchange: they see this one and refuse
+        import torch.distributed as dist
+        sigs = [None] * self.comm.world
+        dist.all_gather_object(sigs, ("aborted", reason), group=self.group)
+
     def status(self):
         return {"engine": self.engine.name,
                 "transport": "in-process fabric" if self.fabric else "torch.distributed gather"}
@@ -333,13 +384,14 @@ def _check_same_config(comm: Communicator, config_id: int, group) -> None:
 
 class _RTLBackend:
     def __init__(self, comm: Communicator, address=None, timeout: float = 30.0,
-                 connect_timeout: float = 10.0):
+                 connect_timeout: float = 10.0, secret: str | bytes | None = None):
         from .client import NICClient
         if address is None:
             raise DriverError("backend 'rtl' needs address=(host, port) of a fabric server "
                               "(treenic.driver.server.ServerProcess)")
         self.comm = comm
-        self.client = NICClient(address, comm.rank, comm.world, timeout, connect_timeout)
+        self.client = NICClient(address, comm.rank, comm.world, timeout, connect_timeout,
+                                secret=secret)
         self._last_cycles = None
 
     def load(self, schedule, image):
@@ -368,6 +420,9 @@ class _RTLBackend:
         _write_back(tensor, result)
         self._account()
         return _like(tensor, new_res), info["sent"], info["received"], info["steps"]
+
+    def abort(self, seq, reason):
+        self.client.abort(seq, reason)
 
     def status(self):
         return {"engine": self.client.engine_description, "last_cycles": self._last_cycles,

@@ -6,6 +6,11 @@ class DriverError(RuntimeError):
     """Bad use of the driver: wrong dtype/size, world mismatch, unknown backend."""
 
 
+class BadTensor(DriverError):
+    """This rank's tensor cannot take part in a collective (dtype, size, read-only). The
+    driver tells the other ranks before raising, so they fail at once naming this rank."""
+
+
 class FabricError(DriverError):
     """The fabric (server, in-process fabric, or peers) reported or hit an error."""
 

@@ -38,6 +38,8 @@ from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailabl
 RTL_MODULE = "treenic.hdl.nic.fabric_sim"
 
 ENGINES = ("golden", "rtl")
+#: How often a rank waiting in a collective checks that its own connection is still open.
+POLL_SECONDS = 0.1
 
 
 def link_bytes(schedule: Schedule, elements: int, itemsize: int = 4):
@@ -171,6 +173,9 @@ class Request:
     scheme: str = ""
     density: float = 0.0
     seed: int = 0
+    #: the rank's loaded configuration ``(config_id, schedule, engine)``; None: the
+    #: rendezvous' own (in-process fabric). Ranks with different ids get CONFIG_MISMATCH.
+    config: tuple | None = field(default=None, compare=False, repr=False)
 
     def signature(self):
         return (self.mode, int(self.data.shape[0]), self.scheme, float(self.density),
@@ -208,10 +213,49 @@ class Rendezvous:
         self._records: dict[int, _Record] = {}
         self.completed = 0
         self._link_bytes_cache: dict[int, tuple] = {}
+        #: ranks whose connection closed, and why: their peers' collectives abort at once
+        self.departed: dict[int, str] = {}
+        self._failed: dict[int, FabricError] = {}     # seq -> error (a rank gave up on it)
 
     def busy(self) -> bool:
         with self._cv:
             return any(r.outcomes is None and r.error is None for r in self._records.values())
+
+    def abort_rank(self, rank: int, reason: str) -> None:
+        """Rank ``rank`` is gone (``reason``, e.g. "disconnected"): every collective in flight
+        fails for every rank at once, and so does every later one until the rank rejoins."""
+        with self._cv:
+            self.departed[rank] = reason
+            for seq, rec in self._records.items():
+                if rec.outcomes is None and rec.error is None:
+                    rec.error = self._departed_error(seq)
+            self._cv.notify_all()
+
+    def fail(self, seq: int, rank: int, reason: str) -> None:
+        """Rank ``rank`` gives up collective ``seq`` (its tensor is bad): every rank's part of
+        it fails at once with the reason, naming the rank."""
+        err = FabricError(f"rank {rank} aborted collective #{seq}: {reason}", code="ABORTED")
+        with self._cv:
+            self._failed[seq] = err
+            while len(self._failed) > 256:                  # bounded: oldest first
+                self._failed.pop(next(iter(self._failed)))
+            rec = self._records.get(seq)
+            if rec is not None and rec.outcomes is None and rec.error is None:
+                rec.error = err
+            self._cv.notify_all()
+
+    def rejoin(self, rank: int) -> None:
+        with self._cv:
+            self.departed.pop(rank, None)
+
+    def forget_departed(self) -> None:
+        """No rank is connected any more: a new job starts with a clean slate."""
+        with self._cv:
+            self.departed.clear()
+
+    def _departed_error(self, seq: int) -> FabricError:
+        who = "; ".join(f"rank {r} {why}" for r, why in sorted(self.departed.items()))
+        return FabricError(f"{who} (collective #{seq} aborted)", code="ABORTED")
 
     def reload(self, engine, schedule):
         with self._cv:
@@ -220,13 +264,21 @@ class Rendezvous:
             self.engine, self.schedule = engine, schedule
             self._link_bytes_cache.clear()
 
-    def submit(self, seq: int, rank: int, req: Request, timeout: float | None = None) -> Outcome:
+    def submit(self, seq: int, rank: int, req: Request, timeout: float | None = None,
+               alive=None) -> Outcome:
+        """Rank ``rank``'s part of collective ``seq``; blocks until every rank submitted (or
+        an error). ``alive()`` (optional) is polled every :data:`POLL_SECONDS` while waiting:
+        False means the rank's connection closed, which aborts the collective for all."""
         timeout = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
         with self._cv:
             rec = self._records.setdefault(seq, _Record())
             if rank in rec.requests:
                 raise FabricError(f"rank {rank} started collective #{seq} twice")
+            if rec.error is None and rec.outcomes is None and seq in self._failed:
+                rec.error = self._failed[seq]
+            if rec.error is None and rec.outcomes is None and self.departed:
+                rec.error = self._departed_error(seq)
             if rec.error is None and rec.outcomes is None:
                 rec.requests[rank] = req
                 if len(rec.requests) == self.world:
@@ -241,7 +293,10 @@ class Rendezvous:
                         f"rank(s) {missing} never started it")
                     self._cv.notify_all()
                     break
-                self._cv.wait(left)
+                if alive is not None and not alive():
+                    self.abort_rank(rank, "disconnected")      # re-entrant: RLock
+                    break
+                self._cv.wait(left if alive is None else min(left, POLL_SECONDS))
             rec.collected += 1
             if rec.collected >= self.world or (rec.error is not None
                                                 and rec.collected >= len(rec.requests)):
@@ -252,6 +307,13 @@ class Rendezvous:
 
     def _run(self, seq: int, rec: _Record) -> None:
         reqs = [rec.requests[r] for r in range(self.world)]
+        ids = [q.config[0] if q.config else None for q in reqs]
+        if len(set(ids)) != 1:
+            desc = ", ".join(f"rank {r}: {'none' if i is None else f'{i:#010x}'}"
+                             for r, i in enumerate(ids))
+            rec.error = FabricError(f"collective #{seq}: ranks loaded different "
+                                    f"configurations ({desc})", code="CONFIG_MISMATCH")
+            return
         sigs = [q.signature() for q in reqs]
         if len(set(sigs)) != 1:
             desc = "; ".join(f"rank {r}: {s[0]} {s[1]} elements"
@@ -260,19 +322,23 @@ class Rendezvous:
             rec.error = FabricError(f"collective #{seq}: ranks disagree ({desc})",
                                     code="SIZE_MISMATCH")
             return
+        _, schedule, engine = reqs[0].config or (None, self.schedule, self.engine)
         try:
             data = np.stack([q.data for q in reqs])
             req = reqs[0]
             if req.mode == "dense":
-                out, cycles = self.engine.run(data)
+                out, cycles = engine.run(data)
                 e = data.shape[1]
-                if e not in self._link_bytes_cache:
-                    self._link_bytes_cache[e] = link_bytes(self.schedule, e)
-                sent, recv = self._link_bytes_cache[e]
+                key = (ids[0], e)
+                if key not in self._link_bytes_cache:
+                    if len(self._link_bytes_cache) > 64:
+                        self._link_bytes_cache.clear()
+                    self._link_bytes_cache[key] = link_bytes(schedule, e)
+                sent, recv = self._link_bytes_cache[key]
                 rec.outcomes = [Outcome(out[r], None, int(sent[r]), int(recv[r]),
-                                        self.schedule.steps, cycles) for r in range(self.world)]
+                                        schedule.steps, cycles) for r in range(self.world)]
             else:
-                res = self.engine.run_sparse(req.scheme, data, req.density, req.seed)
+                res = engine.run_sparse(req.scheme, data, req.density, req.seed)
                 sent, recv = res.bytes_sent_per_worker(), res.bytes_received_per_worker()
                 rec.outcomes = [Outcome(np.asarray(res.result[r], np.float32),
                                         np.asarray(res.residuals[r], np.float32),
@@ -281,7 +347,7 @@ class Rendezvous:
             self.completed += 1
         except Exception as e:        # engine failure: every rank gets the same error
             rec.error = FabricError(f"collective #{seq}: fabric engine "
-                                    f"{getattr(self.engine, 'name', '?')} failed: "
+                                    f"{getattr(engine, 'name', '?')} failed: "
                                     f"{type(e).__name__}: {e}", code="ENGINE")
 
 

@@ -11,11 +11,12 @@ Framing (all integers little-endian)
 offset size field
 ====== ==== ==================================================================
 0      4    magic ``b"TNIC"``
-4      1    protocol version (:data:`PROTOCOL_VERSION`, currently 1)
+4      1    protocol version (:data:`PROTOCOL_VERSION`, currently 2)
 5      1    message type (:class:`Msg`)
 6      2    flags (bit 0: reply; other bits reserved, must be 0)
 8      4    tag: request id chosen by the client; the reply echoes it
-12     4    payload length ``L`` (at most :data:`MAX_PAYLOAD`)
+12     4    payload length ``L`` (at most :data:`MAX_PAYLOAD`; at most
+            :data:`MAX_PAYLOAD_BEFORE_HELLO` until the connection's HELLO is accepted)
 16     L    payload (layout per message type, below)
 16+L   4    CRC-32 (IEEE 802.3, ``zlib.crc32``) of bytes ``0 .. 16+L-1``
 ====== ==== ==================================================================
@@ -29,16 +30,21 @@ Messages (request → reply; payload layouts as :mod:`struct` formats)
 --------------------------------------------------------------------
 
 ``HELLO`` 0x01 → ``HELLO_ACK`` 0x81
-    request ``<HHHH`` protocol version, rank, world size, reserved(0) + UTF-8 client name.
-    reply ``<HHHH`` protocol version, nodes simulated, engine id (0 golden, 1 rtl), reserved
-    + UTF-8 engine description. Must be the first message of a connection (else
-    ``NOT_READY``); the world must equal the fabric's node count; a rank is held by at most
-    one connection.
+    request ``<HHHH32s`` protocol version, rank, world size, reserved(0), the 32-byte job
+    secret + UTF-8 client name. reply ``<HHHH`` protocol version, nodes simulated, engine id
+    (0 golden, 1 rtl), reserved + UTF-8 engine description. Must be the first message of a
+    connection (else ``NOT_READY``) and arrive within the server's hello timeout (else the
+    connection is closed). A wrong secret gets ``AUTH`` and the connection is closed (one
+    guess per connection; compared in constant time; never echoed). The world must equal
+    the fabric's node count; a rank is held by at most one connection.
 ``LOAD_CONFIG`` 0x02 → ``CONFIG_ACK`` 0x82
     request ``<II`` image kind (1: treenic-schedule JSON, :meth:`Schedule.dumps`), CRC-32 of
     the image + image bytes. reply ``<IIII`` config id (the image CRC-32), nodes, steps,
-    chunks. Every rank loads the same image (else ``CONFIG_MISMATCH``); a new image replaces
-    the old one only when no collective is in flight.
+    chunks; the client checks that the id and node count are the ones it sent. The image is
+    bounded, names its topology inline (no file path is ever opened) and must pass the
+    schedule checkers (:mod:`treenic.driver.config`), else ``BAD_CONFIG``. The configuration
+    is this rank's: a collective runs only when every rank loaded the same one; otherwise
+    every rank's ``START`` of it gets ``CONFIG_MISMATCH`` naming each rank's config id.
 ``WRITE_BUFFER`` 0x03 → ``WRITE_ACK`` 0x83
     request ``<IBBHQ`` collective sequence number (from 1, +1 per collective), dtype code
     (1: float32 — the reduction unit's only type, docs/architecture.md §5), buffer id
@@ -57,35 +63,56 @@ Messages (request → reply; payload layouts as :mod:`struct` formats)
     reply ``<IBBHQ`` + data, the ``WRITE_BUFFER`` layout. A collective is retired once every
     rank has read its result (and residual, for sparse).
 Errors of a collective (``SIZE_MISMATCH`` when ranks wrote different element counts or
-sparse parameters, ``TIMEOUT`` when a rank never started it within the server's collective
-timeout, ``ENGINE``) are answered to every rank's ``START`` of that collective, naming the
-ranks involved.
+sparse parameters, ``CONFIG_MISMATCH``, ``ABORTED`` when a rank's connection closed —
+``rank N disconnected`` — or a rank sent ``ABORT``, ``TIMEOUT`` when a rank never started it
+within the server's collective timeout, ``ENGINE``) are answered to every rank's ``START``
+of that collective, naming the ranks involved. A rank connection closed without ``BYE``
+aborts every collective in flight at once (a rank waiting in ``START`` watches its own socket
+too) and every later one until the rank connects again; an orderly ``BYE`` aborts nothing.
 
 ``STATUS`` 0x06 → ``STATUS_REPLY`` 0x86
     request empty. reply ``<IIQQQQQQ`` state (0 idle, 1 collective in flight, 2 error),
     loaded config id (0: none), collectives completed, host bytes received, host bytes sent,
     link bytes sent, link bytes received (this rank's NIC), cycles total (this NIC).
 ``BYE`` 0x07 → ``BYE_ACK`` 0x87
-    request empty; the server closes the connection after the reply.
+    request empty; the server releases the rank, replies and closes the connection.
+``ABORT`` 0x08 → ``ABORT_ACK`` 0x88
+    request ``<I`` sequence + UTF-8 reason (at most :data:`MAX_ABORT_REASON` bytes). This
+    rank gives up collective ``sequence`` (e.g. its tensor has the wrong dtype): its staged
+    buffer is dropped and every rank's ``START`` of it fails at once with ``ABORTED: rank N
+    aborted collective #k: reason``. reply ``<I`` sequence.
 ``ERROR`` 0x7F (reply only)
     ``<HH`` error code (:class:`ErrorCode`), reserved + UTF-8 message naming the problem.
 
-Versioning: the version byte changes whenever a layout changes. A server answers a frame of
+``BUSY`` (connection cap reached) is sent unasked to a connection the server refuses, which
+it then closes. Security model, limits and guarantees: ``docs/driver-protocol.md``.
+
+Versioning: the version byte changes whenever a layout changes (2: HELLO carries the job
+secret; ABORT). A server answers a frame of
 another version with ``ERROR VERSION_MISMATCH`` (payload names both versions) in *its own*
 framing, which every version keeps (magic, version, type at the same offsets).
 """
 from __future__ import annotations
 
+import os
+import secrets
 import socket
 import struct
+import time
 import zlib
 from enum import IntEnum
 
 MAGIC = b"TNIC"
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2             # 2: HELLO carries the job secret; ABORT
 HEADER = struct.Struct("<4sBBHII")
 CRC = struct.Struct("<I")
 MAX_PAYLOAD = 1 << 30            # 1 GiB: 256 M float32 elements per buffer
+#: Largest payload a connection may send before its HELLO is accepted: a stranger cannot make
+#: the server buffer more than this (HELLO is 8 bytes + secret + a short client name).
+MAX_PAYLOAD_BEFORE_HELLO = 4096
+#: Payloads are received in pieces of at most this size, so memory grows only as fast as the
+#: peer actually sends bytes (a header declaring 1 GiB costs nothing until 1 GiB arrives).
+RECV_PIECE = 1 << 20
 FLAG_REPLY = 0x1
 CYCLES_UNKNOWN = (1 << 64) - 1
 
@@ -107,6 +134,7 @@ class Msg(IntEnum):
     READ_BUFFER = 0x05
     STATUS = 0x06
     BYE = 0x07
+    ABORT = 0x08
     HELLO_ACK = 0x81
     CONFIG_ACK = 0x82
     WRITE_ACK = 0x83
@@ -114,6 +142,7 @@ class Msg(IntEnum):
     BUFFER_DATA = 0x85
     STATUS_REPLY = 0x86
     BYE_ACK = 0x87
+    ABORT_ACK = 0x88
     ERROR = 0x7F
 
 
@@ -136,15 +165,17 @@ class ErrorCode(IntEnum):
     TIMEOUT = 16           # server gave up waiting for the other ranks
     ENGINE = 17            # the fabric engine failed
     INTERNAL = 18
+    BUSY = 19              # connection cap reached: connection closed
+    AUTH = 20              # HELLO without the fabric's job secret
 
 
 REQUEST_REPLY = {Msg.HELLO: Msg.HELLO_ACK, Msg.LOAD_CONFIG: Msg.CONFIG_ACK,
                  Msg.WRITE_BUFFER: Msg.WRITE_ACK, Msg.START: Msg.COMPLETE,
                  Msg.READ_BUFFER: Msg.BUFFER_DATA, Msg.STATUS: Msg.STATUS_REPLY,
-                 Msg.BYE: Msg.BYE_ACK}
+                 Msg.BYE: Msg.BYE_ACK, Msg.ABORT: Msg.ABORT_ACK}
 
 # payload layouts
-HELLO = struct.Struct("<HHHH")
+HELLO = struct.Struct("<HHHH32s")         # version, rank, world, reserved, job secret
 HELLO_ACK = struct.Struct("<HHHH")
 LOAD_CONFIG = struct.Struct("<II")
 CONFIG_ACK = struct.Struct("<IIII")
@@ -155,6 +186,38 @@ COMPLETE = struct.Struct("<IIQQQ")
 READ_BUFFER = struct.Struct("<IB")
 STATUS_REPLY = struct.Struct("<IIQQQQQQ")
 ERROR = struct.Struct("<HH")
+ABORT = struct.Struct("<I")               # sequence + UTF-8 reason
+MAX_ABORT_REASON = 1024
+
+
+#: Job secret: 32 random bytes, written as 64 hex digits outside the protocol.
+SECRET_BYTES = 32
+#: Environment variable a rank reads its job secret from when none is passed explicitly.
+SECRET_ENV = "TREENIC_FABRIC_SECRET"
+
+
+def new_secret() -> str:
+    """A fresh job secret (64 hex digits) for whoever starts a fabric."""
+    return secrets.token_hex(SECRET_BYTES)
+
+
+def secret_bytes(secret: str | bytes | None) -> bytes:
+    """The 32 bytes of a job secret given as 64 hex digits (or raw bytes); ``None`` reads
+    :data:`SECRET_ENV`. Raises ValueError naming the problem (never the secret)."""
+    if secret is None:
+        secret = os.environ.get(SECRET_ENV)
+        if not secret:
+            raise ValueError(f"no job secret: pass secret= or set {SECRET_ENV} (whoever "
+                             "starts the fabric generates it)")
+    if isinstance(secret, bytes) and len(secret) == SECRET_BYTES:
+        return secret
+    try:
+        raw = bytes.fromhex(secret.strip() if isinstance(secret, str) else "")
+    except ValueError:
+        raw = b""
+    if len(raw) != SECRET_BYTES:
+        raise ValueError(f"a job secret is {2 * SECRET_BYTES} hex digits")
+    return raw
 
 
 class ProtocolError(Exception):
@@ -182,26 +245,42 @@ def encode(msg: int, payload: bytes = b"", tag: int = 0, *, reply: bool = False,
     return b"".join((head, payload, CRC.pack(crc)))
 
 
-def _recv_exact(sock: socket.socket, n: int, *, started: bool = False) -> bytes:
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
+def _recv_exact(sock: socket.socket, n: int, *, started: bool = False,
+                deadline: float | None = None) -> bytes:
+    """Receive exactly ``n`` bytes, growing the buffer piece by piece as bytes arrive. With a
+    ``deadline`` (``time.monotonic()``) the whole read must finish by then: a peer trickling
+    one byte at a time cannot hold the reader longer (``socket.timeout``)."""
+    buf = bytearray()
+    while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise socket.timeout(f"frame not complete by its deadline ({len(buf)} of {n} "
+                                     "bytes)")
+            sock.settimeout(left)
+        piece = sock.recv(min(n - len(buf), RECV_PIECE))
+        if not piece:
             raise ConnectionClosed("connection closed by peer"
-                                   + (" in the middle of a frame" if got or started else ""))
-        got += k
+                                   + (" in the middle of a frame" if buf or started else ""))
+        buf += piece
     return bytes(buf)
 
 
-def read_frame(sock: socket.socket):
+def read_frame(sock: socket.socket, max_payload: int = MAX_PAYLOAD, *,
+               deadline: float | None = None, frame_seconds: float | None = None):
     """Read one frame: returns ``(msg_type, tag, flags, payload)``.
 
-    Raises :class:`ProtocolError` (``fatal`` when the framing can no longer be trusted),
+    ``max_payload`` bounds the declared payload length (the server passes
+    :data:`MAX_PAYLOAD_BEFORE_HELLO` until the connection's HELLO is accepted). ``deadline``
+    bounds the whole frame; ``frame_seconds`` bounds the rest of the frame once its first
+    bytes arrived (both ``socket.timeout``). Raises
+    :class:`ProtocolError` (``fatal`` when the framing can no longer be trusted),
     :class:`ConnectionClosed` on EOF and ``socket.timeout`` from the socket.
     """
-    head = _recv_exact(sock, HEADER.size)
+    head = _recv_exact(sock, HEADER.size, deadline=deadline)
+    if frame_seconds is not None:
+        rest = time.monotonic() + frame_seconds
+        deadline = rest if deadline is None else min(deadline, rest)
     magic, version, msg, flags, tag, length = HEADER.unpack(head)
     if magic != MAGIC:
         raise ProtocolError(ErrorCode.BAD_MAGIC, f"bad magic {magic!r} (expected {MAGIC!r})",
@@ -210,11 +289,13 @@ def read_frame(sock: socket.socket):
         raise ProtocolError(ErrorCode.VERSION_MISMATCH,
                             f"frame has protocol version {version}, this end speaks "
                             f"{PROTOCOL_VERSION}", fatal=True)
-    if length > MAX_PAYLOAD:
+    if length > max_payload:
+        limit = "" if max_payload == MAX_PAYLOAD else " allowed before HELLO"
         raise ProtocolError(ErrorCode.FRAME_TOO_LARGE,
-                            f"payload length {length} exceeds {MAX_PAYLOAD}", fatal=True)
-    payload = _recv_exact(sock, length, started=True)
-    (crc,) = CRC.unpack(_recv_exact(sock, CRC.size, started=True))
+                            f"payload length {length} exceeds the {max_payload} bytes{limit}",
+                            fatal=True)
+    payload = _recv_exact(sock, length, started=True, deadline=deadline)
+    (crc,) = CRC.unpack(_recv_exact(sock, CRC.size, started=True, deadline=deadline))
     want = zlib.crc32(payload, zlib.crc32(head))
     if crc != want:
         raise ProtocolError(ErrorCode.BAD_CRC,

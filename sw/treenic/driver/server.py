@@ -17,6 +17,9 @@ changes nothing; a connection thread never takes the server down; every wait is 
 from __future__ import annotations
 
 import argparse
+import errno
+import hmac
+import os
 import socket
 import subprocess
 import sys
@@ -26,14 +29,18 @@ import zlib
 
 import numpy as np
 
-from ..schedule.ir import Schedule, ScheduleError
 from . import protocol as P
+from .config import ConfigRejected, parse_image
 from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailable
 from .fabric import RTL_MODULE, GoldenEngine, Request, Rendezvous, make_engine
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 ENGINE_DESCRIPTIONS = {"golden": GoldenEngine.description,
                        "rtl": f"Verilated NIC fabric ({RTL_MODULE})"}
+
+
+def log(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
 
 
 class _Reply(Exception):
@@ -46,21 +53,35 @@ class _Reply(Exception):
 
 class FabricServer:
     def __init__(self, nodes: int, engine: str = "golden", host: str = "127.0.0.1",
-                 port: int = 0, collective_timeout: float = 60.0, idle_timeout: float = 600.0):
+                 port: int = 0, collective_timeout: float = 60.0, idle_timeout: float = 600.0,
+                 *, hello_timeout: float = 5.0, frame_timeout: float = 120.0,
+                 max_connections: int | None = None, secret: str | bytes | None = None):
         if host not in LOOPBACK:
             raise DriverError(f"the fabric server binds loopback only, not {host!r}")
         if nodes < 2:
             raise DriverError(f"a fabric needs at least 2 nodes, got {nodes}")
         self.nodes = nodes
+        # The job secret every HELLO must carry: given by whoever starts the fabric, or
+        # generated here (read it from .secret and hand it to the ranks out of band).
+        self.secret = P.new_secret() if secret is None else P.secret_bytes(secret).hex()
+        self._secret = bytes.fromhex(self.secret)
         self.engine_name = engine
         self.collective_timeout = collective_timeout
         self.idle_timeout = idle_timeout
+        self.hello_timeout = hello_timeout        # whole handshake of a new connection
+        self.frame_timeout = frame_timeout        # rest of a frame once its header arrived
+        # every rank plus as many again connecting or leaving, plus a few for tools
+        self.max_connections = max_connections or 2 * nodes + 8
+        if self.max_connections < nodes:
+            raise DriverError(f"max_connections {self.max_connections} < {nodes} nodes")
+        self.connections = 0
         self.lock = threading.Lock()
-        self.config_id = 0
-        self.config_image = b""
-        self.schedule: Schedule | None = None
-        self.rendezvous: Rendezvous | None = None
-        self.engine = None
+        # Loaded configurations by config id: (image, schedule, engine). Each rank holds its
+        # own (ctx["config"]); a collective runs only when all ranks hold the same one.
+        self.configs: dict[int, tuple] = {}
+        self.build_lock = threading.Lock()        # one configuration built at a time; never
+        self.engine = None                        # held together with self.lock
+        self.rendezvous = Rendezvous(nodes, None, None, collective_timeout)
         self.engine_error: str | None = None
         self.ranks: dict[int, object] = {}
         self.nic = [dict(host_rx=0, host_tx=0, link_tx=0, link_rx=0, cycles=0, collectives=0)
@@ -78,18 +99,67 @@ class FabricServer:
     # ---- lifecycle ------------------------------------------------------------------------
     def serve_forever(self, idle_exit: float | None = None) -> None:
         self.sock.settimeout(0.5)
-        while not self._stop.is_set():
-            if idle_exit and not self.ranks and time.monotonic() - self.last_activity > idle_exit:
-                break
+        why = "stopped"
+        try:
+            while not self._stop.is_set():
+                if idle_exit and not self.ranks and \
+                        time.monotonic() - self.last_activity > idle_exit:
+                    why = f"no client for {idle_exit:g}s (--idle-exit)"
+                    break
+                try:
+                    conn, _ = self.sock.accept()
+                except socket.timeout:
+                    continue
+                except OSError as e:
+                    if self._stop.is_set():
+                        break
+                    # EMFILE/ENFILE/ENOBUFS/ECONNABORTED...: transient; the listening socket
+                    # is fine. Say so (rate-limited) and keep serving the connected ranks.
+                    self._log_accept_error(e)
+                    time.sleep(0.1)
+                    continue
+                self.last_activity = time.monotonic()
+                self._admit(conn)
+        finally:
+            self.sock.close()
+            if why != "stopped":                  # stop() is the owner's own decision
+                log(f"treenic fabric server: exiting ({why})")
+
+    def _log_accept_error(self, e: OSError) -> None:
+        now = time.monotonic()
+        if now - getattr(self, "_last_accept_log", -1e9) >= 5.0:
+            self._last_accept_log = now
+            name = errno.errorcode.get(e.errno, str(e.errno))
+            log(f"treenic fabric server: accept failed ({name}: {e.strerror}); "
+                f"{self.connections} connections open; still serving, retrying")
+
+    def _admit(self, conn: socket.socket) -> None:
+        """Serve ``conn`` in its own thread, or refuse it (BUSY) when the cap is reached."""
+        with self.lock:
+            full = self.connections >= self.max_connections
+            if not full:
+                self.connections += 1
+        if full:
             try:
-                conn, _ = self.sock.accept()
-            except socket.timeout:
-                continue
+                conn.settimeout(1.0)
+                conn.sendall(P.encode(P.Msg.ERROR, P.error_payload(
+                    P.ErrorCode.BUSY, f"connection cap of {self.max_connections} reached"),
+                    0, reply=True))
             except OSError:
-                break
-            self.last_activity = time.monotonic()
+                pass
+            conn.close()
+            return
+        try:
             threading.Thread(target=self._serve_conn, args=(conn,), daemon=True).start()
-        self.sock.close()
+        except RuntimeError:                  # cannot start a thread: refuse, keep serving
+            with self.lock:
+                self.connections -= 1
+            conn.close()
+
+    @property
+    def endpoint(self) -> dict:
+        """``open_nic("rtl", ..., **endpoint)``: the address and the job secret."""
+        return {"address": tuple(self.address), "secret": self.secret}
 
     def start_thread(self) -> threading.Thread:
         t = threading.Thread(target=self.serve_forever, daemon=True)
@@ -101,13 +171,20 @@ class FabricServer:
 
     # ---- one connection -------------------------------------------------------------------
     def _serve_conn(self, conn: socket.socket) -> None:
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        conn.settimeout(self.idle_timeout)
-        ctx = {"rank": None, "staged": {}, "done": {}}
+        ctx = {"rank": None, "staged": {}, "done": {}, "conn": conn}
+        # a new connection has hello_timeout seconds in all to get its HELLO accepted
+        hello_deadline = time.monotonic() + self.hello_timeout
         try:
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             while not self._stop.is_set():
                 try:
-                    msg, tag, flags, payload = P.read_frame(conn)
+                    if ctx["rank"] is None:
+                        msg, tag, flags, payload = P.read_frame(
+                            conn, P.MAX_PAYLOAD_BEFORE_HELLO, deadline=hello_deadline)
+                    else:
+                        conn.settimeout(self.idle_timeout)
+                        msg, tag, flags, payload = P.read_frame(
+                            conn, frame_seconds=self.frame_timeout)
                 except P.ProtocolError as e:
                     self._send(conn, P.Msg.ERROR, P.error_payload(e.code, e.message), 0)
                     if e.fatal:
@@ -116,7 +193,9 @@ class FabricServer:
                 self.last_activity = time.monotonic()
                 if msg == P.Msg.BYE:
                     # release the rank before acknowledging: a client that reconnects right
-                    # after BYE_ACK must find its rank free
+                    # after BYE_ACK must find its rank free. An orderly leave aborts nothing:
+                    # ranks reopen their communicator between phases, not in lockstep.
+                    ctx["bye"] = True
                     self._release(ctx)
                     self._send(conn, P.Msg.BYE_ACK, b"", tag)
                     return
@@ -130,10 +209,14 @@ class FabricServer:
                     rmsg, rpayload = P.Msg.ERROR, P.error_payload(
                         P.ErrorCode.INTERNAL, f"{type(e).__name__}: {e}")
                 self._send(conn, rmsg, rpayload, tag)
+                if ctx.get("auth_failed"):
+                    return                          # no second guess on this connection
         except (P.ConnectionClosed, socket.timeout, OSError):
             pass
         finally:
             self._release(ctx)
+            with self.lock:
+                self.connections -= 1
             try:
                 conn.close()
             except OSError:
@@ -141,13 +224,22 @@ class FabricServer:
 
     def _send(self, conn, msg, payload, tag) -> None:
         frame = P.encode(msg, payload, tag, reply=True)
+        conn.settimeout(self.idle_timeout)     # a peer that stops reading is dropped too
         conn.sendall(frame)
 
     def _release(self, ctx) -> None:
-        """Unbind a connection's rank (idempotent)."""
-        with self.lock:
-            if ctx["rank"] is not None and self.ranks.get(ctx["rank"]) is ctx:
-                del self.ranks[ctx["rank"]]
+        """Unbind a connection's rank (idempotent). A connection that closed without BYE (a
+        crashed or killed rank) aborts its peers' collectives at once: it cannot contribute,
+        so nobody waits for the timeout."""
+        with self.lock:              # with HELLO's rejoin: a new connection of the same
+            rank = ctx["rank"]       # rank is never marked departed by an old one
+            if rank is None or self.ranks.get(rank) is not ctx:
+                return
+            del self.ranks[rank]
+            if not ctx.get("bye"):
+                self.rendezvous.abort_rank(rank, "disconnected")
+            if not self.ranks:
+                self.rendezvous.forget_departed()
 
     def _handle(self, ctx, msg, payload):
         try:
@@ -165,7 +257,7 @@ class FabricServer:
             nic = self.nic[rank]
             nic["host_rx"] += len(payload) + P.HEADER.size + P.CRC.size
             if msg == P.Msg.LOAD_CONFIG:
-                return self._load_config(payload)
+                return self._load_config(ctx, payload)
             if msg == P.Msg.WRITE_BUFFER:
                 return self._write(ctx, payload)
             if msg == P.Msg.START:
@@ -174,12 +266,19 @@ class FabricServer:
                 return self._read(ctx, payload)
             if msg == P.Msg.STATUS:
                 return self._status(ctx, payload)
+            if msg == P.Msg.ABORT:
+                return self._abort(ctx, payload)
         except P.ProtocolError as e:
             raise _Reply(e.code, e.message) from None
         raise _Reply(P.ErrorCode.UNKNOWN_TYPE, f"unhandled {msg.name}")
 
     def _hello(self, ctx, payload):
-        (version, rank, world, _), name = P.unpack(P.HELLO, payload, "HELLO", exact=False)
+        (version, rank, world, _, secret), name = P.unpack(P.HELLO, payload, "HELLO",
+                                                           exact=False)
+        # constant-time compare; the reply never says more than "wrong" (nor echoes it)
+        if not hmac.compare_digest(secret, self._secret):
+            ctx["auth_failed"] = True
+            raise _Reply(P.ErrorCode.AUTH, "HELLO without this fabric's job secret")
         if version != P.PROTOCOL_VERSION:
             raise _Reply(P.ErrorCode.VERSION_MISMATCH,
                          f"client speaks protocol version {version}, server speaks "
@@ -198,50 +297,47 @@ class FabricServer:
             self.ranks[rank] = ctx
             ctx["rank"] = rank
             ctx["name"] = name.decode("utf-8", "replace")
+            self.rendezvous.rejoin(rank)
         desc = (self.engine.description if self.engine is not None
                 else ENGINE_DESCRIPTIONS[self.engine_name])
         return P.Msg.HELLO_ACK, P.HELLO_ACK.pack(P.PROTOCOL_VERSION, self.nodes,
                                                  P.ENGINE_IDS[self.engine_name], 0) + \
             desc.encode()
 
-    def _load_config(self, payload):
+    def _load_config(self, ctx, payload):
         (kind, crc), image = P.unpack(P.LOAD_CONFIG, payload, "LOAD_CONFIG", exact=False)
         if kind != P.IMAGE_SCHEDULE_JSON:
             raise _Reply(P.ErrorCode.BAD_CONFIG, f"unknown config image kind {kind}")
         if zlib.crc32(image) != crc:
             raise _Reply(P.ErrorCode.BAD_CONFIG, f"config image CRC-32 {zlib.crc32(image):#010x}"
                                                  f" != declared {crc:#010x}")
-        with self.lock:
-            if self.config_id == crc and self.config_image == image:
-                s = self.schedule
-                return P.Msg.CONFIG_ACK, P.CONFIG_ACK.pack(crc, s.n, s.steps, s.num_chunks)
-            if self.rendezvous is not None and self.rendezvous.busy():
-                raise _Reply(P.ErrorCode.CONFIG_MISMATCH,
-                             f"config {crc:#010x} differs from the loaded {self.config_id:#010x}"
-                             " and a collective is in flight")
-            try:
-                schedule = Schedule.loads(image.decode("utf-8"))
-            except (ScheduleError, UnicodeDecodeError, ValueError) as e:
-                raise _Reply(P.ErrorCode.BAD_CONFIG, f"config image rejected: {e}") from None
-            if schedule.n != self.nodes:
-                raise _Reply(P.ErrorCode.BAD_CONFIG, f"schedule is for {schedule.n} nodes, "
-                                                     f"fabric has {self.nodes}")
-            try:
-                engine = make_engine(self.engine_name, schedule)
-            except RTLFabricUnavailable as e:
-                raise _Reply(P.ErrorCode.ENGINE, str(e)) from None
-            if self.rendezvous is None:
-                self.rendezvous = Rendezvous(self.nodes, engine, schedule,
-                                             self.collective_timeout)
-            else:
-                try:
-                    self.rendezvous.reload(engine, schedule)
-                except FabricError as e:
-                    raise _Reply(P.ErrorCode.CONFIG_MISMATCH, str(e)) from None
-            self.engine, self.schedule = engine, schedule
-            self.config_id, self.config_image = crc, image
+        config = self._config(crc, image)
+        ctx["config"] = config
+        schedule = config[1]
         return P.Msg.CONFIG_ACK, P.CONFIG_ACK.pack(crc, schedule.n, schedule.steps,
                                                    schedule.num_chunks)
+
+    def _config(self, crc: int, image: bytes) -> tuple:
+        """``(config id, schedule, engine)`` of an image: cached, or parsed, bounded, checked
+        and built under build_lock only — HELLO and the other ranks never wait for a build."""
+        with self.build_lock:
+            cached = self.configs.get(crc)
+            if cached is not None and cached[0] == image:
+                return (crc,) + cached[1:]
+            try:
+                schedule = parse_image(image, self.nodes)
+                engine = make_engine(self.engine_name, schedule)
+            except ConfigRejected as e:
+                raise _Reply(P.ErrorCode.BAD_CONFIG, str(e)) from None
+            except RTLFabricUnavailable as e:
+                raise _Reply(P.ErrorCode.ENGINE, str(e)) from None
+            with self.lock:
+                in_use = {c["config"][0] for c in self.ranks.values() if c.get("config")}
+                for old in [k for k in self.configs if k not in in_use][:-3]:
+                    del self.configs[old]          # bounded: unused ones, oldest first
+                self.configs[crc] = (image, schedule, engine)
+                self.engine = engine
+        return crc, schedule, engine
 
     def _write(self, ctx, payload):
         (seq, dtype, buf_id, _, count), data = P.unpack(P.BUFFER, payload, "WRITE_BUFFER",
@@ -269,27 +365,35 @@ class FabricServer:
         if len(rest) != nlen:
             raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"START name length {nlen} but {len(rest)} "
                                                   "bytes follow")
-        if self.rendezvous is None:
+        if ctx.get("config") is None:
             raise _Reply(P.ErrorCode.NOT_READY, "START before LOAD_CONFIG")
-        data = ctx["staged"].pop(seq, None)
-        if data is None:
-            raise _Reply(P.ErrorCode.SEQUENCE, f"START of collective #{seq} without its "
-                                               "WRITE_BUFFER")
-        rank = ctx["rank"]
-        if mode == P.MODE_DENSE:
-            req = Request("dense", data)
-        elif mode == P.MODE_SPARSE:
+        # every check before the staged buffer is taken: a refused START changes nothing
+        if mode == P.MODE_SPARSE:
             if not 0.0 < density <= 1.0:
                 raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"density {density} outside (0, 1]")
-            req = Request("sparse", data, rest.decode("utf-8", "replace"), density, seed)
-        else:
+            try:
+                scheme = rest.decode("utf-8")
+            except UnicodeDecodeError:
+                raise _Reply(P.ErrorCode.BAD_PAYLOAD, "sparse scheme name is not UTF-8") \
+                    from None
+        elif mode != P.MODE_DENSE:
             raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"unknown START mode {mode}")
+        if seq not in ctx["staged"]:
+            raise _Reply(P.ErrorCode.SEQUENCE, f"START of collective #{seq} without its "
+                                               "WRITE_BUFFER")
+        data = ctx["staged"].pop(seq)
+        rank = ctx["rank"]
+        if mode == P.MODE_DENSE:
+            req = Request("dense", data, config=ctx["config"])
+        else:
+            req = Request("sparse", data, scheme, density, seed, config=ctx["config"])
         try:
-            out = self.rendezvous.submit(seq, rank, req)
+            out = self.rendezvous.submit(seq, rank, req, alive=lambda: _peer_open(ctx["conn"]))
         except FabricTimeout as e:
             raise _Reply(P.ErrorCode.TIMEOUT, str(e)) from None
         except FabricError as e:
             code = {"SIZE_MISMATCH": P.ErrorCode.SIZE_MISMATCH,
+                    "CONFIG_MISMATCH": P.ErrorCode.CONFIG_MISMATCH,
                     "ENGINE": P.ErrorCode.ENGINE}.get(e.code, P.ErrorCode.ABORTED)
             raise _Reply(code, str(e)) from None
         ctx["done"][seq] = out
@@ -330,15 +434,43 @@ class FabricServer:
         return P.Msg.BUFFER_DATA, P.BUFFER.pack(seq, P.DTYPE_FLOAT32, which, 0,
                                                 arr.shape[0]) + data
 
+    def _abort(self, ctx, payload):
+        (seq,), reason = P.unpack(P.ABORT, payload, "ABORT", exact=False)
+        if len(reason) > P.MAX_ABORT_REASON:
+            raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"ABORT reason longer than "
+                                                  f"{P.MAX_ABORT_REASON} bytes")
+        ctx["staged"].pop(seq, None)
+        self.rendezvous.fail(seq, ctx["rank"], reason.decode("utf-8", "replace"))
+        return P.Msg.ABORT_ACK, P.ABORT.pack(seq)
+
     def _status(self, ctx, payload):
         if payload:
             raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"STATUS takes no payload, got "
                                                   f"{len(payload)} bytes")
         nic = self.nic[ctx["rank"]]
-        busy = self.rendezvous is not None and self.rendezvous.busy()
+        busy = self.rendezvous.busy()
+        config_id = ctx["config"][0] if ctx.get("config") else 0
         return P.Msg.STATUS_REPLY, P.STATUS_REPLY.pack(
-            1 if busy else 0, self.config_id, nic["collectives"], nic["host_rx"],
+            1 if busy else 0, config_id, nic["collectives"], nic["host_rx"],
             nic["host_tx"], nic["link_tx"], nic["link_rx"], nic["cycles"])
+
+
+def _peer_open(conn: socket.socket) -> bool:
+    """False once the peer closed (or reset) ``conn``; never blocks, never consumes data."""
+    # called by the connection's own thread; a socket with a timeout would wait in recv
+    timeout = conn.gettimeout()
+    try:
+        conn.setblocking(False)
+        return conn.recv(1, socket.MSG_PEEK) != b""
+    except (BlockingIOError, InterruptedError):
+        return True
+    except OSError:
+        return False
+    finally:
+        try:
+            conn.settimeout(timeout)
+        except OSError:
+            pass
 
 
 # ---- a server in its own process ----------------------------------------------------------
@@ -348,11 +480,14 @@ class ServerProcess:
 
     def __init__(self, nodes: int, engine: str = "golden", *, collective_timeout: float = 60.0,
                  idle_exit: float = 600.0, startup_timeout: float = 30.0):
+        #: the job secret (64 hex digits): give it to the ranks (open_nic ``secret=``)
+        self.secret = P.new_secret()
+        env = dict(os.environ, **{P.SECRET_ENV: self.secret})
         cmd = [sys.executable, "-m", "treenic.driver.server", "--nodes", str(nodes),
                "--engine", engine, "--port", "0", "--collective-timeout",
                str(collective_timeout), "--idle-exit", str(idle_exit)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
+                                     text=True, env=env)
         line = _readline_with_timeout(self.proc, startup_timeout)
         parts = line.split()
         if len(parts) < 3 or parts[0] != "LISTENING":
@@ -363,6 +498,11 @@ class ServerProcess:
             raise DriverError(f"fabric server did not start: {line!r} {err}")
         self.address = (parts[1], int(parts[2]))
         self.engine = engine
+
+    @property
+    def endpoint(self) -> dict:
+        """``open_nic("rtl", ..., **endpoint)``: the address and the job secret."""
+        return {"address": tuple(self.address), "secret": self.secret}
 
     @property
     def pid(self) -> int:
@@ -395,6 +535,23 @@ def _readline_with_timeout(proc, timeout: float) -> str:
     return out[0].strip() if out else ""
 
 
+def _job_secret(path: str | None) -> tuple[str, str | None]:
+    """(secret, file it was written to or None): from ``path``, the environment, or fresh."""
+    if path is None and os.environ.get(P.SECRET_ENV):
+        return P.secret_bytes(os.environ[P.SECRET_ENV]).hex(), None
+    if path is not None and os.path.exists(path):
+        with open(path) as f:
+            return P.secret_bytes(f.read()).hex(), None
+    if path is None:
+        import tempfile
+        path = os.path.join(tempfile.mkdtemp(prefix="treenic-fabric-"), "secret")
+    secret = P.new_secret()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    return secret, path
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m treenic.driver.server",
                                  description="treenic fabric server (N simulated NICs)")
@@ -405,9 +562,23 @@ def main(argv=None) -> int:
     ap.add_argument("--collective-timeout", type=float, default=60.0)
     ap.add_argument("--idle-exit", type=float, default=600.0,
                     help="exit after this many seconds without any client (0: never)")
+    ap.add_argument("--idle-timeout", type=float, default=600.0,
+                    help="drop a rank's connection silent for this many seconds")
+    ap.add_argument("--hello-timeout", type=float, default=5.0,
+                    help="a new connection must complete its HELLO within this many seconds")
+    ap.add_argument("--max-connections", type=int, default=None,
+                    help="connection cap (default 2 x nodes + 8); beyond it: ERROR BUSY")
+    ap.add_argument("--secret-file", default=None,
+                    help=f"job secret file (64 hex digits; created with a fresh secret, mode "
+                         f"0600, when missing). Default: ${P.SECRET_ENV}, else a fresh secret "
+                         "written to a new private file named on the LISTENING line")
     a = ap.parse_args(argv)
-    server = FabricServer(a.nodes, a.engine, a.host, a.port, a.collective_timeout)
-    print(f"LISTENING {server.address[0]} {server.address[1]} {a.engine}", flush=True)
+    secret, secret_file = _job_secret(a.secret_file)
+    server = FabricServer(a.nodes, a.engine, a.host, a.port, a.collective_timeout,
+                          a.idle_timeout, hello_timeout=a.hello_timeout,
+                          max_connections=a.max_connections, secret=secret)
+    print(f"LISTENING {server.address[0]} {server.address[1]} {a.engine}"
+          + (f" {secret_file}" if secret_file else ""), flush=True)
     server.serve_forever(idle_exit=a.idle_exit or None)
     return 0
 

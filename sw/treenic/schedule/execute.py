@@ -14,6 +14,27 @@ import numpy as np
 
 from .ir import Op, Schedule, ScheduleError
 
+#: The one NaN of the numeric contract (ARCHITECTURE §5): every NaN an addition produces — a
+#: NaN operand, or inf + (-inf) — is the quiet NaN 0x7FC00000 (sign 0, payload dropped), as
+#: the RTL adder emits it (``treenic.hdl.fp32.CANONICAL_NAN``; a test checks they agree).
+#: numpy keeps NaN payloads and gives 0xFFC00000 for inf - inf on x86, so results are
+#: canonicalised after every addition here, and after the collective in other backends.
+CANONICAL_NAN = 0x7FC00000
+
+
+def canonicalize_nan(values: np.ndarray) -> np.ndarray:
+    """Replace every NaN of the float32 array ``values`` by :data:`CANONICAL_NAN` (in place;
+    returns ``values``)."""
+    nan = np.isnan(values)
+    if nan.any():
+        values.view(np.uint32)[nan] = CANONICAL_NAN
+    return values
+
+
+def _add(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """binary32 ``left + right`` under the contract's NaN rule (a new array)."""
+    return canonicalize_nan(np.add(left, right, dtype=np.float32))
+
 
 def _check_buffers(schedule: Schedule, buffers) -> np.ndarray:
     buf = np.asarray(buffers)
@@ -38,7 +59,7 @@ def execute(schedule: Schedule, buffers: np.ndarray) -> np.ndarray:
                 for c, d in zip(t.chunks, data):
                     sl = slice(bounds[c], bounds[c + 1])
                     if t.op == Op.REDUCE:
-                        state[t.dst, sl] = state[t.dst, sl] + d   # local first operand
+                        state[t.dst, sl] = _add(state[t.dst, sl], d)   # local first operand
                     else:
                         state[t.dst, sl] = d
     return state
@@ -103,7 +124,7 @@ def replay(schedule: Schedule, buffers: np.ndarray, sym: SymbolicResult | None =
                     memo[id(e)] = buf[e, sl]
                     stack.pop()
                 elif id(e[0]) in memo and id(e[1]) in memo:
-                    memo[id(e)] = (memo[id(e[0])] + memo[id(e[1])]).astype(np.float32)
+                    memo[id(e)] = _add(memo[id(e[0])], memo[id(e[1])])
                     stack.pop()
                 else:
                     stack.extend(x for x in (e[1], e[0]) if id(x) not in memo)
