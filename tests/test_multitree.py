@@ -93,7 +93,7 @@ def test_all_gather_steps_near_lower_bound():
     for spec, slack in [("torus:4x4", 1), ("torus:8x8", 1), ("torus:4x8", 1),
                         ("fattree:16", 0), ("switch:8", 0), ("switch:6", 0)]:
         s = build("multitree", spec)
-        assert s.meta["bound"] == _bound(s)
+        assert s.meta["link_bound"] == _bound(s)
         assert _bound(s) <= s.gather_steps <= _bound(s) + slack, spec
 
 

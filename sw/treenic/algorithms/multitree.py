@@ -370,4 +370,4 @@ def build(topo: Topology, priority: str = "auto", variant: str = "bound") -> Sch
                     reduce_steps=total, gather_steps=total,
                     meta={"trees": "one per root; flow f = chunk f = tree rooted at node f",
                           "priority": resolve_priority(topo, priority), "variant": variant,
-                          "construction": how, "bound": _link_bound(topo)})
+                          "construction": how, "link_bound": _link_bound(topo)})
