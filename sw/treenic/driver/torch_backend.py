@@ -55,7 +55,7 @@ class _Message:
 class TorchBackend:
     """Schedule IR over torch.distributed P2P (see module docstring)."""
 
-    def __init__(self, comm, group=None, verify: bool = True, piece_elements: int = 1 << 18,
+    def __init__(self, comm, group=None, verify: bool = True, piece_elements: int = 1 << 20,
                  executor: str = "auto"):
         import torch.distributed as dist
         if not dist.is_initialized():
@@ -80,6 +80,7 @@ class TorchBackend:
                               "executor='stepwise'")
         self.executor = executor
         self._plans: dict = {}
+        self._bufs: dict = {}
         # global rank of each group rank (P2P ops address global ranks)
         self._peer = [r if group is None else dist.get_global_rank(group, r)
                       for r in range(comm.world)]
@@ -88,6 +89,7 @@ class TorchBackend:
         from .core import _check_same_config
         _check_same_config(self.comm, zlib.crc32(image), self.group)
         self._plans.clear()
+        self._bufs.clear()
         self.schedule = schedule
 
     # ---- plan ---------------------------------------------------------------------------
@@ -184,14 +186,27 @@ class TorchBackend:
             return flat[m.lo:m.hi], True
         return flat.index_select(0, m.index), False
 
+    def _recv_buffers(self, msgs, flat):
+        """Receive buffers, allocated once per plan and dtype and reused by every collective
+        (each collective's receives complete before the next one starts); fresh buffers
+        would page-fault their whole size on every call."""
+        import torch
+        key = (id(msgs), flat.dtype, str(flat.device))
+        bufs = self._bufs.get(key)
+        if bufs is None:
+            bufs = [torch.empty(m.size, dtype=flat.dtype, device=flat.device)
+                    for m in msgs if m.kind == "recv"]
+            self._bufs = {key: bufs}         # only the latest plan's: bounded memory
+        return bufs
+
     def _run_pipelined(self, flat, msgs):
         import torch
         dist, group, peer = self.dist, self.group, self._peer
         recvs = []
-        for m in msgs:                       # every receive posted up front, tagged
-            if m.kind == "recv":
-                buf = torch.empty(m.size, dtype=flat.dtype, device=flat.device)
-                recvs.append((m, buf, dist.irecv(buf, peer[m.peer], group=group, tag=m.tag)))
+        bufs = self._recv_buffers(msgs, flat)
+        for m, buf in zip((m for m in msgs if m.kind == "recv"), bufs):
+            # every receive posted up front, tagged
+            recvs.append((m, buf, dist.irecv(buf, peer[m.peer], group=group, tag=m.tag)))
         sends = {}                           # message id -> (work, reads flat in place)
         applied = 0
         for i, m in enumerate(msgs):
