@@ -39,7 +39,9 @@ def _world(rank, world, endpoint):
     import torch
     from treenic.driver import FabricError, open_nic
     out = {}
-    for backend, opts in (("torch", {}), ("model", {}), ("rtl", endpoint)):
+    for name, backend, opts in (("torch", "torch", {}),
+                                ("torch-stepwise", "torch", {"executor": "stepwise"}),
+                                ("model", "model", {}), ("rtl", "rtl", endpoint)):
         for alg, topo in CASES:
             comm = open_nic(backend, rank, world, topo, alg, **opts)
             for n in SIZES:
@@ -48,7 +50,7 @@ def _world(rank, world, endpoint):
                     t = torch.from_numpy(np.repeat(t.numpy(), 2))[::2]
                     assert not t.is_contiguous()
                 comm.allreduce(t)
-                out[(backend, alg, topo, n)] = t.numpy().copy()
+                out[(name, alg, topo, n)] = t.numpy().copy()
             if alg == "ring":
                 # sparse TopkA with error feedback, two iterations
                 res = None
@@ -56,22 +58,29 @@ def _world(rank, world, endpoint):
                     g = torch.from_numpy(data(100 + it, 3000)[rank].copy())
                     o = comm.sparse_allreduce(g, 0.02, scheme="topka", residual=res)
                     res = o.residual
-                    out[(backend, "topka", it)] = (g.numpy().copy(), res.numpy().copy(),
-                                                   o.bytes_sent)
+                    out[(name, "topka", it)] = (g.numpy().copy(), res.numpy().copy(),
+                                                o.bytes_sent)
                 # ranks disagreeing on the size: every rank gets an error naming them
                 try:
                     comm.allreduce(torch.zeros(10 + (rank == 1)))
-                    out[(backend, "mismatch")] = None
+                    out[(name, "mismatch")] = None
                 except FabricError as e:
-                    out[(backend, "mismatch")] = str(e)
-                out[(backend, "status")] = comm.status()
+                    out[(name, "mismatch")] = str(e)
+                out[(name, "status")] = comm.status()
             comm.close()
     for piece in (7, 1 << 18):                      # tiny pieces: overlap is exercised
-        comm = open_nic("torch", rank, world, algorithm=butterfly(), piece_elements=piece)
-        for n in SIZES:
-            t = torch.from_numpy(data(n, n)[rank].copy())
-            comm.allreduce(t)
-            out[("butterfly", piece, n)] = t.numpy().copy()
+        for executor in ("pipelined", "stepwise"):
+            comm = open_nic("torch", rank, world, algorithm=butterfly(), piece_elements=piece,
+                            executor=executor)
+            for n in SIZES:
+                t = torch.from_numpy(data(n, n)[rank].copy())
+                comm.allreduce(t)
+                out[("butterfly", piece, executor, n)] = t.numpy().copy()
+    for alg, topo in CASES:                         # tiny pieces through the real schedules
+        comm = open_nic("torch", rank, world, topo, alg, piece_elements=5)
+        t = torch.from_numpy(data(4099, 4099)[rank].copy())
+        comm.allreduce(t)
+        out[("torch-piece5", alg, topo, 4099)] = t.numpy().copy()
     return out
 
 
@@ -81,11 +90,11 @@ def world_results():
         return run_world(_world, WORLD, srv.endpoint, timeout=240)
 
 
-@pytest.mark.parametrize("backend", ["torch", "model", "rtl"])
+@pytest.mark.parametrize("backend", ["torch", "torch-stepwise", "torch-piece5", "model", "rtl"])
 def test_dense_bit_exact_across_backends(world_results, backend):
     for alg, topo in CASES:
         s = algorithms.build(alg, topo)
-        for n in SIZES:
+        for n in (SIZES if backend != "torch-piece5" else [4099]):
             ref = execute(s, data(n, n))
             for r in range(WORLD):
                 got = world_results[r][(backend, alg, topo, n)]
@@ -98,9 +107,10 @@ def test_same_step_send_and_receive_keeps_snapshot_semantics(world_results):
     for n in SIZES:
         ref = execute(s, data(n, n))
         for piece in (7, 1 << 18):
-            for r in range(WORLD):
-                got = world_results[r][("butterfly", piece, n)]
-                assert np.array_equal(got.view(np.uint32), ref[r].view(np.uint32))
+            for executor in ("pipelined", "stepwise"):
+                for r in range(WORLD):
+                    got = world_results[r][("butterfly", piece, executor, n)]
+                    assert np.array_equal(got.view(np.uint32), ref[r].view(np.uint32))
 
 
 @pytest.mark.parametrize("backend", ["torch", "model", "rtl"])
@@ -128,6 +138,8 @@ def test_counters(world_results):
     st = world_results[0][("torch", "status")]
     c = st["counters"]
     assert st["backend"] == "torch" and st["transport"] == "gloo"
+    assert st["executor"] == "pipelined"
+    assert world_results[0][("torch-stepwise", "status")]["executor"] == "stepwise"
     assert c["collectives"] == len(SIZES) and c["sparse_collectives"] == 2
     rt = world_results[0][("rtl", "status")]
     assert rt["nic"]["collectives"] == len(SIZES) + 2

@@ -84,12 +84,64 @@ def test_one_reduce_and_one_gather_per_send_step(spec):
         assert len([e for e in ents if e.op == Op.GATHER]) == expect
 
 
+def _bound(s):
+    links = sum(1 for u, _ in s.topology.graph.edges() if not T.is_switch(u))
+    return -(-s.n * (s.n - 1) // links)
+
+
 def test_all_gather_steps_near_lower_bound():
-    for spec, slack in [("torus:4x4", 2), ("torus:8x8", 2), ("fattree:16", 0), ("switch:8", 0)]:
+    for spec, slack in [("torus:4x4", 1), ("torus:8x8", 1), ("torus:4x8", 1),
+                        ("fattree:16", 0), ("switch:8", 0), ("switch:6", 0)]:
         s = build("multitree", spec)
-        links = sum(1 for u, _ in s.topology.graph.edges() if not T.is_switch(u))
-        bound = -(-s.n * (s.n - 1) // links)
-        assert bound <= s.gather_steps <= bound + slack, spec
+        assert s.meta["link_bound"] == _bound(s)
+        assert _bound(s) <= s.gather_steps <= _bound(s) + slack, spec
+
+
+@pytest.mark.parametrize("spec,paper,improved", [("torus:4x4", 6, 5), ("torus:8x8", 18, 17),
+                                                 ("torus:8x4", 11, 9), ("switch:6", 6, 5),
+                                                 ("fattree:12", 12, 11), ("mesh:4x4", 8, 8)])
+def test_paper_variant_kept_and_improved_variant_default(spec, paper, improved):
+    p = build("multitree", spec, variant="paper")
+    b = build("multitree", spec)
+    assert (p.gather_steps, b.gather_steps) == (paper, improved)
+    assert (p.meta["variant"], b.meta["variant"]) == ("paper", "bound")
+    for s in (p, b):
+        assert check.check_all(s)["link_conflicts"] == 0
+
+
+def test_fig3_unchanged_by_improved_variant():
+    for variant in ("paper", "bound"):
+        s = build("multitree", "mesh:2x2", variant=variant)
+        assert s.gather_steps == 2
+    assert build("multitree", "mesh:2x2").transfers == \
+        build("multitree", "mesh:2x2", variant="paper").transfers
+
+
+@pytest.mark.parametrize("spec", ["switch:3", "switch:5", "switch:7", "switch:12", "fattree:6",
+                                  "fattree:9", "fattree:20", "bigraph:4x8", "bigraph:8x4",
+                                  "bigraph:6x3", "bigraph:4x4", "dgx2", "ring:9"])
+def test_never_more_steps_than_ring_and_exact(spec):
+    s = build("multitree", spec)
+    ring = build("ring", spec)
+    assert s.gather_steps <= ring.gather_steps
+    assert check.check_all(s)["link_conflicts"] == 0
+    rep = run_and_check(s, np.random.default_rng(3).standard_normal((s.n, 97)).astype(np.float32))
+    assert rep.bit_exact and rep.all_nodes_equal
+
+
+@pytest.mark.slow
+def test_never_more_steps_than_ring_every_switch_and_fattree_size():
+    """switch:N and fattree:N for every N in 3..64 (~30 s)."""
+    for kind in ("switch", "fattree"):
+        for n in range(3, 65):
+            s = build("multitree", f"{kind}:{n}")
+            assert s.gather_steps <= n - 1, s.topology.spec
+
+
+def test_chain_trees_on_bigraph_are_conflict_free_paths():
+    s = build("multitree", "bigraph:4x8")
+    assert s.meta["construction"] == "chain" and s.gather_steps == 31 == _bound(s)
+    assert check.check_all(s)["link_conflicts"] == 0
 
 
 def test_reduce_scatter_is_reversed_all_gather():
@@ -102,8 +154,8 @@ def test_reduce_scatter_is_reversed_all_gather():
 
 def test_priority_auto_helps_switch_networks_and_keeps_algorithm1_on_tori():
     assert build("multitree", "torus:4x4").meta["priority"] == "root"
-    auto = build("multitree", "bigraph:4x8")
-    plain = build("multitree", "bigraph:4x8", priority="root")
+    auto = build("multitree", "bigraph:4x8", variant="paper")
+    plain = build("multitree", "bigraph:4x8", priority="root", variant="paper")
     assert auto.meta["priority"] == "remaining"
     assert auto.gather_steps < plain.gather_steps and auto.gather_steps <= 33   # bound 31
     assert check.check_all(auto)["link_conflicts"] == 0
@@ -113,5 +165,7 @@ def test_bad_options_rejected():
     from treenic.schedule.ir import ScheduleError
     with pytest.raises(ScheduleError, match="priority"):
         build("multitree", "ring:4", priority="tallest")
+    with pytest.raises(ScheduleError, match="variant"):
+        build("multitree", "ring:4", variant="fastest")
     with pytest.raises(ScheduleError, match="unsupported option"):
         build("ring", "ring:4", bogus=1)

@@ -17,7 +17,7 @@ on ``hrd``.
 from __future__ import annotations
 
 from amaranth.hdl import Cat, Module, Signal
-from amaranth.lib import data, stream, wiring
+from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
@@ -93,18 +93,23 @@ class Fabric(wiring.Component):
             wiring.connect(m, nics[u].tx[i], lk.i)
             wiring.connect(m, lk.o, nics[v].rx[j])
 
-        # host streams
-        rd_busy = Signal()
-        rd_node = Signal.like(self.hr.payload.node)
-        resp_v = Signal()
-        resp = Signal(32)
+        # host streams.  Reads are pipelined: a request is accepted every cycle while the
+        # response FIFO has room for it and every read still in flight, so a bulk readback
+        # runs at one word per cycle (the NIC's host bus takes back-to-back reads).
+        m.submodules.resp_fifo = resp_fifo = fifo.SyncFIFOBuffered(
+            width=32, depth=HOST_READ_LATENCY + 2)
+        rd_pipe = Signal(HOST_READ_LATENCY)          # a read answers HOST_READ_LATENCY later
+        node_pipe = [Signal.like(self.hr.payload.node, name=f"rd_node{k}")
+                     for k in range(HOST_READ_LATENCY)]
+        in_flight = sum(rd_pipe[k] for k in range(HOST_READ_LATENCY))
+        room = (resp_fifo.level + in_flight) < resp_fifo.depth
         m.d.comb += [self.hw.ready.eq(1),
-                     self.hr.ready.eq(~self.hw.valid & ~rd_busy & ~resp_v)]
+                     self.hr.ready.eq(~self.hw.valid & room)]
         rd = self.hr.valid & self.hr.ready
-        # a host read answers HOST_READ_LATENCY cycles later: shift its request along
-        rd_pipe = Signal(HOST_READ_LATENCY)
         m.d.sync += rd_pipe.eq(Cat(rd, rd_pipe[:-1]))
-        m.d.comb += rd_busy.eq(rd_pipe.any())
+        m.d.sync += node_pipe[0].eq(self.hr.payload.node)
+        m.d.sync += [node_pipe[k].eq(node_pipe[k - 1]) for k in range(1, HOST_READ_LATENCY)]
+        rdata = Signal(32)
         for u, nic in enumerate(nics):
             sel_w = self.hw.valid & (self.hw.payload.node == u)
             sel_r = rd & (self.hr.payload.node == u)
@@ -112,16 +117,11 @@ class Fabric(wiring.Component):
                          nic.host.re.eq(sel_r),
                          nic.host.addr.eq(Mux_(sel_w, self.hw.payload.addr,
                                                self.hr.payload.addr))]
-            with m.If(rd_pipe[-1] & (rd_node == u)):
-                m.d.sync += resp.eq(nic.host.rdata)
-
-        with m.If(rd):
-            m.d.sync += rd_node.eq(self.hr.payload.node)
-        with m.If(rd_pipe[-1]):
-            m.d.sync += resp_v.eq(1)
-        with m.Elif(self.hrd.ready):
-            m.d.sync += resp_v.eq(0)
-        m.d.comb += [self.hrd.valid.eq(resp_v), self.hrd.payload.eq(resp)]
+            with m.If(node_pipe[-1] == u):
+                m.d.comb += rdata.eq(nic.host.rdata)
+        m.d.comb += [resp_fifo.w_en.eq(rd_pipe[-1]), resp_fifo.w_data.eq(rdata),
+                     self.hrd.valid.eq(resp_fifo.r_rdy), self.hrd.payload.eq(resp_fifo.r_data),
+                     resp_fifo.r_en.eq(self.hrd.ready)]
 
         # status
         all_done = Cat(*[n.done for n in nics]).all()

@@ -29,6 +29,13 @@ Tie-breaks the paper leaves open (documented choices):
   ascending id. The first one found becomes the child, and every link on the path from ``p``
   is consumed for the step (node→switch, switch→switch…, switch→node).
 
+Variants (``build(topo, variant=...)``): ``"paper"`` is Algorithm 1 with exactly the
+tie-breaks above (the 2x2 mesh reproduces Fig. 3); ``"bound"`` (default) uses the latitude
+the paper leaves -- geometric child order on tori, cyclic child order on switch networks,
+chain trees where nothing else ties Ring -- and reaches the link lower bound or one step
+above it (torus 4x4: 5, bound 4; 8x8: 17; 16x16: 64; switch:N and fattree:N: N − 1; BiGraph:
+N − 1); see :func:`build` and ``docs/performance.md``.
+
 Speed: a parent candidate that fails once fails for the rest of the step (links are only
 consumed and trees only grow within a step), so each tree keeps a cursor into its parent
 list that only moves forward during a step; parents whose neighbours are all in the tree are
@@ -36,11 +43,18 @@ dropped for good. Torus 32x32 builds in seconds (see ``make bench``).
 """
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import deque
 
 from ..schedule.ir import Op, Schedule, ScheduleError, Transfer
 
 PRIORITIES = ("auto", "root", "remaining")
+#: candidate-child orders: ``ports`` (Algorithm 1 as printed, topology port order),
+#: ``geometric`` (tori/meshes: -Y, +Y, -X, +X), ``cyclic`` (switches: end nodes after the
+#: parent's id, cyclically), ``reachable`` (switches: over all reachable end nodes, first in
+#: cyclic order after the parent)
+CHILD_ORDERS = ("ports", "geometric", "cyclic", "reachable")
+VARIANTS = ("bound", "paper")
 from ..topology import Topology, is_switch
 
 
@@ -60,8 +74,10 @@ class _Links:
             self.free[(u, v)] -= 1
 
 
-def _find_child_switched(topo, p, in_tree, links, attached):
-    """§III-C3: breadth-first over switches from p through free links."""
+def _find_child_switched(topo, p, in_tree, links, attached, cyclic=False, n=0):
+    """§III-C3: breadth-first over switches from p through free links. ``cyclic``: at each
+    switch, try its end nodes in cyclic order after ``p`` (p+1, p+2, ... mod n) instead of
+    ascending id."""
     # direct end-node neighbours (mixed graphs) come first, as in the direct case
     for v in topo.neighbours(p):
         if not is_switch(v) and not in_tree[v] and links.free[(p, v)] > 0:
@@ -71,17 +87,49 @@ def _find_child_switched(topo, p, in_tree, links, attached):
     queue = deque(start)
     while queue:
         s = queue.popleft()
-        for c in attached[s]:
+        ends = attached[s]
+        if cyclic:
+            k = bisect_right(ends, p)
+            ends = ends[k:] + ends[:k]
+        for c in ends:
             if not in_tree[c] and links.free[(s, c)] > 0:
-                path = [c, s]
-                while path[-1] != p:
-                    path.append(parent[path[-1]])
-                return path[::-1]
+                return _path_back(parent, c, s, p)
         for s2 in topo.neighbours(s):
             if is_switch(s2) and s2 not in parent and links.free[(s, s2)] > 0:
                 parent[s2] = s
                 queue.append(s2)
     return None
+
+
+def _find_child_reachable(topo, p, in_tree, links, attached, n):
+    """Like :func:`_find_child_switched`, but over *every* end node reachable through free
+    links, the first in cyclic order after ``p`` wins (its breadth-first path is used)."""
+    for v in topo.neighbours(p):
+        if not is_switch(v) and not in_tree[v] and links.free[(p, v)] > 0:
+            return [p, v]
+    start = [s for s in topo.neighbours(p) if is_switch(s) and links.free[(p, s)] > 0]
+    parent = {s: p for s in start}
+    queue = deque(start)
+    best = None                                  # (cyclic rank, child, its switch)
+    while queue:
+        s = queue.popleft()
+        for c in attached[s]:
+            if not in_tree[c] and links.free[(s, c)] > 0:
+                rank = (c - p - 1) % n
+                if best is None or rank < best[0]:
+                    best = (rank, c, s)
+        for s2 in topo.neighbours(s):
+            if is_switch(s2) and s2 not in parent and links.free[(s, s2)] > 0:
+                parent[s2] = s
+                queue.append(s2)
+    return None if best is None else _path_back(parent, best[1], best[2], p)
+
+
+def _path_back(parent, c, s, p):
+    path = [c, s]
+    while path[-1] != p:
+        path.append(parent[path[-1]])
+    return path[::-1]
 
 
 def _turn_order(remaining, priority):
@@ -101,12 +149,18 @@ def resolve_priority(topo: Topology, priority: str = "auto") -> str:
     return "root" if topo.kind in ("ring", "torus", "mesh") else "remaining"
 
 
-def build_trees(topo: Topology, priority: str = "auto") -> tuple[list[list[tuple]], int]:
+def build_trees(topo: Topology, priority: str = "auto",
+                children: str = "ports") -> tuple[list[list[tuple]], int]:
     """All-gather trees of Algorithm 1: per root, the allocations ``(path, step)`` in the
     order they were made (``path[0]`` the parent, ``path[-1]`` the child, switches between);
-    and the total step count T."""
+    and the total step count T. ``children`` is the candidate-child order (see
+    :data:`CHILD_ORDERS`); ``"ports"`` is Algorithm 1 as printed."""
     priority = resolve_priority(topo, priority)
-    grower = _DirectGrower(topo) if topo.is_direct else _SwitchedGrower(topo)
+    if children not in CHILD_ORDERS:
+        raise ScheduleError(f"multitree child order must be one of {CHILD_ORDERS}, "
+                            f"got {children!r}")
+    grower = (_DirectGrower(topo, children) if topo.is_direct
+              else _SwitchedGrower(topo, children))
     n = topo.n
     remaining = [n - 1] * n
     t = 0
@@ -129,12 +183,29 @@ def build_trees(topo: Topology, priority: str = "auto") -> tuple[list[list[tuple
     return grower.edges, t
 
 
+def _geometric_neighbours(topo: Topology, v: int) -> list[int]:
+    """Torus/mesh neighbours of ``v`` in geometric order -Y, +Y, -X, +X (wrap-around
+    neighbours in their geometric slot)."""
+    X, Y = topo.dims
+    x, y = topo.coords(v)
+    cand = [((y - 1) % Y) * X + x, ((y + 1) % Y) * X + x,
+            y * X + (x - 1) % X, y * X + (x + 1) % X]
+    linked = set(topo.neighbours(v))
+    out = []
+    for u in cand:
+        if u != v and u in linked and u not in out:
+            out.append(u)
+    return out + [u for u in topo.neighbours(v) if u not in out]
+
+
 class _DirectGrower:
     """Tree growth over one-hop links (tori, meshes, rings, direct graphs)."""
 
-    def __init__(self, topo: Topology):
+    def __init__(self, topo: Topology, children: str = "ports"):
         n = topo.n
-        self.nbr = nbr = [topo.neighbours(v) for v in range(n)]
+        geometric = children == "geometric" and topo.dims is not None
+        self.nbr = nbr = [_geometric_neighbours(topo, v) if geometric else topo.neighbours(v)
+                          for v in range(n)]
         # capacity per (node, neighbour slot); parallel links give capacity > 1
         self.cap = [[topo.graph.number_of_edges(v, u) for u in nbr[v]] for v in range(n)]
         self.in_tree = [bytearray(n) for _ in range(n)]
@@ -183,9 +254,10 @@ class _DirectGrower:
 class _SwitchedGrower:
     """Tree growth through switches (§III-C3)."""
 
-    def __init__(self, topo: Topology):
+    def __init__(self, topo: Topology, children: str = "ports"):
         n = topo.n
         self.topo = topo
+        self.children = children
         self.attached = {s: sorted(v for v in topo.neighbours(s) if not is_switch(v))
                          for s in topo.switches}
         self.links = _Links(topo)
@@ -201,8 +273,13 @@ class _SwitchedGrower:
     def grow(self, r, t) -> bool:
         cand, tree_in = self.eligible[r], self.in_tree[r]
         while self.cursor[r] < len(cand):
-            found = _find_child_switched(self.topo, cand[self.cursor[r]], tree_in, self.links,
-                                         self.attached)
+            p = cand[self.cursor[r]]
+            if self.children == "reachable":
+                found = _find_child_reachable(self.topo, p, tree_in, self.links,
+                                              self.attached, len(tree_in))
+            else:
+                found = _find_child_switched(self.topo, p, tree_in, self.links, self.attached,
+                                             self.children == "cyclic", len(tree_in))
             if found:
                 self.links.take(found)
                 tree_in[found[-1]] = True
@@ -213,8 +290,73 @@ class _SwitchedGrower:
         return False
 
 
-def build(topo: Topology, priority: str = "auto") -> Schedule:
-    edges, total = build_trees(topo, priority)
+def chain_trees(topo: Topology) -> tuple[list[list[tuple]], int] | None:
+    """One path-shaped tree per root along the ring order (:func:`ring.ring_order`): tree
+    rooted at position ``i`` adds position ``i+t`` from ``i+t-1`` at step ``t``. Every step
+    uses each hop of the ring once, so the trees are conflict-free iff the N hop routes
+    together fit the links; None when they do not (or a direct network's hop is not one
+    link). N − 1 steps: the lower bound where every end node has a single link."""
+    from .ring import ring_order
+    order = ring_order(topo)
+    n = len(order)
+    hops = [tuple(topo.route(order[k], order[(k + 1) % n])) for k in range(n)]
+    if topo.is_direct and any(len(h) != 2 for h in hops):
+        return None
+    load: dict = {}
+    for h in hops:
+        for u, v in zip(h, h[1:]):
+            load[(u, v)] = load.get((u, v), 0) + 1
+    if any(k > topo.graph.number_of_edges(u, v) for (u, v), k in load.items()):
+        return None
+    edges = [[(hops[(i + t - 1) % n], t) for t in range(1, n)] for i in range(n)]
+    return [edges[order.index(r)] for r in range(n)], n - 1
+
+
+def _link_bound(topo: Topology) -> int:
+    """All-gather lower bound: N(N-1) chunk deliveries over the end nodes' outgoing links."""
+    links = sum(1 for u, _ in topo.graph.edges() if not is_switch(u))
+    return -(-topo.n * (topo.n - 1) // links)
+
+
+def construct(topo: Topology, priority: str = "auto", variant: str = "bound"):
+    """(all-gather trees, steps, how) for a variant (see :func:`build`)."""
+    if variant not in VARIANTS:
+        raise ScheduleError(f"multitree variant must be one of {VARIANTS}, got {variant!r}")
+    pri = resolve_priority(topo, priority)
+    if variant == "paper":
+        edges, steps = build_trees(topo, pri, "ports")
+        return edges, steps, f"algorithm1/{pri}/ports"
+    rules = [(pri, "geometric")] if topo.is_direct else [(pri, "reachable"), (pri, "cyclic")]
+    bound, best = _link_bound(topo), None
+    for p, children in rules:
+        edges, steps = build_trees(topo, p, children)
+        if best is None or steps < best[1]:
+            best = (edges, steps, f"algorithm1/{p}/{children}")
+        if steps <= bound:
+            return best
+    if best[1] > topo.n - 1:                  # more steps than Ring: chain trees tie it
+        chain = chain_trees(topo)
+        if chain is not None:
+            best = (*chain, "chain")
+    return best
+
+
+def build(topo: Topology, priority: str = "auto", variant: str = "bound") -> Schedule:
+    """MultiTree schedule. ``variant="paper"``: Algorithm 1 with the tie-breaks documented
+    above (children in port order). ``variant="bound"`` (default): the same Algorithm 1
+    with the latitude the paper leaves used to approach the link lower bound --
+
+    * direct tori/meshes: children in geometric order -Y, +Y, -X, +X (the wrap-around
+      neighbour in its geometric slot; meshes and the Fig. 3 trees are unchanged);
+    * switch networks: the child is the first end node in cyclic order after the parent
+      among all reachable through free links (``reachable``), else the first at the
+      nearest switch in cyclic order (``cyclic``), whichever gives fewer steps;
+    * if no rule beats Ring's N − 1 steps (BiGraph), chain trees along the ring order
+      (:func:`chain_trees`) -- conflict-free, N − 1 steps, the bound on networks whose end
+      nodes have one link each.
+
+    ``meta["construction"]`` says which rule built the trees."""
+    edges, total, how = construct(topo, priority, variant)
     direct = topo.is_direct
     transfers = []
     for root, tree in enumerate(edges):
@@ -227,4 +369,5 @@ def build(topo: Topology, priority: str = "auto") -> Schedule:
     return Schedule("multitree", topo, num_chunks=topo.n, transfers=transfers,
                     reduce_steps=total, gather_steps=total,
                     meta={"trees": "one per root; flow f = chunk f = tree rooted at node f",
-                          "priority": resolve_priority(topo, priority)})
+                          "priority": resolve_priority(topo, priority), "variant": variant,
+                          "construction": how, "link_bound": _link_bound(topo)})

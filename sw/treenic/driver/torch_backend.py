@@ -1,0 +1,406 @@
+"""``torch`` backend: the Schedule IR executed with ``torch.distributed`` point-to-point ops.
+
+Semantics (shared with every backend, :mod:`treenic.driver.core`): rank ``r`` is node ``r``;
+contributions are applied after their receive completes, per element the local value first,
+then in the schedule's order (step, then ascending ``rx_port``), so the result is
+bit-identical to :func:`treenic.schedule.execute.execute`.
+
+Plan (per buffer size, cached): the schedule's transfers in its global order, each step's
+transfers to one peer merged into **one message** (one contiguous buffer: a slice when the
+spans are adjacent, else a gather through a precomputed index tensor -- no per-span Python
+loop), cut into pieces of at most ``piece_elements`` (the same cut on both sides).
+
+Executors:
+
+* ``pipelined`` (gloo, CPU tensors): every receive of the collective is posted up front,
+  each message with its own tag; a send is posted as soon as the receives it depends on
+  (earlier steps, overlapping elements) have been applied, so the reduction of one step's
+  first pieces overlaps the next step's transfers. Receives are applied strictly in plan
+  order (that is the numeric order above); a receive that overwrites elements an in-flight
+  send reads waits for that send first.
+* ``stepwise`` (any other process-group backend, e.g. NCCL on CUDA, where posting
+  receives ahead of sends can deadlock): one ``batch_isend_irecv`` per step, receives
+  applied in order after the step's transfers complete.
+
+``status()["executor"]`` says which one runs.
+"""
+from __future__ import annotations
+
+import zlib
+
+from ..schedule.ir import Op
+from .errors import DriverError, FabricError
+
+__all__ = ["TorchBackend"]
+
+
+class _Message:
+    """One piece of one step's traffic to or from one peer."""
+    __slots__ = ("kind", "peer", "step", "op", "spans", "size", "index", "tag", "lo", "hi",
+                 "needs", "blocks")
+
+    def __init__(self, kind, peer, step, op, spans, tag):
+        self.kind, self.peer, self.step, self.op, self.spans = kind, peer, step, op, spans
+        self.size = sum(b - a for a, b in spans)
+        self.tag = tag
+        self.index = None                 # element index tensor when spans are not one slice
+        self.lo = min(a for a, _ in spans)
+        self.hi = max(b for _, b in spans)
+
+    def overlaps(self, other) -> bool:
+        if self.hi <= other.lo or other.hi <= self.lo:
+            return False
+        return any(a < d and c < b for a, b in self.spans for c, d in other.spans)
+
+
+class TorchBackend:
+    """Schedule IR over torch.distributed P2P (see module docstring)."""
+
+    def __init__(self, comm, group=None, verify: bool = True, piece_elements: int = 1 << 20,
+                 executor: str = "auto"):
+        import torch.distributed as dist
+        if not dist.is_initialized():
+            raise DriverError("backend 'torch' needs an initialised torch.distributed group")
+        if dist.get_world_size(group) != comm.world or dist.get_rank(group) != comm.rank:
+            raise DriverError(f"torch.distributed rank/world {dist.get_rank(group)}/"
+                              f"{dist.get_world_size(group)} != {comm.rank}/{comm.world}")
+        if executor not in ("auto", "pipelined", "stepwise"):
+            raise DriverError(f"torch executor must be auto, pipelined or stepwise, got "
+                              f"{executor!r}")
+        self.comm = comm
+        self.group = group
+        self.verify = verify
+        self.piece_elements = max(1, int(piece_elements))
+        self.dist = dist
+        transport = dist.get_backend(group)
+        if executor == "auto":
+            executor = "pipelined" if transport == "gloo" else "stepwise"
+        elif executor == "pipelined" and transport != "gloo":
+            raise DriverError(f"the pipelined torch executor needs gloo (tagged P2P, receives "
+                              f"posted ahead); this group runs {transport}: use "
+                              "executor='stepwise'")
+        self.executor = executor
+        self._plans: dict = {}
+        self._bufs: dict = {}
+        # global rank of each group rank (P2P ops address global ranks)
+        self._peer = [r if group is None else dist.get_global_rank(group, r)
+                      for r in range(comm.world)]
+
+    def load(self, schedule, image):
+        from .core import _check_same_config
+        _check_same_config(self.comm, zlib.crc32(image), self.group)
+        self._plans.clear()
+        self._bufs.clear()
+        self.schedule = schedule
+
+    # ---- plan ---------------------------------------------------------------------------
+    def _plan(self, elements: int, device):
+        """(messages in global order, grouped by step; bytes sent; bytes received).
+
+        Per step, one message per (direction, peer): the transfers' spans merged in the
+        schedule's order (for receives the order contributions are applied in), cut into
+        pieces. The k-th message between two ranks is the same on both sides (same
+        schedule, same cut), and its tag is its position in the collective's traffic."""
+        key = (elements, str(device))
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        import torch
+        s, me = self.schedule, self.comm.rank
+        bounds = [int(b) for b in s.chunk_bounds(elements)]
+        piece = self.piece_elements
+        sent = recv = 0
+        steps = []
+        tag = 0
+        for step, transfers in sorted(s.by_step().items()):
+            groups: dict = {}
+            for t in transfers:            # global order: both ends see the same sequence
+                if me not in (t.src, t.dst):
+                    continue
+                spans = _spans(t.chunks, bounds)
+                if not any(b > a for a, b in spans):
+                    continue
+                kind, peer = ("send", t.dst) if t.src == me else ("recv", t.src)
+                # one message per (peer, link, op): contributions from different links of
+                # one peer keep their rx_port order; a REDUCE and a GATHER stay apart
+                groups.setdefault((kind, peer, s.rx_port(t), int(t.op)), []).extend(spans)
+            msgs = []
+            for (kind, peer, _, op), spans in groups.items():
+                spans = _merge(spans)
+                size = sum(b - a for a, b in spans)
+                if kind == "send":
+                    sent += 4 * size
+                else:
+                    recv += 4 * size
+                for part in _cut(spans, piece):
+                    m = _Message(kind, peer, step, op, part, None)
+                    if len(part) > 1:
+                        m.index = torch.cat([torch.arange(a, b) for a, b in part]).to(device)
+                    msgs.append(m)
+            steps.append(msgs)
+        # tags: per ordered pair, the message's position in that pair's traffic
+        count: dict = {}
+        for msgs in steps:
+            for m in msgs:
+                pair = (me, m.peer) if m.kind == "send" else (m.peer, me)
+                m.tag = count.get(pair, 0)
+                count[pair] = m.tag + 1
+        msgs = [m for ms in steps for m in ms]
+        _link_dependencies(msgs)
+        plan = (msgs, sent, recv)
+        self._plans[key] = plan
+        return plan
+
+    def _check_sizes(self, tensor, what):
+        import torch
+        dist = self.dist
+        me = torch.tensor([tensor.numel(), _dtype_code(tensor.dtype)], dtype=torch.int64,
+                          device=tensor.device)
+        allv = [torch.empty_like(me) for _ in range(self.comm.world)]
+        dist.all_gather(allv, me, group=self.group)
+        vals = [tuple(int(x) for x in v.cpu()) for v in allv]
+        if len(set(vals)) != 1:
+            raise FabricError(f"rank {self.comm.rank}: ranks disagree on {what} "
+                              f"#{self.comm._seq}: " + "; ".join(
+                                  f"rank {r}: {n} elements dtype {_DTYPE_NAMES.get(d, d)}"
+                                  for r, (n, d) in enumerate(vals)), code="SIZE_MISMATCH")
+
+    # ---- dense ------------------------------------------------------------------------------
+    def dense(self, tensor, seq):
+        if not tensor.is_floating_point():
+            raise DriverError(f"allreduce needs a floating-point tensor, got {tensor.dtype}")
+        if self.verify:
+            self._check_sizes(tensor, "all-reduce")
+        flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
+        msgs, sent, recv = self._plan(flat.numel(), flat.device)
+        if self.executor == "pipelined":
+            self._run_pipelined(flat, msgs)
+        else:
+            self._run_stepwise(flat, msgs)
+        if flat.data_ptr() != tensor.data_ptr():
+            tensor.copy_(flat.view(tensor.shape))
+        return sent, recv
+
+    def _send_buffer(self, flat, m):
+        """(tensor to send, whether it is a view of ``flat``)."""
+        if m.index is None:
+            return flat[m.lo:m.hi], True
+        return flat.index_select(0, m.index), False
+
+    def _recv_buffers(self, msgs, flat):
+        """Receive buffers, allocated once per plan and dtype and reused by every collective
+        (each collective's receives complete before the next one starts); fresh buffers
+        would page-fault their whole size on every call."""
+        import torch
+        key = (id(msgs), flat.dtype, str(flat.device))
+        bufs = self._bufs.get(key)
+        if bufs is None:
+            bufs = [torch.empty(m.size, dtype=flat.dtype, device=flat.device)
+                    for m in msgs if m.kind == "recv"]
+            self._bufs = {key: bufs}         # only the latest plan's: bounded memory
+        return bufs
+
+    def _run_pipelined(self, flat, msgs):
+        import torch
+        dist, group, peer = self.dist, self.group, self._peer
+        recvs = []
+        bufs = self._recv_buffers(msgs, flat)
+        for m, buf in zip((m for m in msgs if m.kind == "recv"), bufs):
+            # every receive posted up front, tagged
+            recvs.append((m, buf, dist.irecv(buf, peer[m.peer], group=group, tag=m.tag)))
+        sends = {}                           # message id -> (work, reads flat in place)
+        applied = 0
+        for i, m in enumerate(msgs):
+            if m.kind != "send":
+                continue
+            while applied < m.needs:         # receives this send's data depends on
+                self._apply(flat, recvs[applied], sends)
+                applied += 1
+            buf, view = self._send_buffer(flat, m)
+            sends[i] = (dist.isend(buf, peer[m.peer], group=group, tag=m.tag), view)
+        while applied < len(recvs):
+            self._apply(flat, recvs[applied], sends)
+            applied += 1
+        for work, _ in sends.values():       # (gloo's wait is not idempotent: once each)
+            work.wait()
+
+    @staticmethod
+    def _apply(flat, item, sends):
+        m, buf, work = item
+        work.wait()
+        for j in m.blocks:                   # in-flight sends reading what this overwrites
+            w = sends.get(j)
+            if w is not None and w[1]:
+                w[0].wait()
+                del sends[j]                 # completed: never waited on again
+        _combine(flat, m, buf)
+
+    def _run_stepwise(self, flat, msgs):
+        import torch
+        dist, group, peer = self.dist, self.group, self._peer
+        i = 0
+        while i < len(msgs):
+            step = msgs[i].step
+            j = i
+            while j < len(msgs) and msgs[j].step == step:
+                j += 1
+            p2p, pending = [], []
+            for m in msgs[i:j]:
+                if m.kind == "send":
+                    buf, _ = self._send_buffer(flat, m)
+                    p2p.append(dist.P2POp(dist.isend, buf, peer[m.peer], group))
+                else:
+                    buf = torch.empty(m.size, dtype=flat.dtype, device=flat.device)
+                    p2p.append(dist.P2POp(dist.irecv, buf, peer[m.peer], group))
+                    pending.append((m, buf))
+            for req in dist.batch_isend_irecv(p2p):
+                req.wait()                   # sends read the buffer before any receive lands
+            for m, buf in pending:
+                _combine(flat, m, buf)
+            i = j
+
+    def sparse(self, tensor, residual, scheme, density, seed, seq):
+        import torch
+        dist = self.dist
+        if scheme != "topka":
+            raise DriverError(f"backend 'torch' runs sparse scheme 'topka' natively; "
+                              f"{scheme!r} runs on the 'model' and 'rtl' backends (NIC-side)")
+        if tensor.dtype != torch.float32:
+            raise DriverError(f"sparse all-reduce needs float32, got {tensor.dtype}")
+        if self.verify:
+            self._check_sizes(tensor, "sparse all-reduce")
+        flat = tensor.reshape(-1)
+        # acc = g + R (R = 0 at first: -0.0 + 0.0 = +0.0, as the golden models compute)
+        acc = flat + (0.0 if residual is None else residual.reshape(-1))
+        n = acc.numel()
+        k = max(1, int(round(density * n)))
+        # exact top-k by magnitude, ties by ascending index (stable descending sort)
+        idx = _topk_indices(acc, k)
+        vals = acc[idx]
+        new_res = acc.clone()
+        new_res[idx[vals != 0]] = 0
+        idx32 = idx.to(torch.int32)                 # u32 index + f32 value: 8 bytes a pair
+        all_idx = [torch.empty_like(idx32) for _ in range(self.comm.world)]
+        all_val = [torch.empty_like(vals) for _ in range(self.comm.world)]
+        dist.all_gather(all_idx, idx32, group=self.group)
+        dist.all_gather(all_val, vals, group=self.group)
+        out = torch.zeros_like(acc)
+        for i, v in zip(all_idx, all_val):          # ascending rank, left operand first
+            i = i.long()
+            out[i] = out[i] + v
+        tensor.copy_(out.view(tensor.shape))
+        moved = 8 * k * (self.comm.world - 1)       # what the all-gather moves per rank
+        return new_res.view(tensor.shape), moved, moved, self.comm.world - 1
+
+    def status(self):
+        return {"engine": "torch.distributed P2P",
+                "transport": self.dist.get_backend(self.group), "executor": self.executor}
+
+    def close(self):
+        pass
+
+
+
+
+_DTYPE_NAMES = {1: "float32", 2: "float64", 3: "float16", 4: "bfloat16"}
+
+
+def _dtype_code(dtype) -> int:
+    import torch
+    return {torch.float32: 1, torch.float64: 2, torch.float16: 3, torch.bfloat16: 4}.get(dtype, 0)
+
+
+def _topk_indices(acc, k: int):
+    """Exact top-k of |acc| as ascending indices, k of them: magnitude descending, ties by
+    ascending index (treenic.sparse.select.topk). Zeros are never *selected*: when fewer than
+    k entries are nonzero the rest of the k slots hold zero-valued entries (padding that adds
+    nothing), so every rank all-gathers exactly k pairs. Threshold selection (k-th largest
+    magnitude, then all above it and the lowest-index ties) instead of a full sort."""
+    import numpy as np
+    import torch
+    mag = acc.abs()
+    n = mag.numel()
+    if k >= n:
+        return torch.arange(n, device=acc.device)
+    if mag.device.type == "cpu":
+        m = mag.numpy()
+        thr = m.dtype.type(np.partition(m, n - k)[n - k])
+        thr = torch.tensor(float(thr), dtype=mag.dtype)
+    else:
+        thr = torch.topk(mag, k, sorted=False).values.min()
+    above = torch.nonzero(mag > thr).view(-1)
+    ties = torch.nonzero(mag == thr).view(-1)[:k - above.numel()]
+    return torch.sort(torch.cat([above, ties])).values
+
+
+def _spans(chunks, bounds):
+    """Merge a transfer's chunks into contiguous element ranges (in chunk order)."""
+    spans = []
+    for c in chunks:
+        a, b = bounds[c], bounds[c + 1]
+        if spans and spans[-1][1] == a:
+            spans[-1] = (spans[-1][0], b)
+        else:
+            spans.append((a, b))
+    return spans
+
+
+def _combine(flat, m, buf):
+    """Apply one received message: REDUCE adds (local value left operand), GATHER copies."""
+    if m.index is None:
+        dst = flat[m.lo:m.hi]
+        if m.op == Op.REDUCE:
+            dst.add_(buf)
+        else:                                # Op.GATHER
+            dst.copy_(buf)
+    elif m.op == Op.REDUCE:
+        flat.index_add_(0, m.index, buf)
+    else:
+        flat.index_copy_(0, m.index, buf)
+
+
+def _link_dependencies(msgs):
+    """``send.needs``: how many receives (in plan order) must be applied before the send
+    may read the buffer -- through the last receive of an earlier step that overlaps it;
+    ``recv.blocks``: sends at the same or an earlier step that read elements it writes."""
+    recvs = [(k, m) for k, m in enumerate(msgs) if m.kind == "recv"]
+    for m in msgs:
+        m.needs, m.blocks = 0, ()
+    for k, m in enumerate(msgs):
+        if m.kind == "send":
+            for r, (_, rm) in enumerate(recvs):
+                if rm.step < m.step and rm.overlaps(m):
+                    m.needs = r + 1
+    for _, rm in recvs:
+        rm.blocks = tuple(k for k, m in enumerate(msgs)
+                          if m.kind == "send" and m.step <= rm.step and m.overlaps(rm))
+
+
+def _merge(spans):
+    """Sort and merge element ranges."""
+    out = []
+    for a, b in sorted(spans):
+        if b <= a:
+            continue
+        if out and out[-1][1] >= a:
+            out[-1] = (out[-1][0], max(out[-1][1], b))
+        else:
+            out.append((a, b))
+    return out
+
+
+def _cut(spans, piece):
+    """Cut merged ranges into consecutive pieces of at most ``piece`` elements."""
+    parts, cur, n = [], [], 0
+    for a, b in spans:
+        while a < b:
+            take = min(b - a, piece - n)
+            cur.append((a, a + take))
+            n += take
+            a += take
+            if n == piece:
+                parts.append(cur)
+                cur, n = [], 0
+    if cur:
+        parts.append(cur)
+    return parts
