@@ -10,12 +10,13 @@ from amaranth.hdl import Cat, Module
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from ..link.flit import Op
 from .params import NicParams
 from .rx import FlowTableSignature, order_step_nil
 
 __all__ = ["FlowTable", "order_table_index"]
 
-REDUCE, GATHER = 1, 2
+REDUCE, GATHER = Op.REDUCE, Op.GATHER
 
 
 def order_table_index(params: NicParams, flow: int, port: int) -> int:

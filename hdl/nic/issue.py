@@ -30,13 +30,14 @@ from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from ..link.flit import Op
 from .params import NicParams
 from .rx import FlowTableSignature
 from .tx import TxDescriptor
 
 __all__ = ["Issue"]
 
-NOP, REDUCE, GATHER = 0, 1, 2
+NOP, REDUCE, GATHER = Op.NOP, Op.REDUCE, Op.GATHER     # the one op code (link.flit.Op)
 
 
 class Issue(wiring.Component):

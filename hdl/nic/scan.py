@@ -12,11 +12,12 @@ from amaranth.hdl import Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from ..link.flit import Op
 from .params import NicParams
 
 __all__ = ["TableScan"]
 
-NOP = 0
+NOP = Op.NOP
 BAD_OP = 3          # the only op code a row's two bits can hold that means nothing
 
 

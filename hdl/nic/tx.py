@@ -19,7 +19,7 @@ from amaranth.lib import data, fifo, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
-from ..link.flit import LinkSignature
+from ..link.flit import LinkSignature, Op
 from ..link.packetiser import Packetiser
 from .buffer import READ_LATENCY, BufferReadSignature
 from .params import NicParams
@@ -38,7 +38,7 @@ def buffer_abits(params: NicParams) -> int:
 
 def TxDescriptor(params: NicParams) -> data.StructLayout:
     """What the issue logic hands a TX unit: the head entry's flow, op, step, chunk."""
-    return data.StructLayout({"flow": params.flow_bits, "op": 2, "step": params.step_bits,
+    return data.StructLayout({"flow": params.flow_bits, "op": Op, "step": params.step_bits,
                               "start": params.abits, "size": params.abits})
 
 
