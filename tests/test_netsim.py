@@ -67,3 +67,83 @@ def test_bad_input():
         simulate("ring:4", 10)
     with pytest.raises(ValueError, match="mode"):
         NicTiming(mode="wormhole")
+
+
+def test_all_node_entries_equals_node_entries():
+    from treenic.schedule.table import all_node_entries, node_entries
+    for alg, spec in [("multitree", "torus:4x4"), ("ring", "ring:5"), ("multitree", "fattree:8"),
+                      ("dbtree", "mesh:3x3")]:
+        s = build(alg, spec)
+        assert all_node_entries(s, 1000) == [node_entries(s, u, 1000) for u in range(s.n)]
+
+
+def test_work_list_equals_time_ordered_events(monkeypatch):
+    """Without shared links the model runs nodes from a work list; the time-ordered heap
+    (used when links are shared) must give the same times."""
+    from treenic.netsim import sim as S
+    s = build("multitree", "torus:4x4")
+    a = simulate(s, 3000)
+    orig = S._Sim.__init__
+
+    def forced(self, *args):
+        orig(self, *args)
+        self.shared = True
+    monkeypatch.setattr(S._Sim, "__init__", forced)
+    b = simulate(s, 3000, engine="event")
+    assert a.cycles == b.cycles and a.node_done == b.node_done
+
+
+@pytest.mark.parametrize("alg,spec,elements", [
+    ("multitree", "torus:4x4", 1000), ("ring", "ring:8", 999), ("ring2d", "torus:4x4", 5000),
+    ("multitree", "mesh:3x5", 777), ("multitree", "torus:8x8", 100),
+    ("multitree", "mesh:2x2", 3)])            # fewer elements than chunks: empty messages
+@pytest.mark.parametrize("forward", ["store", "cut-through"])
+def test_sweep_equals_event_loop(alg, spec, elements, forward):
+    """The vectorised sweep is the event loop's model, cycle for cycle, node for node."""
+    s = build(alg, spec)
+    for timing in (RTL.with_(link_latency_cycles=2, credits=8, forward=forward),
+                   RTL.with_(forward=forward)):
+        a = simulate(s, elements, timing, engine="event")
+        b = simulate(s, elements, timing, engine="sweep")
+        assert b.engine == "sweep" and a.engine == "event"
+        assert (a.cycles, a.node_done, a.step_cycles_node0, a.flits, a.head_flits) == \
+            (b.cycles, b.node_done, b.step_cycles_node0, b.flits, b.head_flits)
+
+
+def test_sweep_tables_equal_node_entries():
+    """The sweep's entry arrays are the NIC tables of treenic.schedule.table, entry for
+    entry (op, flow, step, size, order, what each waits for and sends)."""
+    from treenic.netsim.fast import NOP, RETIRE, SEND, entry_arrays
+    from treenic.schedule.ir import Op
+    from treenic.schedule.table import node_entries
+    for alg, spec, E in [("multitree", "torus:4x4", 1000), ("ring", "ring:6", 50),
+                         ("multitree", "mesh:2x3", 5)]:
+        s = build(alg, spec)
+        ea = entry_arrays(s, E)
+        st, sr, ds, op, ch = ea.rows
+        for u in range(s.n):
+            idx = [i for i in range(len(ea.node)) if ea.node[i] == u]
+            tab = node_entries(s, u, E)
+            assert [(int(ea.op[i]), int(ea.flow[i]) if ea.op[i] else 0, int(ea.step[i]))
+                    for i in idx] == [(int(e.op), e.flow, e.step) for e in tab]
+            for i, e in zip(idx, tab):
+                sends = sorted(int(ds[r]) for r in ea.send_row[ea.send_entry == i])
+                deps = sorted(int(sr[r]) for r in ea.dep_row[ea.dep_entry == i])
+                if e.op == Op.NOP:
+                    assert ea.kind[i] == NOP
+                elif e.size == 0 or (e.op == Op.REDUCE and e.parent is None) or \
+                        (e.op == Op.GATHER and not e.children):
+                    assert ea.kind[i] == RETIRE
+                else:
+                    assert ea.kind[i] == SEND
+                    assert sends == sorted([e.parent] if e.op == Op.REDUCE else e.children)
+                    want = sorted(e.children) if e.op == Op.REDUCE else (
+                        [e.parent] if e.parent is not None else
+                        sorted(k for f in tab if f.op == Op.REDUCE and f.flow == e.flow
+                               for k in f.children))
+                    assert deps == want
+
+
+def test_sweep_refused_where_links_are_shared():
+    with pytest.raises(NetsimError, match="shared links"):
+        simulate(build("dbtree", "torus:4x4"), 100, engine="sweep")

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from treenic.schedule.ir import Op, Schedule
-from treenic.schedule.table import node_entries
+from treenic.schedule.table import all_node_entries
 from treenic.topology import is_switch
 
 from .timing import RTL, NicTiming, message_flits
@@ -56,6 +56,7 @@ class SimResult:
     step_cycles_node0: cycles node 0 spent in each timestep (the RTL's step log).
     node_done: per node, the cycle its DONE rose.
     wall_seconds: model run time (entries derivation included).
+    engine: ``"event"`` or ``"sweep"`` (see :func:`simulate`).
     """
     cycles: float
     seconds: float
@@ -68,7 +69,7 @@ class SimResult:
     node_done: list
     wall_seconds: float
     timing: NicTiming
-    link_busy: dict = field(default_factory=dict, repr=False)
+    engine: str = "event"
 
     @property
     def bytes(self) -> int:
@@ -83,30 +84,15 @@ class SimResult:
         return self.algbw() * 2 * (self.nodes - 1) / self.nodes
 
     def summary(self) -> dict:
-        return {"cycles": round(self.cycles, 1), "seconds": self.seconds,
+        return {"engine": f"treenic.netsim ({self.engine})",
+                "cycles": round(self.cycles, 1), "seconds": self.seconds,
                 "algbw_GBps": self.algbw() / 1e9, "busbw_GBps": self.busbw() / 1e9,
                 "messages": self.messages, "flits": self.flits, "head_flits": self.head_flits,
                 "model_wall_s": round(self.wall_seconds, 3)}
 
 
-class _NodeView:
-    """The schedule restricted to the transfers touching one node, so that the table
-    encoder (which scans ``transfers``) costs O(node's transfers) instead of O(all)."""
-
-    def __init__(self, schedule: Schedule, transfers):
-        self._s = schedule
-        self.transfers = transfers
-
-    def __getattr__(self, name):
-        return getattr(self._s, name)
-
-
 def _tables(schedule: Schedule, elements: int) -> list:
-    per = defaultdict(list)
-    for t in schedule.transfers:
-        per[t.src].append(t)
-        per[t.dst].append(t)
-    return [node_entries(_NodeView(schedule, per[u]), u, elements) for u in range(schedule.n)]
+    return all_node_entries(schedule, elements)
 
 
 class _Links:
@@ -162,15 +148,19 @@ class _Links:
 
 @dataclass
 class _Node:
-    entries: list
+    entries: list                  # compiled: (step, kind, deps, sends, flits, heads)
+    expect: tuple                  # arrival keys that must be in before DONE
     hp: int = 0
     ts: int = 1
     head_ready: float = 0.0
     lk_zero: float = 0.0
     step_start: float = 0.0
-    tx_idle: dict = field(default_factory=dict)
+    tx_idle: list = field(default_factory=list)
     steplog: list = field(default_factory=list)
     done: float | None = None
+
+
+_NOP, _RETIRE, _SEND = 0, 1, 2
 
 
 def _check(schedule: Schedule, elements: int):
@@ -182,21 +172,44 @@ def _check(schedule: Schedule, elements: int):
         raise NetsimError(f"elements {elements} exceeds the model's bound of 2^34")
 
 
+ENGINES = ("auto", "event", "sweep")
+
+
 def simulate(schedule: Schedule, elements: int, timing: NicTiming = RTL,
-             *, tables: list | None = None) -> SimResult:
+             *, engine: str = "auto", tables: list | None = None) -> SimResult:
     """Simulate one all-reduce of ``elements`` float32 per node; see the module docstring.
+
+    ``engine``: ``"event"`` (the event loop, any schedule), ``"sweep"`` (the vectorised
+    form of the same model, :mod:`.fast`; only where links are private — an error
+    otherwise) or ``"auto"`` (sweep where it applies). ``SimResult.engine`` says which ran.
     ``tables``: per-node entries already derived for this schedule and element count."""
     _check(schedule, elements)
+    if engine not in ENGINES:
+        raise NetsimError(f"engine must be one of {ENGINES}, not {engine!r}")
     t_wall = time.perf_counter()
     from treenic.firmware.image import lockstep_estimate
+
+    from . import fast
     n = schedule.n
-    tables = tables if tables is not None else _tables(schedule, elements)
     links = _Links(schedule, timing)
     lockstep = timing.lockstep_cycles
     if lockstep is None:
         lockstep = lockstep_estimate(schedule, elements, timing.flit_bytes * 8)
-    routes = _transfer_routes(schedule)
-    sim = _Sim(schedule, timing, links, lockstep, routes, tables)
+    private = fast.applies(schedule) if engine != "event" else False
+    if engine == "sweep" and not private:
+        raise NetsimError(f"engine 'sweep' needs one-hop transfers on a direct network; "
+                          f"{schedule.algorithm} on {schedule.topology.spec} has shared links")
+    if private:
+        out = fast.sweep(schedule, elements, timing, lockstep, links)
+        return SimResult(cycles=out["cycles"], seconds=out["cycles"] / timing.clock_hz,
+                         elements=int(elements), nodes=n, messages=out["messages"],
+                         flits=out["flits"], head_flits=out["head_flits"],
+                         step_cycles_node0=out["step_cycles_node0"],
+                         node_done=out["node_done"],
+                         wall_seconds=time.perf_counter() - t_wall, timing=timing,
+                         engine="sweep")
+    tables = tables if tables is not None else _tables(schedule, elements)
+    sim = _Sim(schedule, timing, links, lockstep, tables)
     sim.run()
     cycles = max(sim.nodes[u].done for u in range(n)) + timing.done_cycles
     return SimResult(cycles=cycles, seconds=cycles / timing.clock_hz, elements=int(elements),
@@ -204,29 +217,81 @@ def simulate(schedule: Schedule, elements: int, timing: NicTiming = RTL,
                      step_cycles_node0=sim.nodes[0].steplog,
                      node_done=[sim.nodes[u].done for u in range(n)],
                      wall_seconds=time.perf_counter() - t_wall, timing=timing,
-                     link_busy=dict(links.busy))
-
-
-def _transfer_routes(schedule: Schedule) -> dict:
-    """(src, dst, op, step) -> allocated route, where the algorithm allocated one."""
-    return {(t.src, t.dst, t.op, t.step): t.route for t in schedule.transfers
-            if t.route is not None}
+                     engine="event")
 
 
 class _Sim:
-    def __init__(self, schedule, timing, links, lockstep, routes, tables):
+    """The event loop. When every directed link has one sender and every message one hop
+    (direct networks, neighbour schedules), no link is shared, so a node's issue order is
+    its links' order and nodes may run in any order (a work list); otherwise wake-ups are
+    processed in time order from a heap, which is what makes links first come, first
+    served. Both give the same times where both apply (a test checks)."""
+
+    def __init__(self, schedule, timing, links, lockstep, tables):
         self.s, self.t, self.links, self.lockstep = schedule, timing, links, lockstep
-        self.routes = routes
-        topo = schedule.topology
-        self.peer = {u: [p.peer for p in topo.ports(u)] for u in range(schedule.n)}
-        self.nodes = [_Node(tables[u]) for u in range(schedule.n)]
-        self.arr = {}                 # (node, op, flow, src) -> (first, full) ready cycles
-        self.expect = defaultdict(list)   # node -> arrival keys it waits for before DONE
-        self.waiters = defaultdict(list)
-        self.heap = []
-        self.seq = 0
-        self.messages = self.flits = self.heads = 0
+        self.n = schedule.n
+        self.routes = {(t.src, t.dst, t.op, t.step): t.route for t in schedule.transfers
+                       if t.route is not None}
         self.flit_cache = {}
+        self.shared = False
+        self.nodes = [self._compile(u, tables[u]) for u in range(self.n)]
+        owners = defaultdict(set)
+        for u, nd in enumerate(self.nodes):
+            for e in nd.entries:
+                for _, _, path, _ in e[3]:
+                    if len(path) != 2:
+                        self.shared = True
+                    for ln in zip(path, path[1:]):
+                        owners[ln].add(u)
+        self.shared = self.shared or any(len(o) > 1 for o in owners.values())
+        self.arr = {}                 # arrival key -> (first, full) ready cycles
+        self.waiters = defaultdict(list)
+        self.heap, self.seq = [], 0
+        self.messages = self.flits = self.heads = 0
+
+    def key(self, dst, op, flow, src):
+        return ((flow * 2 + (op == Op.GATHER)) * self.n + dst) * self.n + src
+
+    def _flits(self, words):
+        f = self.flit_cache.get(words)
+        if f is None:
+            f = self.flit_cache[words] = message_flits(words, self.t)
+        return f
+
+    def _compile(self, u, entries) -> _Node:
+        """Table entries -> (step, kind, dependency keys, sends, flits, head flits); a send
+        is (local port, arrival key it produces, route, None)."""
+        key, topo, out, expect = self.key, self.s.topology, [], []
+        red_in = defaultdict(list)
+        for e in entries:
+            if e.size == 0:
+                continue              # empty chunk: nothing is sent, counted as arrived
+            if e.op == Op.REDUCE:
+                red_in[e.flow] += [key(u, Op.REDUCE, e.flow, k) for k in e.children]
+            elif e.op == Op.GATHER and e.parent is not None:
+                expect.append(key(u, Op.GATHER, e.flow, e.parent))
+        for ks in red_in.values():
+            expect += ks
+        for e in entries:
+            kind, deps, sends = _NOP if e.op == Op.NOP else _RETIRE, (), ()
+            # (an empty chunk's entries retire: the NIC counts them as arrived at FINISH)
+            if e.op == Op.REDUCE and e.parent is not None and e.size:
+                kind, deps = _SEND, tuple(key(u, Op.REDUCE, e.flow, k) for k in e.children)
+                dsts = [e.parent]
+            elif e.op == Op.GATHER and e.children and e.size:
+                kind = _SEND
+                deps = ((key(u, Op.GATHER, e.flow, e.parent),) if e.parent is not None
+                        else tuple(red_in[e.flow]))
+                dsts = sorted(e.children)
+            if kind == _SEND:
+                sends = []
+                for d in dsts:
+                    path = self.links.route(self.s, u, d, self.routes.get((u, d, e.op, e.step)))
+                    sends.append((topo.port_to(u, path[1]), key(d, e.op, e.flow, u), path, None))
+                sends = tuple(sends)
+            flits, heads = self._flits(e.size) if kind == _SEND else (0, 0)
+            out.append((e.step, kind, deps, sends, flits, heads))
+        return _Node(out, tuple(dict.fromkeys(expect)))
 
     def push(self, when, u):
         self.seq += 1
@@ -238,131 +303,92 @@ class _Sim:
             start = len(node.entries) + t.scan_overhead
             node.head_ready = start + t.run_start
             node.lk_zero = node.step_start = float(start)
-            node.tx_idle = {p: float(start) for p in range(len(self.peer[u]))}
-            self._expectations(u, node)
+            node.tx_idle = [float(start)] * len(self.s.topology.ports(u))
             self.push(node.head_ready, u)
-        while self.heap:
-            now, _, u = heapq.heappop(self.heap)
-            self._step(u, now)
+        if self.shared:
+            while self.heap:
+                now, _, u = heapq.heappop(self.heap)
+                self._step(u, now)
+        else:
+            work = [u for _, _, u in self.heap]
+            while work:
+                self._step(work.pop(), math.inf)
+                work.extend(self.heap and [w for _, _, w in self.heap] or ())
+                self.heap.clear()
         stuck = [u for u, nd in enumerate(self.nodes) if nd.done is None]
         if stuck:
             raise NetsimError(f"model deadlocked: nodes {stuck[:8]} never finished "
                               f"(a dependency was never sent)")
 
-    def _expectations(self, u, node):
-        for e in node.entries:
-            if e.op == Op.REDUCE:
-                for k in e.children:
-                    self.expect[u].append((u, Op.REDUCE, e.flow, k))
-            elif e.op == Op.GATHER and e.parent is not None:
-                self.expect[u].append((u, Op.GATHER, e.flow, e.parent))
-        self.expect[u] = list(dict.fromkeys(self.expect[u]))
-
-    def _deps(self, u, e):
-        """Arrival keys the entry waits for (None: sends nothing, retires when due)."""
-        if e.op == Op.NOP or e.size == 0:
-            return None
-        if e.op == Op.REDUCE:
-            if e.parent is None:
-                return None
-            return [(u, Op.REDUCE, e.flow, k) for k in e.children]
-        if not e.children:
-            return None
-        if e.parent is not None:
-            return [(u, Op.GATHER, e.flow, e.parent)]
-        # the root: every contribution of its REDUCE entry for this flow
-        return [k for k in self.expect[u] if k[1] == Op.REDUCE and k[2] == e.flow]
-
     def _step(self, u, now):
         node, t = self.nodes[u], self.t
-        while node.hp < len(node.entries):
-            e = node.entries[node.hp]
-            if e.step > node.ts:                       # advance the timestep
-                a = max(node.head_ready, node.lk_zero,
-                        max(node.tx_idle.values(), default=0.0) + 1)
+        entries, arr = node.entries, self.arr
+        while node.hp < len(entries):
+            step, kind, deps, sends, flits, heads = entries[node.hp]
+            if step > node.ts:                         # advance the timestep
+                a = max(node.head_ready, node.lk_zero, max(node.tx_idle, default=0.0) + 1)
                 node.steplog.append(a - node.step_start)
                 node.step_start = a
                 node.ts += 1
                 node.head_ready = a + t.due_cycles
                 continue
-            deps = self._deps(u, e)
-            if deps is None:                           # NOP or sends nothing
+            if kind != _SEND:                          # NOP or sends nothing: retires
                 x = node.head_ready
-                if e.op == Op.NOP:
+                if kind == _NOP:
                     node.lk_zero = x + 1 + self.lockstep
                 node.hp += 1
                 node.head_ready = x + t.entry_cycles
                 continue
-            ready, full = 0.0, 0.0
+            ready = full = 0.0
             for k in deps:
-                a = self.arr.get(k)
+                a = arr.get(k)
                 if a is None:                          # its sender has not issued yet
                     self.waiters[k].append(u)
                     return
-                ready, full = max(ready, a[0]), max(full, a[1])
-            ports = self._send_ports(u, e)
+                if a[0] > ready:
+                    ready = a[0]
+                if a[1] > full:
+                    full = a[1]
             x = max(node.head_ready, ready + t.dep_cycles,
-                    max(node.tx_idle[p] for p, _ in ports) + t.idle_cycles)
+                    max(node.tx_idle[p] for p, _, _, _ in sends) + t.idle_cycles)
             if x > now:
                 self.push(x, u)
                 return
-            self._issue(u, node, e, x, ports, full)
+            self._issue(node, x, sends, flits, heads, full)
             node.hp += 1
             node.head_ready = x + t.entry_cycles
         self._finish(u, node)
 
-    def _send_ports(self, u, e):
-        if e.op == Op.REDUCE:
-            return [(e.parent_port, e.parent)]
-        return [(self._first_port(u, d, e.step), d) for d in sorted(e.children)]
-
-    def _first_port(self, u, d, step):
-        p = self.s.topology.port_to(u, d)
-        if p is not None:
-            return p
-        path = self.links.route(self.s, u, d, self.routes.get((u, d, Op.GATHER, step)))
-        return self.s.topology.port_to(u, path[1])
-
-    def _flits(self, words):
-        f = self.flit_cache.get(words)
-        if f is None:
-            f = self.flit_cache[words] = message_flits(words, self.t)
-        return f
-
-    def _issue(self, u, node, e, x, ports, dep_full):
-        t = self.t
-        flits, heads = self._flits(e.size)
+    def _issue(self, node, x, sends, flits, heads, dep_full):
+        t, links = self.t, self.links
+        cut = t.forward == "cut-through"
         # cut-through forwarding: the send may not finish before the data it forwards is in
-        not_before = dep_full + t.tx_start if t.forward == "cut-through" else 0.0
-        for p, d in ports:
-            path = self.links.route(self.s, u, d, self.routes.get((u, d, e.op, e.step)))
-            tx_end, last_in, first_in = self.links.send(path, x + t.tx_start, flits, not_before)
+        not_before = dep_full + t.tx_start if cut else 0.0
+        for p, k, path, _ in sends:
+            tx_end, last_in, first_in = links.send(path, x + t.tx_start, flits, not_before)
             node.tx_idle[p] = tx_end + t.tx_tail
             full = last_in + t.rx_done
             first = full
-            if t.forward == "cut-through":
+            if cut:
                 sub = min(flits, 1 + math.ceil(t.sub_words / t.lanes))
-                first = min(full, first_in + sub * self.links.cpf[(path[-2], path[-1])]
-                            + t.rx_done)
-            key = (d, e.op, e.flow, u)
-            self.arr[key] = (first, full)
-            for w in self.waiters.pop(key, ()):
+                first = min(full, first_in + sub * links.cpf[(path[-2], path[-1])] + t.rx_done)
+            self.arr[k] = (first, full)
+            for w in self.waiters.pop(k, ()):
                 self.push(first, w)
-            self.messages += 1
-            self.flits += flits
-            self.heads += heads
+        self.messages += len(sends)
+        self.flits += flits * len(sends)
+        self.heads += heads * len(sends)
 
     def _finish(self, u, node):
         if node.done is not None:
             return
-        t = self.t
         last_rx = 0.0
-        for k in self.expect[u]:
+        for k in node.expect:
             a = self.arr.get(k)
             if a is None:
                 self.waiters[k].append(u)
                 return
             last_rx = max(last_rx, a[1])
-        end = max(node.head_ready, max(node.tx_idle.values(), default=0.0) + 1, last_rx + 1)
+        end = max(node.head_ready, max(node.tx_idle, default=0.0) + 1, last_rx + 1)
         node.steplog.append(end - node.step_start)
         node.done = end
