@@ -46,3 +46,15 @@ def test_bad_xml():
         from_xml(to_xml(build("ring", "ring:5")), s.topology)
     with pytest.raises(MscclError, match="step types"):
         from_xml(to_xml(s).replace('type="rrc"', 'type="rrcs"'), s.topology)
+
+
+def test_cli_writes_msccl_xml(tmp_path, capsys):
+    from treenic.cli import main
+    from treenic.topology import parse
+    out = tmp_path / "mt.xml"
+    assert main(["schedule", "mesh:2x2", "--algorithm", "multitree", "--msccl-xml", str(out)]) == 0
+    assert "MSCCL" in capsys.readouterr().out
+    s = build("multitree", "mesh:2x2")
+    back = from_xml(out.read_text(), parse("mesh:2x2"))
+    bufs = np.arange(4 * 9, dtype=np.float32).reshape(4, 9) / 7
+    assert np.array_equal(execute(s, bufs), execute(back, bufs))

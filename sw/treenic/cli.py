@@ -1,6 +1,6 @@
 """``treenic`` command line.
 
-    treenic schedule TOPOLOGY --algorithm ALGO [--json] [--table NODE] [--export FILE]
+    treenic schedule TOPOLOGY --algorithm ALGO [--json] [--table NODE] [--export FILE] [--msccl-xml FILE]
     treenic allreduce TOPOLOGY --algorithm ALGO --elements N [--seed S] [--json]
     treenic compare [TOPOLOGY] [--elements N]        # all dense algorithms side by side
     treenic sparse --algorithm ALGO --workers P --elements N --density D [...]
@@ -43,6 +43,9 @@ def cmd_schedule(args) -> int:
     conflicts = check.check_all(s)["link_conflicts"]
     if args.export:
         Path(args.export).write_text(s.dumps())
+    if getattr(args, "msccl_xml", None):
+        from .schedule.msccl import to_xml
+        Path(args.msccl_xml).write_text(to_xml(s))
     if args.table is not None:
         print(format_table(s, args.table, args.elements))
         return 0
@@ -59,6 +62,8 @@ def cmd_schedule(args) -> int:
               f"built in {s.build_seconds * 1e3:.1f} ms")
         if args.export:
             print(f"  schedule JSON written to {args.export}")
+        if getattr(args, "msccl_xml", None):
+            print(f"  MSCCL algorithm XML written to {args.msccl_xml}")
     return 0
 
 
@@ -160,6 +165,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--table", type=int, metavar="NODE", help="print NODE's NIC schedule table")
     s.add_argument("--elements", type=int, default=0, help="buffer size for table start/size")
     s.add_argument("--export", metavar="FILE", help="write the schedule JSON")
+    s.add_argument("--msccl-xml", metavar="FILE",
+                   help="write the schedule as an MSCCL algorithm XML (in-place all-reduce)")
     s.set_defaults(func=cmd_schedule)
 
     a = sub.add_parser("allreduce", help="run a value-level all-reduce on the golden executor")
