@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from operator import attrgetter, itemgetter
 
 import numpy as np
 
@@ -29,18 +30,36 @@ NOP, RETIRE, SEND = 0, 1, 2
 def applies(schedule: Schedule) -> bool:
     """True when every transfer is one hop on a direct network (links are private)."""
     topo = schedule.topology
-    if not topo.is_direct:
+    if not topo.is_direct or any(t.route is not None and len(t.route) != 2
+                                 for t in schedule.transfers):
         return False
-    g = topo.graph
-    return all((t.route is None or len(t.route) == 2) and g.has_edge(t.src, t.dst)
-               for t in schedule.transfers)
+    _, src, dst, _, _ = _rows(schedule)
+    n = schedule.n
+    edges = np.array(sorted({u * n + v for u, v in topo.graph.edges() if u != v}), np.int64)
+    return bool(np.isin(src * n + dst, edges).all())
 
 
 def _rows(schedule: Schedule):
-    """Transfers expanded per chunk: (step, src, dst, op, chunk) int64 arrays."""
-    cols = [(t.step, t.src, t.dst, int(t.op), c) for t in schedule.transfers for c in t.chunks]
-    a = np.array(cols, dtype=np.int64).reshape(-1, 5)
-    return a[:, 0], a[:, 1], a[:, 2], a[:, 3], a[:, 4]
+    """Transfers expanded per chunk: (step, src, dst, op, chunk) int64 arrays (cached on
+    the schedule object: schedules are not modified after they are built)."""
+    cached = schedule.__dict__.get("_netsim_rows")
+    if cached is not None and cached[0] == len(schedule.transfers):
+        return cached[1]
+    tr = schedule.transfers
+    m = len(tr)
+    col = lambda f, it=None: np.fromiter(map(f, tr if it is None else it), np.int64, m)  # noqa
+    st, sr, ds = col(attrgetter("step")), col(attrgetter("src")), col(attrgetter("dst"))
+    op = col(attrgetter("op"))
+    chunks = list(map(attrgetter("chunks"), tr))
+    nchunks = col(len, chunks)
+    if (nchunks == 1).all():
+        ch = col(itemgetter(0), chunks)
+    else:                          # a transfer carrying several chunks: one row per chunk
+        ch = np.fromiter((c for t in tr for c in t.chunks), np.int64, int(nchunks.sum()))
+        st, sr, ds, op = (np.repeat(a, nchunks) for a in (st, sr, ds, op))
+    rows = (st, sr, ds, op, ch)
+    schedule.__dict__["_netsim_rows"] = (m, rows)
+    return rows
 
 
 class EntryArrays:
@@ -192,10 +211,10 @@ def sweep(schedule: Schedule, elements: int, timing: NicTiming, lockstep: int, l
     n, t = schedule.n, timing
     st, sr, ds, op, ch = ea.rows
     port, cpf, lat = _row_links(schedule, links, sr, ds)
-    fl = {int(w): message_flits(int(w), t) for w in np.unique(ea.size)}
-    row_words = ea.size[ea.send_entry]
-    row_flits = np.array([fl[int(w)][0] for w in row_words], np.float64)
-    heads = int(sum(fl[int(w)][1] for w in row_words))
+    words, winv = np.unique(ea.size[ea.send_entry], return_inverse=True)
+    fl = np.array([message_flits(int(w), t) for w in words], np.int64).reshape(-1, 2)
+    row_flits = fl[winv, 0].astype(np.float64)
+    heads = int(fl[winv, 1].sum())
     # rank of each entry in its (node, step) group, processing order (step, rank, node)
     ne = len(ea.node)
     ns_key = ea.node * (schedule.steps + 1) + ea.step
