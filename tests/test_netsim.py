@@ -147,3 +147,16 @@ def test_sweep_tables_equal_node_entries():
 def test_sweep_refused_where_links_are_shared():
     with pytest.raises(NetsimError, match="shared links"):
         simulate(build("dbtree", "torus:4x4"), 100, engine="sweep")
+
+
+def test_model_within_5_percent_of_recorded_rtl_cycles():
+    """The recorded Verilated fabric runs (treenic/netsim/rtl_cycles.json, reproduced by
+    `python -m treenic.netsim.rtl_runs --measure`) against the model, small runs only."""
+    from treenic.netsim import rtl_runs
+    from treenic.netsim.bench import validation
+    recorded = rtl_runs.load()
+    small = {r.name for r in rtl_runs.RUNS if not r.slow}
+    assert small & set(recorded), "no RTL measurements recorded"
+    rows = [v for v in validation(recorded) if v["run"] in small]
+    for v in rows:
+        assert abs(v["error"]) <= 0.05, v

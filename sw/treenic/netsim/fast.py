@@ -68,7 +68,8 @@ class EntryArrays:
     Members
     -------
     node, step, op, flow, kind, size: per entry.
-    dep_entry, dep_row: dependency pairs (entry waits for transfer row ``dep_row``).
+    dep_entry, dep_row: dependency pairs (entry waits for transfer row ``dep_row``);
+    dep_gated: the pair is a REDUCE contribution, accumulated in the order gate's order.
     send_entry, send_row: sends (entry sends transfer row ``send_row``).
     rows: (step, src, dst, op, chunk) per transfer row.
     """
@@ -134,7 +135,7 @@ def entry_arrays(schedule: Schedule, elements: int) -> EntryArrays:
     ea.send_row = np.concatenate([red_out, g_rows])
     sending = ea.kind[ea.send_entry] == SEND        # empty chunks send nothing
     ea.send_entry, ea.send_row = ea.send_entry[sending], ea.send_row[sending]
-    ea.dep_entry, ea.dep_row = _deps(n, C, ea, st, sr, ds, ch, red_out, red_entry, g_rows,
+    ea.dep_entry, ea.dep_row, ea.dep_gated = _deps(n, C, ea, st, sr, ds, ch, red_out, red_entry, g_rows,
                                      g_entry, gk_unique, S)
     return ea
 
@@ -149,6 +150,7 @@ def _deps(n, C, ea, st, sr, ds, ch, red_rows, red_entry, g_rows, g_entry, gk_uni
     cons = red_send_of[in_key]
     ok = (cons >= 0) & (st[red_rows] < np.where(cons >= 0, ea.step[np.maximum(cons, 0)], 0))
     pairs_e, pairs_r = [cons[ok]], [red_rows[ok]]
+    gated = [np.ones(int(ok.sum()), bool)]
     # GATHER sends: group entries per (u, c)
     g_ent_uc = gk_unique // (S + 1)
     # entry ids of gather groups, in gk_unique order
@@ -162,6 +164,7 @@ def _deps(n, C, ea, st, sr, ds, ch, red_rows, red_entry, g_rows, g_entry, gk_uni
     has_par = par >= 0
     pairs_e.append(grp_entry[has_par])
     pairs_r.append(par[has_par])
+    gated.append(np.zeros(int(has_par.sum()), bool))
     # roots: every contribution into (u, c)
     root_groups = np.flatnonzero(~has_par)
     if len(root_groups):
@@ -176,7 +179,8 @@ def _deps(n, C, ea, st, sr, ds, ch, red_rows, red_entry, g_rows, g_entry, gk_uni
             else np.zeros(0, np.int64)
         pairs_e.append(grp_entry[root_groups][rep])
         pairs_r.append(red_rows[order][idx])
-    return np.concatenate(pairs_e), np.concatenate(pairs_r)
+        gated.append(np.ones(len(rep), bool))
+    return np.concatenate(pairs_e), np.concatenate(pairs_r), np.concatenate(gated)
 
 
 def _row_links(schedule: Schedule, links, src, dst):
@@ -192,6 +196,15 @@ def _row_links(schedule: Schedule, links, src, dst):
         port[i] = topo.port_to(u, v)
         cpf[i], lat[i] = links.cpf[(u, v)], links.lat[(u, v)]
     return port[inv], cpf[inv], lat[inv]
+
+
+def _rx_ports(schedule: Schedule, src, dst):
+    """Per transfer row: the receiver's port of the link from the sender."""
+    pair = dst * schedule.n + src
+    uniq, inv = np.unique(pair, return_inverse=True)
+    port = np.array([schedule.topology.port_to(*divmod(int(p), schedule.n)) for p in uniq],
+                    np.int64)
+    return port[inv]
 
 
 def _groups(keys):
@@ -225,9 +238,20 @@ def sweep(schedule: Schedule, elements: int, timing: NicTiming, lockstep: int, l
     bounds = _groups(gkey[order])
     grp_of_entry = np.empty(ne, np.int64)
     grp_of_entry[order] = np.repeat(np.arange(len(bounds) - 1), np.diff(bounds))
-    d_ord = np.argsort(grp_of_entry[ea.dep_entry], kind="stable")
-    dep_e, dep_r = ea.dep_entry[d_ord], ea.dep_row[d_ord]
+    g = ea.dep_gated
+    d_ord = np.argsort(grp_of_entry[ea.dep_entry[~g]], kind="stable")
+    dep_e, dep_r = ea.dep_entry[~g][d_ord], ea.dep_row[~g][d_ord]
     d_b = np.searchsorted(grp_of_entry[dep_e], np.arange(len(bounds)))
+    # gated pairs in (group, rank in the entry's contract order, entry) order
+    ge, gr = ea.dep_entry[g], ea.dep_row[g]
+    rxp = _rx_ports(schedule, sr[gr], ds[gr]) if len(gr) else gr
+    o = np.lexsort((rxp, st[gr], ge))
+    ge, gr = ge[o], gr[o]
+    first = _groups(ge)
+    grank = np.arange(len(ge)) - np.repeat(first[:-1], np.diff(first))
+    o = np.lexsort((ge, grank, grp_of_entry[ge]))
+    ge, gr, grank = ge[o], gr[o], grank[o]
+    g_b = np.searchsorted(grp_of_entry[ge], np.arange(len(bounds)))
     s_ord = np.argsort(grp_of_entry[ea.send_entry], kind="stable")
     snd_e, snd_r = ea.send_entry[s_ord], ea.send_row[s_ord]
     snd_fl = row_flits[s_ord]
@@ -244,9 +268,10 @@ def sweep(schedule: Schedule, elements: int, timing: NicTiming, lockstep: int, l
             steplog.append(state.advance())
             cur_step += 1
         pe, pr = dep_e[d_b[g]:d_b[g + 1]], dep_r[d_b[g]:d_b[g + 1]]
+        gated = (ge[g_b[g]:g_b[g + 1]], gr[g_b[g]:g_b[g + 1]], grank[g_b[g]:g_b[g + 1]])
         se, sw = snd_e[s_b[g]:s_b[g + 1]], snd_r[s_b[g]:s_b[g + 1]]
-        state.group(E, ea.node[E], ea.kind[E], pos, pe, pr, se, sw, snd_fl[s_b[g]:s_b[g + 1]],
-                    port, cpf, lat, arr_first, arr_full, lockstep)
+        state.group(E, ea.node[E], ea.kind[E], pos, pe, pr, gated, se, sw,
+                    snd_fl[s_b[g]:s_b[g + 1]], port, cpf, lat, arr_first, arr_full, lockstep)
     last_rx = np.zeros(n)
     np.maximum.at(last_rx, ds, arr_full)
     done = np.maximum.reduce([state.head_ready, state.tx_idle.max(1) + 1, last_rx + 1])
@@ -274,7 +299,7 @@ class _State:
         self.head_ready = a + self.t.due_cycles
         return first
 
-    def group(self, E, u, kind, pos, pe, pr, se, sw, sflits, port, cpf, lat,
+    def group(self, E, u, kind, pos, pe, pr, gated, se, sw, sflits, port, cpf, lat,
               arr_first, arr_full, lockstep):
         """Issue one entry per node (entries ``E`` of nodes ``u``, all the same rank)."""
         t = self.t
@@ -289,6 +314,17 @@ class _State:
             if len(pe):
                 np.maximum.at(depf, pos[pe], arr_first[pr])
                 np.maximum.at(depF, pos[pe], arr_full[pr])
+            ge, gr, grank = gated
+            if len(ge):                   # order gate: fold in contract order, rank by rank
+                accf = np.full(len(E), -np.inf)
+                accF = np.full(len(E), -np.inf)
+                rb = _groups(grank)
+                for a, b in zip(rb[:-1], rb[1:]):
+                    p = pos[ge[a:b]]
+                    accf[p] = np.maximum(arr_first[gr[a:b]], accf[p] + t.gate_lag)
+                    accF[p] = np.maximum(arr_full[gr[a:b]], accF[p] + t.gate_lag)
+                depf = np.maximum(depf, accf)
+                depF = np.maximum(depF, accF)
             sp = pos[se]
             sport = port[sw]
             idle = np.zeros(len(E))

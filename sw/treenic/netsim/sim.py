@@ -233,6 +233,10 @@ class _Sim:
         self.routes = {(t.src, t.dst, t.op, t.step): t.route for t in schedule.transfers
                        if t.route is not None}
         self.flit_cache = {}
+        #: (dst, flow, src) -> (step, rx_port) of a REDUCE contribution: the order in which
+        #: the receiver's order gate accumulates them (numeric contract)
+        self.order = {(t.dst, c, t.src): (t.step, schedule.rx_port(t))
+                      for t in schedule.transfers if t.op == Op.REDUCE for c in t.chunks}
         self.shared = False
         self.nodes = [self._compile(u, tables[u]) for u in range(self.n)]
         owners = defaultdict(set)
@@ -267,22 +271,28 @@ class _Sim:
             if e.size == 0:
                 continue              # empty chunk: nothing is sent, counted as arrived
             if e.op == Op.REDUCE:
-                red_in[e.flow] += [key(u, Op.REDUCE, e.flow, k) for k in e.children]
+                red_in[e.flow] += [(self.order[(u, e.flow, k)], key(u, Op.REDUCE, e.flow, k))
+                                   for k in e.children]
             elif e.op == Op.GATHER and e.parent is not None:
                 expect.append(key(u, Op.GATHER, e.flow, e.parent))
         for ks in red_in.values():
-            expect += ks
+            expect += [k for _, k in ks]
         for e in entries:
             kind, deps, sends = _NOP if e.op == Op.NOP else _RETIRE, (), ()
             # (an empty chunk's entries retire: the NIC counts them as arrived at FINISH)
+            gated = False
             if e.op == Op.REDUCE and e.parent is not None and e.size:
-                kind, deps = _SEND, tuple(key(u, Op.REDUCE, e.flow, k) for k in e.children)
-                dsts = [e.parent]
+                kind, gated, dsts = _SEND, True, [e.parent]
+                deps = tuple(key(u, Op.REDUCE, e.flow, k) for k in
+                             sorted(e.children, key=lambda k: self.order[(u, e.flow, k)]))
             elif e.op == Op.GATHER and e.children and e.size:
                 kind = _SEND
-                deps = ((key(u, Op.GATHER, e.flow, e.parent),) if e.parent is not None
-                        else tuple(red_in[e.flow]))
                 dsts = sorted(e.children)
+                if e.parent is not None:
+                    deps = (key(u, Op.GATHER, e.flow, e.parent),)
+                else:
+                    gated = True
+                    deps = tuple(k for _, k in sorted(red_in[e.flow]))
             if kind == _SEND:
                 sends = []
                 for d in dsts:
@@ -290,7 +300,7 @@ class _Sim:
                     sends.append((topo.port_to(u, path[1]), key(d, e.op, e.flow, u), path, None))
                 sends = tuple(sends)
             flits, heads = self._flits(e.size) if kind == _SEND else (0, 0)
-            out.append((e.step, kind, deps, sends, flits, heads))
+            out.append((e.step, kind, deps, sends, flits, heads, gated))
         return _Node(out, tuple(dict.fromkeys(expect)))
 
     def push(self, when, u):
@@ -324,7 +334,7 @@ class _Sim:
         node, t = self.nodes[u], self.t
         entries, arr = node.entries, self.arr
         while node.hp < len(entries):
-            step, kind, deps, sends, flits, heads = entries[node.hp]
+            step, kind, deps, sends, flits, heads, gated = entries[node.hp]
             if step > node.ts:                         # advance the timestep
                 a = max(node.head_ready, node.lk_zero, max(node.tx_idle, default=0.0) + 1)
                 node.steplog.append(a - node.step_start)
@@ -339,16 +349,16 @@ class _Sim:
                 node.hp += 1
                 node.head_ready = x + t.entry_cycles
                 continue
-            ready = full = 0.0
-            for k in deps:
+            ready = full = -math.inf
+            lag = t.gate_lag if gated else 0.0
+            for k in deps:                             # in the order gate's order
                 a = arr.get(k)
                 if a is None:                          # its sender has not issued yet
                     self.waiters[k].append(u)
                     return
-                if a[0] > ready:
-                    ready = a[0]
-                if a[1] > full:
-                    full = a[1]
+                ready = max(a[0], ready + lag)
+                full = max(a[1], full + lag)
+            ready, full = max(ready, 0.0), max(full, 0.0)
             x = max(node.head_ready, ready + t.dep_cycles,
                     max(node.tx_idle[p] for p, _, _, _ in sends) + t.idle_cycles)
             if x > now:

@@ -19,6 +19,10 @@ Verilated fabric (``treenic.netsim.rtl_runs``). Where each one comes from:
 * ``rx_done``: last flit out of the link's register stages to the receiver's arrival bit:
   the link FIFO, depacketiser (pop, check, commit), skid buffer, the three-stage header
   decision, buffer read (5), FP32 adder (7), write-back, per-flow arrival bit.
+* ``gate_lag``: the receive order gate (ARCHITECTURE §5): contributions to one flow are
+  accumulated in (step, rx_port) order fragment by fragment, so when they arrive together
+  each one is written back ``gate_lag`` cycles after the one before it (the previous
+  fragment's write-back, then this fragment's header decision and adder pipeline).
 * ``credit_return``: cycles a credit spends inside the receiver (depacketiser pop to the
   credit pulse) on top of the link's latency each way; a port sends at
   ``min(1, credits / (2·link latency + credit_return))`` flits per cycle.
@@ -76,6 +80,7 @@ class NicTiming:
     tx_start: int = 10
     tx_tail: int = 2
     rx_done: int = 30
+    gate_lag: int = 25
     credit_return: int = 6
     scan_overhead: int = 6
     done_cycles: int = 2
