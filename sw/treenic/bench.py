@@ -31,6 +31,7 @@ SECTIONS = {
     "nic": ("treenic.hdl.nic.bench", "NIC fabric (Verilated RTL)"),
     "driver": ("treenic.driver.bench", "Host driver and torch backend"),
     "netsim": ("treenic.netsim.bench", "Network timing model: RTL validation and scale"),
+    "paper": ("treenic.netsim.paper", "MultiTree paper's studies under the network model"),
 }
 
 

@@ -112,7 +112,7 @@ def run(out_dir, quick: bool = False) -> dict:
     else:
         records = rtl_runs.load()
     val = validation(records)
-    sizes = [4, 8, 16] if quick else [4, 8, 16, 32]
+    sizes = [4, 8] if quick else [4, 8, 16, 32]
     rows = scaling(sizes, out_dir)
     big = next((r for r in rows if r["nodes"] == 1024), None)
     res = {"rtl_source": "measured now (Verilator)" if live else

@@ -94,10 +94,12 @@ def markdown(res: dict) -> str:
           "include its smaller, latency-bound layers and its simulator's router latency. "
           "Our 2D-Ring is the bandwidth-optimal variant (reduce-scatter/all-gather per "
           "dimension, README), not the paper's twice-the-data variant, so MultiTree's gain "
-          "over it is smaller than over the paper's. Message-based flow control saves "
-          "head flits (3 % at 256-byte packets and 128-bit flits here, 1/17 of flits) and "
-          "nothing else in this model — the paper's ~6 % includes router effects we do not "
-          "model (VC allocation per packet).", "",
+          "over it is smaller than over the paper's — both of ours move one link's worth per "
+          "node per step, hence the equal times. Message-based flow control saves head "
+          "flits: 256-byte packets of 128-bit flits carry one head flit per 16 payload "
+          "flits (6.25 % more flits), which is the paper's ~6 % at large sizes; at small "
+          "sizes latency dominates and the gain shrinks (Fig. 9 geo-mean above). Router "
+          "effects per packet (VC allocation) are not modelled.", "",
           "![Fig. 9](fig9.png)", "", "### DNN study (fp32 gradients, 25 MiB buckets)", ""]
     md += _table(res["dnn"], [("topology", "topology"), ("model", "model"),
                               ("gradient MiB", "gradient_MiB"), ("Ring ms", "ring_ms"),
