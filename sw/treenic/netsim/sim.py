@@ -96,21 +96,22 @@ def _tables(schedule: Schedule, elements: int) -> list:
 
 
 class _Links:
-    """Directed links: cycles per flit, latency cycles and next free time (FCFS)."""
+    """Directed links between vertex pairs, each pair with one server per parallel link:
+    cycles per flit, latency cycles and the time each server is next free (FCFS)."""
 
     def __init__(self, schedule: Schedule, timing: NicTiming):
         self.topo = topo = schedule.topology
         self.timing = timing
         flit_per_s = timing.flit_bytes * timing.clock_hz
         self.cpf, self.lat, self.free = {}, {}, {}
-        self.busy = defaultdict(float)
         for u, v in {(u, v) for u, v in topo.graph.edges()}:
-            data = topo.graph.get_edge_data(u, v).values()
-            bw = sum(d["bandwidth"] for d in data)          # parallel links share a pair
+            data = list(topo.graph.get_edge_data(u, v).values())
             lat = (timing.link_latency_cycles if timing.link_latency_cycles is not None
                    else min(d["latency"] for d in data) * timing.clock_hz)
-            rate = min(bw / flit_per_s, timing.link_rate(lat) * len(data))
-            self.cpf[(u, v)], self.lat[(u, v)], self.free[(u, v)] = 1.0 / rate, lat, 0.0
+            # the pair's first link (a NIC's port to a neighbour is its first link to it)
+            rate = min(data[0]["bandwidth"] / flit_per_s, timing.link_rate(lat))
+            self.cpf[(u, v)], self.lat[(u, v)] = 1.0 / rate, lat
+            self.free[(u, v)] = [0.0] * len(data)
         self._routes = {}
 
     def route(self, schedule, src, dst, route):
@@ -123,25 +124,31 @@ class _Links:
         return r
 
     def send(self, path, ready: float, flits: int, not_before: float = 0.0):
-        """Stream a message along ``path`` from cycle ``ready``; returns (last flit off the
-        first link, last flit into the destination, first flit into the destination)."""
+        """Stream a message along ``path`` from cycle ``ready`` (cut-through: each hop starts
+        a latency after the previous one and cannot finish before it; the first hop is the
+        NIC port's link, later hops take the earliest free of a pair's parallel links);
+        returns (last flit off the first link, last flit into the destination, first flit
+        into the destination)."""
         links = list(zip(path, path[1:]))
-        starts, ends = [], []
-        t = ready
+        starts, ends, servers = [], [], []
+        t, prev_end = ready, 0.0
         for k, ln in enumerate(links):
-            dur = flits * self.cpf[ln]
-            s = max(t, self.free[ln])
-            e = max(s + dur, not_before if k == len(links) - 1 else 0.0)
+            free = self.free[ln]
+            j = 0 if k == 0 else min(range(len(free)), key=free.__getitem__)
+            s = max(t, free[j])
+            e = max(s + flits * self.cpf[ln], prev_end,
+                    not_before if k == len(links) - 1 else 0.0)
             starts.append(s)
             ends.append(e)
+            servers.append(j)
             t = s + self.lat[ln]
+            prev_end = e + self.lat[ln]
         # back-pressure: an upstream link cannot finish more than a credit window ahead
         credits = self.timing.credits
         for k in range(len(links) - 2, -1, -1):
             ends[k] = max(ends[k], ends[k + 1] - self.lat[links[k]] - credits * self.cpf[links[k]])
-        for ln, s, e in zip(links, starts, ends):
-            self.free[ln] = e
-            self.busy[ln] += e - s
+        for ln, j, e in zip(links, servers, ends):
+            self.free[ln][j] = e
         last = links[-1]
         return ends[0], ends[-1] + self.lat[last], starts[-1] + self.lat[last]
 
