@@ -36,7 +36,7 @@ PAPER = RTL.with_(credits=1024)
 def rtl_timing(run: rtl_runs.RtlRun) -> NicTiming:
     """The model's parameters for one fabric configuration."""
     return RTL.with_(link_latency_cycles=run.latency, credits=run.credits, mode=run.mode,
-                     sub_words=run.sub_words, packet_words=run.packet_words)
+                     sub_words=run.sub_words, packet_words=run.packet_words, stall=run.stall)
 
 
 def validation(records: dict | None = None) -> list[dict]:

@@ -7,7 +7,7 @@ live in ``rtl_cycles.json`` next to this file, written by::
     python -m treenic.netsim.rtl_runs --measure [--only NAME,...]
 
 which builds each fabric with :class:`treenic.hdl.nic.fabric_sim.FabricSim` (Verilator),
-runs one all-reduce of random float32 data with no link stalls, checks the result bit for bit
+runs one all-reduce of random float32 data (link stalls as the run names them), checks the result bit for bit
 against the golden executor and records the fabric's ``cycles`` (START to the last NIC's
 DONE) and node 0's per-step cycle log. Tests read the recorded file; they never build RTL.
 """
@@ -37,6 +37,9 @@ class RtlRun:
     credits: int = 16
     sub_words: int = 16
     packet_words: int = 64
+    #: link stall probability (1/256) and LFSR seed, as the sim/fabric benches use them
+    stall: int = 0
+    seed: int = 1
     #: 64 KiB runs take ~20 min to build on two shared cores
     slow: bool = False
 
@@ -48,6 +51,15 @@ RUNS = [
     RtlRun("mesh2x2_packet_1000", "mesh:2x2", "multitree", 1000, mode="packet", latency=2,
            credits=8, packet_words=16),
     RtlRun("torus4x4_64KiB", "torus:4x4", "multitree", 16384, slow=True),
+    # the sim/fabric benches (make sim SIM=verilator), random link stalls
+    RtlRun("bench_ring8_stall40", "ring:8", "ring", 1000, latency=2, credits=8,
+           packet_words=16, stall=40, seed=7, slow=True),
+    RtlRun("bench_mesh2x2_stall60", "mesh:2x2", "multitree", 2000, latency=3, credits=8,
+           packet_words=16, stall=60, seed=7, slow=True),
+    RtlRun("bench_torus4x4_stall30", "torus:4x4", "multitree", 1000, latency=1, credits=8,
+           packet_words=16, stall=30, seed=7, slow=True),
+    RtlRun("bench_mesh2x2_packet_stall40", "mesh:2x2", "multitree", 2000, mode="packet",
+           latency=2, credits=8, packet_words=16, stall=40, seed=7, slow=True),
 ]
 BY_NAME = {r.name: r for r in RUNS}
 
@@ -59,7 +71,7 @@ def nic_params(run: RtlRun, schedule):
                       credits=run.credits, packet_words=run.packet_words)
 
 
-def measure(run: RtlRun, seed: int = 1) -> dict:
+def measure(run: RtlRun) -> dict:
     """Build and run ``run`` on the Verilated fabric; returns the record stored in the file."""
     import numpy as np
 
@@ -71,9 +83,9 @@ def measure(run: RtlRun, seed: int = 1) -> dict:
     params = nic_params(run, sched)
     t0 = time.time()
     fs = FabricSim(run.topology, sched, run.elements, mode=run.mode, latency=run.latency,
-                   stall=0, seed=seed, params=params)
+                   stall=run.stall, seed=run.seed, params=params)
     build_s = time.time() - t0
-    bufs = np.random.default_rng(seed).standard_normal((sched.n, run.elements)).astype(np.float32)
+    bufs = np.random.default_rng(1).standard_normal((sched.n, run.elements)).astype(np.float32)
     res, cycles = fs.run(bufs)
     gold = execute(fs.schedule, bufs)
     if not np.array_equal(res.view(np.uint32), gold.view(np.uint32)):
