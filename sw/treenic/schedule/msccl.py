@@ -30,7 +30,7 @@ from collections import defaultdict
 
 from .ir import Op, Schedule, ScheduleError, Transfer
 
-__all__ = ["to_xml", "from_xml", "MscclError"]
+__all__ = ["to_xml", "from_xml", "execute_xml", "MscclError"]
 
 MAX_XML_BYTES = 256 << 20
 
@@ -231,3 +231,61 @@ def _preds(key, tbs, partner):
     if key in partner:
         out.append(partner[key])
     return out
+
+
+def execute_xml(text: str, buffers, *, seed: int = 0):
+    """Run an MSCCL all-reduce XML the way the runtime does, on float32 ``buffers``
+    ((ngpus, elements)): every thread block runs its steps in order, a step waits for its
+    ``depid``/``deps`` step, a receive for the matching send on its connection (FIFO);
+    among the thread blocks that can move, one is picked at random (``seed``), so a missing
+    dependency shows up as a different result. ``rrc`` adds the received values to the
+    local ones (local first); ``r`` overwrites. Returns the result buffers."""
+    import numpy as np
+    algo = ET.fromstring(text)
+    n, C = int(algo.get("ngpus")), int(algo.get("nchunksperloop"))
+    buf = np.array(buffers, dtype=np.float32, copy=True)
+    if buf.ndim != 2 or buf.shape[0] != n:
+        raise MscclError(f"buffers must have shape ({n}, elements), got {buf.shape}")
+    E = buf.shape[1]
+    base, extra = divmod(E, C)
+    bounds = np.concatenate([[0], np.cumsum([base + (c < extra) for c in range(C)])])
+    tbs = {}
+    for ge in algo.iter("gpu"):
+        g = int(ge.get("id"))
+        for tb in ge.iter("tb"):
+            tbs[(g, int(tb.get("id")))] = (int(tb.get("send")), int(tb.get("recv")),
+                                           [(st.get("type"), int(st.get("srcoff")),
+                                             int(st.get("depid")), int(st.get("deps")))
+                                            for st in tb.iter("step")])
+    pc = dict.fromkeys(tbs, 0)
+    queues = defaultdict(list)
+    rng = np.random.default_rng(seed)
+    while True:
+        ready = []
+        for key, (send, recv, steps) in tbs.items():
+            j = pc[key]
+            if j == len(steps):
+                continue
+            typ, off, depid, deps = steps[j]
+            if depid >= 0 and pc[(key[0], depid)] <= deps:
+                continue
+            if typ in ("r", "rrc") and not queues[(recv, key[0])]:
+                continue
+            ready.append(key)
+        if not ready:
+            break
+        key = ready[rng.integers(len(ready))]
+        send, recv, steps = tbs[key]
+        typ, off, _, _ = steps[pc[key]]
+        g, sl = key[0], slice(bounds[off], bounds[off + 1]) if off >= 0 else None
+        if typ == "s":
+            queues[(g, send)].append(buf[g, sl].copy())
+        elif typ == "r":
+            buf[g, sl] = queues[(recv, g)].pop(0)
+        elif typ == "rrc":
+            buf[g, sl] = buf[g, sl] + queues[(recv, g)].pop(0)
+        pc[key] += 1
+    stuck = [k for k, (_, _, steps) in tbs.items() if pc[k] < len(steps)]
+    if stuck:
+        raise MscclError(f"MSCCL program deadlocks: thread blocks {stuck[:6]} cannot finish")
+    return buf
