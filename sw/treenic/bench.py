@@ -31,6 +31,8 @@ SECTIONS = {
     "nic": ("treenic.hdl.nic.bench", "NIC fabric (Verilated RTL)"),
     "driver": ("treenic.driver.bench", "Host driver and torch backend"),
     "sparse_units": ("treenic.hdl.sparse.bench", "Sparse hardware units (Verilated RTL)"),
+    "netsim": ("treenic.netsim.bench", "Network timing model: RTL validation and scale"),
+    "paper": ("treenic.netsim.paper", "MultiTree paper's studies under the network model"),
 }
 
 

@@ -1,6 +1,6 @@
 """``treenic`` command line.
 
-    treenic schedule TOPOLOGY --algorithm ALGO [--json] [--table NODE] [--export FILE]
+    treenic schedule TOPOLOGY --algorithm ALGO [--json] [--table NODE] [--export FILE] [--msccl-xml FILE]
     treenic allreduce TOPOLOGY --algorithm ALGO --elements N [--seed S] [--json]
     treenic compare [TOPOLOGY] [--elements N]        # all dense algorithms side by side
     treenic sparse --algorithm ALGO --workers P --elements N --density D [...]
@@ -131,11 +131,15 @@ def cmd_schedule(args) -> int:
         raise CLIError(f"--elements must be >= 0, got {args.elements}")
     s = _schedule(args)
     conflicts = check.check_all(s)["link_conflicts"]
-    if export:
-        try:
+    msccl = check_output_path(args.msccl_xml, "--msccl-xml") if args.msccl_xml else None
+    try:
+        if export:
             export.write_text(s.dumps())
-        except OSError as e:
-            raise CLIError(f"--export {args.export}: {e.strerror}") from None
+        if msccl:
+            from .schedule.msccl import to_xml
+            msccl.write_text(to_xml(s))
+    except OSError as e:
+        raise CLIError(f"{e.filename}: {e.strerror}") from None
     if args.table is not None:
         print(format_table(s, args.table, args.elements))
         return 0
@@ -152,6 +156,8 @@ def cmd_schedule(args) -> int:
               f"built in {s.build_seconds * 1e3:.1f} ms")
         if args.export:
             print(f"  schedule JSON written to {args.export}")
+        if getattr(args, "msccl_xml", None):
+            print(f"  MSCCL algorithm XML written to {args.msccl_xml}")
     return 0
 
 
@@ -305,6 +311,8 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--table", type=int, metavar="NODE", help="print NODE's NIC schedule table")
     s.add_argument("--elements", type=int, default=0, help="buffer size for table start/size")
     s.add_argument("--export", metavar="FILE", help="write the schedule JSON")
+    s.add_argument("--msccl-xml", metavar="FILE",
+                   help="write the schedule as an MSCCL algorithm XML (in-place all-reduce)")
     s.set_defaults(func=cmd_schedule)
 
     a = sub.add_parser("allreduce", help="run a value-level all-reduce on the golden executor")

@@ -107,33 +107,65 @@ class Entry:
 
 
 def _first_hop_port(schedule: Schedule, node: int, peer: int, route) -> int:
+    if route is None:
+        # a neighbour's deterministic shortest path is the direct link (one hop)
+        port = schedule.topology.port_to(node, peer)
+        if port is not None:
+            return port
     path = route if route is not None else schedule.topology.route(node, peer)
     if path[0] != node:           # a route stored in the peer → node direction
         path = path[::-1]
     return schedule.topology.port_to(node, path[1])
 
 
+class _NodeTransfers:
+    """What one node sends and receives, per chunk (the input of its table)."""
+    __slots__ = ("red_in", "red_out", "gat_in", "gat_out")
+
+    def __init__(self):
+        self.red_in = defaultdict(list)          # chunk -> [(step, src, route)]
+        self.red_out = {}                        # chunk -> (step, dst, route)
+        self.gat_in = {}                         # chunk -> (step, src, route)
+        self.gat_out = defaultdict(lambda: defaultdict(list))   # chunk -> step -> [(dst, route)]
+
+
+def _collect(schedule: Schedule, nodes) -> dict:
+    """One pass over the transfers: node -> :class:`_NodeTransfers` for ``nodes``."""
+    per = {u: _NodeTransfers() for u in nodes}
+    for t in schedule.transfers:
+        src, dst = per.get(t.src), per.get(t.dst)
+        for c in t.chunks:
+            if t.op == Op.REDUCE:
+                if dst is not None:
+                    dst.red_in[c].append((t.step, t.src, t.route))
+                if src is not None:
+                    src.red_out[c] = (t.step, t.dst, t.route)
+            else:
+                if dst is not None:
+                    dst.gat_in[c] = (t.step, t.src, t.route)
+                if src is not None:
+                    src.gat_out[c][t.step].append((t.dst, t.route))
+    return per
+
+
 def node_entries(schedule: Schedule, node: int, elements: int = 0) -> list[Entry]:
     """The schedule table of one node (see module docstring)."""
     if not 0 <= node < schedule.n:
         raise ScheduleError(f"node {node} outside 0..{schedule.n - 1}")
+    return _entries(schedule, node, schedule.chunk_bounds(elements),
+                    _collect(schedule, [node])[node])
+
+
+def all_node_entries(schedule: Schedule, elements: int = 0) -> list[list[Entry]]:
+    """Every node's table (:func:`node_entries` for each node, one pass over the
+    transfers instead of one per node)."""
     bounds = schedule.chunk_bounds(elements)
-    red_in = defaultdict(list)          # chunk -> [(step, src, route)]
-    red_out = {}                        # chunk -> (step, dst, route)
-    gat_in = {}                         # chunk -> (step, src, route)
-    gat_out = defaultdict(lambda: defaultdict(list))   # chunk -> step -> [(dst, route)]
-    for t in schedule.transfers:
-        for c in t.chunks:
-            if t.op == Op.REDUCE:
-                if t.dst == node:
-                    red_in[c].append((t.step, t.src, t.route))
-                if t.src == node:
-                    red_out[c] = (t.step, t.dst, t.route)
-            else:
-                if t.dst == node:
-                    gat_in[c] = (t.step, t.src, t.route)
-                if t.src == node:
-                    gat_out[c][t.step].append((t.dst, t.route))
+    per = _collect(schedule, range(schedule.n))
+    return [_entries(schedule, u, bounds, per[u]) for u in range(schedule.n)]
+
+
+def _entries(schedule: Schedule, node: int, bounds, io: _NodeTransfers) -> list[Entry]:
+    red_in, red_out, gat_in, gat_out = io.red_in, io.red_out, io.gat_in, io.gat_out
     entries = []
     for c in range(schedule.num_chunks):
         rng = dict(start=int(bounds[c]), size=int(bounds[c + 1] - bounds[c]))

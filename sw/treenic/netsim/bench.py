@@ -1,0 +1,156 @@
+"""``make bench`` section ``netsim``: the network model against the RTL, and at scale.
+
+    python -m treenic.bench --only netsim [--quick] [--json]
+    TREENIC_NETSIM_LIVE=1 python -m treenic.bench --only netsim   # re-measure the RTL now
+
+* ``validation``: for every recorded Verilated fabric run (:mod:`.rtl_runs`), the RTL's
+  cycles, the model's prediction and the relative error; ``max_error`` the largest.
+  The RTL numbers come from ``rtl_cycles.json`` (with the command that reproduces them);
+  with ``TREENIC_NETSIM_LIVE=1`` they are re-measured with Verilator first (tens of minutes).
+* ``seconds_torus_32x32``: model time of one MultiTree all-reduce of 64 MiB on torus 32x32
+  (the MultiTree compiler's own time is reported beside it, ``build_seconds``), and the
+  curve of model time against transfers for tori 4x4 … 32x32 (``scaling``, plot).
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+from treenic.algorithms import build
+
+from . import rtl_runs
+from .sim import simulate
+from .timing import RTL, NicTiming
+
+__all__ = ["run", "rtl_timing", "validation"]
+
+SCALE_BYTES = 64 << 20
+#: link parameters of the paper's Table III, credits sized to cover the link's
+#: bandwidth-delay product (the RTL's 16 credits assume 1-3 cycle links)
+PAPER = RTL.with_(credits=1024)
+
+
+def rtl_timing(run: rtl_runs.RtlRun) -> NicTiming:
+    """The model's parameters for one fabric configuration."""
+    return RTL.with_(link_latency_cycles=run.latency, credits=run.credits, mode=run.mode,
+                     sub_words=run.sub_words, packet_words=run.packet_words, stall=run.stall)
+
+
+def validation(records: dict | None = None) -> list[dict]:
+    """Model against every recorded RTL run."""
+    records = rtl_runs.load() if records is None else records
+    out = []
+    for r in rtl_runs.RUNS:
+        rec = records.get(r.name)
+        if rec is None:
+            continue
+        res = simulate(build(r.algorithm, r.topology), r.elements, rtl_timing(r))
+        rtl = rec["cycles"]
+        out.append({"run": r.name, "topology": r.topology, "algorithm": r.algorithm,
+                    "elements": r.elements, "mode": r.mode, "rtl_cycles": rtl,
+                    "model_cycles": round(res.cycles, 1),
+                    "error": round((res.cycles - rtl) / rtl, 4),
+                    "rtl_step_cycles_node0": rec.get("step_cycles_node0"),
+                    "model_step_cycles_node0": [round(x, 1) for x in res.step_cycles_node0]})
+    return out
+
+
+def scaling(sizes, out_dir: Path) -> list[dict]:
+    rows = []
+    for k in sizes:
+        spec = f"torus:{k}x{k}"
+        t0 = time.perf_counter()
+        s = build("multitree", spec)
+        b = time.perf_counter() - t0
+        t0, c0 = time.perf_counter(), time.process_time()
+        r = simulate(s, SCALE_BYTES // 4, PAPER)
+        m, cpu = time.perf_counter() - t0, time.process_time() - c0
+        rows.append({"topology": spec, "nodes": s.n, "transfers": len(s.transfers),
+                     "messages": r.messages, "build_seconds": round(b, 2),
+                     "model_seconds": round(m, 2), "model_cpu_seconds": round(cpu, 2),
+                     "engine": r.engine,
+                     "allreduce_us": round(r.seconds * 1e6, 1),
+                     "algbw_GBps": round(r.algbw() / 1e9, 2),
+                     "busbw_GBps": round(r.busbw() / 1e9, 2)})
+        print(f"netsim: {spec} {len(s.transfers)} transfers: model {m:.2f} s wall, "
+              f"{cpu:.2f} s CPU (MultiTree build {b:.2f} s; load average "
+              f"{os.getloadavg()[0]:.1f})", file=sys.stderr)
+    _plot_scaling(rows, out_dir)
+    return rows
+
+
+def _plot_scaling(rows, out_dir: Path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    x = [r["transfers"] for r in rows]
+    ax.loglog(x, [r["model_seconds"] for r in rows], "o-", label="network model")
+    ax.loglog(x, [r["build_seconds"] for r in rows], "s--", label="MultiTree compiler")
+    for r in rows:
+        ax.annotate(r["topology"].split(":")[1], (r["transfers"], r["model_seconds"]),
+                    fontsize=7)
+    ax.set_xlabel("transfers")
+    ax.set_ylabel("seconds (this machine)")
+    ax.set_title("64 MiB MultiTree all-reduce on tori")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out_dir / "scaling.png", dpi=120)
+    plt.close(fig)
+
+
+def run(out_dir, quick: bool = False) -> dict:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    live = os.environ.get("TREENIC_NETSIM_LIVE") == "1"
+    if live:
+        print("netsim: TREENIC_NETSIM_LIVE=1: re-measuring the RTL runs with Verilator",
+              file=sys.stderr)
+        records = {r.name: rtl_runs.measure(r) for r in rtl_runs.RUNS
+                   if not (quick and r.slow)}
+    else:
+        records = rtl_runs.load()
+    val = validation(records)
+    sizes = [4, 8] if quick else [4, 8, 16, 32]
+    rows = scaling(sizes, out_dir)
+    big = next((r for r in rows if r["nodes"] == 1024), None)
+    res = {"rtl_source": "measured now (Verilator)" if live else
+           f"recorded in {rtl_runs.DATA_FILE.name} ({rtl_runs.COMMAND})",
+           "validation": val,
+           "max_error": max((abs(v["error"]) for v in val), default=None),
+           "seconds_torus_32x32": big["model_seconds"] if big else None,
+           "cpu_seconds_torus_32x32": big["model_cpu_seconds"] if big else None,
+           "load_average": round(os.getloadavg()[0], 1),
+           "build_seconds_torus_32x32": big["build_seconds"] if big else None,
+           "target_seconds_torus_32x32": 60,
+           "scaling": rows}
+    if big is None:
+        print("netsim: NOTICE: --quick leaves out torus 32x32 (seconds_torus_32x32 = null)",
+              file=sys.stderr)
+    (out_dir / "netsim.json").write_text(json.dumps(res, indent=1))
+    (out_dir / "section.md").write_text(_markdown(res))
+    return res
+
+
+def _markdown(res) -> str:
+    md = ["Network model (`treenic.netsim`) against the Verilated NIC fabric "
+          f"(RTL cycles {res['rtl_source']}).", "",
+          "| run | RTL cycles | model cycles | error |", "|---|---:|---:|---:|"]
+    md += [f"| {v['run']} | {v['rtl_cycles']} | {v['model_cycles']} | {v['error']:+.1%} |"
+           for v in res["validation"]]
+    if res["max_error"] is not None:
+        md += ["", f"Largest error: {res['max_error']:.1%} (target 5 %)."]
+    md += ["", "64 MiB MultiTree all-reduce on tori, model time against transfers "
+           "(paper links: 16 GB/s, 150 ns):", "",
+           "| topology | transfers | model s (wall) | model s (CPU) | compiler s | "
+           "all-reduce µs | algbw GB/s | busbw GB/s |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    md += [f"| {r['topology']} | {r['transfers']} | {r['model_seconds']} | "
+           f"{r['model_cpu_seconds']} | "
+           f"{r['build_seconds']} | {r['allreduce_us']} | {r['algbw_GBps']} | "
+           f"{r['busbw_GBps']} |" for r in res["scaling"]]
+    md += ["", "![model time against transfers](scaling.png)"]
+    return "\n".join(md) + "\n"

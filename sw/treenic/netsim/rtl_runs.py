@@ -1,0 +1,144 @@
+"""The RTL fabric runs the network model is validated against, and how to re-measure them.
+
+Each :data:`RUNS` entry is one Verilated fabric configuration (topology, algorithm, elements
+per node, flow-control mode, NIC parameters, link register stages). The measured cycle counts
+live in ``rtl_cycles.json`` next to this file, written by::
+
+    python -m treenic.netsim.rtl_runs --measure [--only NAME,...]
+
+which builds each fabric with :class:`treenic.hdl.nic.fabric_sim.FabricSim` (Verilator),
+runs one all-reduce of random float32 data (link stalls as the run names them), checks the result bit for bit
+against the golden executor and records the fabric's ``cycles`` (START to the last NIC's
+DONE) and node 0's per-step cycle log. Tests read the recorded file; they never build RTL.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+DATA_FILE = Path(__file__).with_name("rtl_cycles.json")
+COMMAND = "python -m treenic.netsim.rtl_runs --measure"
+
+
+@dataclass(frozen=True)
+class RtlRun:
+    """One fabric configuration (NIC parameters as :func:`FabricSim`/``sim/fabric`` use)."""
+    name: str
+    topology: str
+    algorithm: str
+    elements: int
+    mode: str = "message"
+    latency: int = 1
+    credits: int = 16
+    sub_words: int = 16
+    packet_words: int = 64
+    #: link stall probability (1/256) and LFSR seed, as the sim/fabric benches use them
+    stall: int = 0
+    seed: int = 1
+    #: 64 KiB runs take ~20 min to build on two shared cores
+    slow: bool = False
+
+
+RUNS = [
+    RtlRun("ring8_1000", "ring:8", "ring", 1000, latency=2, credits=8),
+    RtlRun("mesh2x2_1000", "mesh:2x2", "multitree", 1000, latency=3, credits=8),
+    RtlRun("torus4x4_1000", "torus:4x4", "multitree", 1000, latency=1, credits=8),
+    RtlRun("mesh2x2_packet_1000", "mesh:2x2", "multitree", 1000, mode="packet", latency=2,
+           credits=8, packet_words=16),
+    RtlRun("torus4x4_64KiB", "torus:4x4", "multitree", 16384, slow=True),
+    # the sim/fabric benches (make sim SIM=verilator), random link stalls
+    RtlRun("bench_ring8_stall40", "ring:8", "ring", 1000, latency=2, credits=8,
+           packet_words=16, stall=40, seed=7, slow=True),
+    RtlRun("bench_mesh2x2_stall60", "mesh:2x2", "multitree", 2000, latency=3, credits=8,
+           packet_words=16, stall=60, seed=7, slow=True),
+    RtlRun("bench_torus4x4_stall30", "torus:4x4", "multitree", 1000, latency=1, credits=8,
+           packet_words=16, stall=30, seed=7, slow=True),
+    RtlRun("bench_mesh2x2_packet_stall40", "mesh:2x2", "multitree", 2000, mode="packet",
+           latency=2, credits=8, packet_words=16, stall=40, seed=7, slow=True),
+]
+BY_NAME = {r.name: r for r in RUNS}
+
+
+def nic_params(run: RtlRun, schedule):
+    """The NicParams the fabric is built with (FabricSim's sizing rule, run's link knobs)."""
+    from treenic.hdl.nic.fabric_sim import params_for
+    return params_for(schedule, run.elements, mode=run.mode, sub_words=run.sub_words,
+                      credits=run.credits, packet_words=run.packet_words)
+
+
+def measure(run: RtlRun) -> dict:
+    """Build and run ``run`` on the Verilated fabric; returns the record stored in the file."""
+    import numpy as np
+
+    from treenic.algorithms import build
+    from treenic.hdl.nic.fabric_sim import FabricSim
+    from treenic.schedule.execute import execute
+
+    sched = build(run.algorithm, run.topology)
+    params = nic_params(run, sched)
+    t0 = time.time()
+    fs = FabricSim(run.topology, sched, run.elements, mode=run.mode, latency=run.latency,
+                   stall=run.stall, seed=run.seed, params=params)
+    build_s = time.time() - t0
+    bufs = np.random.default_rng(1).standard_normal((sched.n, run.elements)).astype(np.float32)
+    res, cycles = fs.run(bufs)
+    gold = execute(fs.schedule, bufs)
+    if not np.array_equal(res.view(np.uint32), gold.view(np.uint32)):
+        raise RuntimeError(f"{run.name}: RTL result differs from the golden executor")
+    cnt = fs.counters()
+    return {"cycles": int(cycles), "bit_exact": True,
+            "step_cycles_node0": [int(c) for c in cnt[0]["step_cycles"]],
+            "verilator_build_s": round(build_s, 1), "commit": _commit()}
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, cwd=Path(__file__).parent, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def load() -> dict:
+    """name -> recorded measurement (empty when nothing was recorded)."""
+    if not DATA_FILE.exists():
+        return {}
+    return json.loads(DATA_FILE.read_text())["runs"]
+
+
+def save(records: dict) -> None:
+    DATA_FILE.write_text(json.dumps({
+        "what": "Verilated NIC fabric cycles (START to last DONE), no link stalls, seed 1",
+        "command": COMMAND, "runs": records}, indent=1) + "\n")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--measure", action="store_true", help="build and run on Verilator")
+    ap.add_argument("--only", help=f"comma list of runs ({', '.join(BY_NAME)})")
+    ap.add_argument("--skip-slow", action="store_true", help="leave out the 64 KiB runs")
+    a = ap.parse_args(argv)
+    names = a.only.split(",") if a.only else [r.name for r in RUNS
+                                              if not (a.skip_slow and r.slow)]
+    bad = [n for n in names if n not in BY_NAME]
+    if bad:
+        ap.error(f"unknown run(s) {bad}; known: {list(BY_NAME)}")
+    if not a.measure:
+        print(json.dumps({n: load().get(n) for n in names}, indent=1))
+        return 0
+    for n in names:
+        rec = measure(BY_NAME[n])
+        records = load()                    # re-read: keep what other runs recorded
+        records[n] = rec
+        save(records)
+        print(n, json.dumps(rec), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

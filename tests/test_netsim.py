@@ -1,0 +1,190 @@
+"""Network timing model (treenic.netsim): flit counts, structure, bad input, RTL validation."""
+import numpy as np
+import pytest
+
+from treenic.algorithms import build
+from treenic.hdl.nic.model import message_flits as golden_flits
+from treenic.hdl.nic.params import NicParams
+from treenic.netsim.sim import NetsimError, simulate
+from treenic.netsim.timing import RTL, NicTiming, message_flits
+
+
+@pytest.mark.parametrize("mode,pw", [("message", 64), ("packet", 16), ("packet", 64)])
+def test_flit_counts_equal_golden_packetiser(mode, pw):
+    rng = np.random.default_rng(3)
+    params = NicParams(mode=mode, packet_words=pw, depth=4096)
+    timing = RTL.with_(mode=mode, packet_words=pw)
+    for words in [1, 2, 3, 15, 16, 17, pw - 1, pw, pw + 1, *rng.integers(1, 4000, 40)]:
+        assert message_flits(int(words), timing) == golden_flits(int(words), params), words
+
+
+def test_contention_free_multitree_runs_at_link_rate():
+    """64 KiB on torus:4x4: every step of MultiTree moves one chunk per link, so the model's
+    time is the per-step flits plus per-step latencies -- above the ideal, within 15 %."""
+    from treenic.hdl.nic.fabric_sim import params_for
+    from treenic.hdl.nic.model import ideal_cycles
+    s = build("multitree", "torus:4x4")
+    r = simulate(s, 16384, RTL.with_(link_latency_cycles=1))
+    ideal = ideal_cycles(s, 16384, params_for(s, 16384))
+    assert ideal < r.cycles < 1.15 * ideal
+    assert len(r.step_cycles_node0) == s.steps
+
+
+def test_contention_slows_shared_links():
+    """DBTree on a torus routes over multi-hop paths that share links: its time under the
+    model exceeds the same schedule with every link's load alone (more bytes per link)."""
+    s = build("dbtree", "torus:4x4")
+    r = simulate(s, 1 << 16)
+    ring = simulate(build("ring", "torus:4x4"), 1 << 16)
+    assert r.cycles > ring.cycles
+
+
+def test_packet_mode_costs_head_flits():
+    s = build("multitree", "mesh:2x2")
+    m = simulate(s, 8192, RTL.with_(mode="message"))
+    p = simulate(s, 8192, RTL.with_(mode="packet", packet_words=16))
+    assert p.head_flits > m.head_flits and p.cycles > m.cycles
+
+
+def test_cut_through_is_faster_than_store_and_forward():
+    s = build("multitree", "torus:4x4")
+    a = simulate(s, 1 << 16, RTL.with_(forward="store"))
+    b = simulate(s, 1 << 16, RTL.with_(forward="cut-through"))
+    assert b.cycles < a.cycles
+
+
+def test_switch_network_runs():
+    for spec in ("fattree:16", "bigraph:4x8"):
+        r = simulate(build("multitree", spec), 4096)
+        assert r.cycles > 0 and r.messages > 0
+
+
+def test_bad_input():
+    s = build("ring", "ring:4")
+    with pytest.raises(NetsimError, match="elements"):
+        simulate(s, 0)
+    with pytest.raises(NetsimError, match="Schedule"):
+        simulate("ring:4", 10)
+    with pytest.raises(ValueError, match="mode"):
+        NicTiming(mode="wormhole")
+
+
+def test_all_node_entries_equals_node_entries():
+    from treenic.schedule.table import all_node_entries, node_entries
+    for alg, spec in [("multitree", "torus:4x4"), ("ring", "ring:5"), ("multitree", "fattree:8"),
+                      ("dbtree", "mesh:3x3")]:
+        s = build(alg, spec)
+        assert all_node_entries(s, 1000) == [node_entries(s, u, 1000) for u in range(s.n)]
+
+
+def test_work_list_equals_time_ordered_events(monkeypatch):
+    """Without shared links the model runs nodes from a work list; the time-ordered heap
+    (used when links are shared) must give the same times."""
+    from treenic.netsim import sim as S
+    s = build("multitree", "torus:4x4")
+    a = simulate(s, 3000)
+    orig = S._Sim.__init__
+
+    def forced(self, *args):
+        orig(self, *args)
+        self.shared = True
+    monkeypatch.setattr(S._Sim, "__init__", forced)
+    b = simulate(s, 3000, engine="event")
+    assert a.cycles == b.cycles and a.node_done == b.node_done
+
+
+@pytest.mark.parametrize("alg,spec,elements", [
+    ("multitree", "torus:4x4", 1000), ("ring", "ring:8", 999), ("ring2d", "torus:4x4", 5000),
+    ("multitree", "mesh:3x5", 777), ("multitree", "torus:8x8", 100),
+    ("multitree", "mesh:2x2", 3)])            # fewer elements than chunks: empty messages
+@pytest.mark.parametrize("forward", ["store", "cut-through"])
+def test_sweep_equals_event_loop(alg, spec, elements, forward):
+    """The vectorised sweep is the event loop's model, cycle for cycle, node for node."""
+    s = build(alg, spec)
+    for timing in (RTL.with_(link_latency_cycles=2, credits=8, forward=forward),
+                   RTL.with_(forward=forward)):
+        a = simulate(s, elements, timing, engine="event")
+        b = simulate(s, elements, timing, engine="sweep")
+        assert b.engine == "sweep" and a.engine == "event"
+        assert (a.cycles, a.node_done, a.step_cycles_node0, a.flits, a.head_flits) == \
+            (b.cycles, b.node_done, b.step_cycles_node0, b.flits, b.head_flits)
+
+
+def test_sweep_tables_equal_node_entries():
+    """The sweep's entry arrays are the NIC tables of treenic.schedule.table, entry for
+    entry (op, flow, step, size, order, what each waits for and sends)."""
+    from treenic.netsim.fast import NOP, RETIRE, SEND, entry_arrays
+    from treenic.schedule.ir import Op
+    from treenic.schedule.table import node_entries
+    for alg, spec, E in [("multitree", "torus:4x4", 1000), ("ring", "ring:6", 50),
+                         ("multitree", "mesh:2x3", 5)]:
+        s = build(alg, spec)
+        ea = entry_arrays(s, E)
+        st, sr, ds, op, ch = ea.rows
+        for u in range(s.n):
+            idx = [i for i in range(len(ea.node)) if ea.node[i] == u]
+            tab = node_entries(s, u, E)
+            assert [(int(ea.op[i]), int(ea.flow[i]) if ea.op[i] else 0, int(ea.step[i]))
+                    for i in idx] == [(int(e.op), e.flow, e.step) for e in tab]
+            for i, e in zip(idx, tab):
+                sends = sorted(int(ds[r]) for r in ea.send_row[ea.send_entry == i])
+                deps = sorted(int(sr[r]) for r in ea.dep_row[ea.dep_entry == i])
+                if e.op == Op.NOP:
+                    assert ea.kind[i] == NOP
+                elif e.size == 0 or (e.op == Op.REDUCE and e.parent is None) or \
+                        (e.op == Op.GATHER and not e.children):
+                    assert ea.kind[i] == RETIRE
+                else:
+                    assert ea.kind[i] == SEND
+                    assert sends == sorted([e.parent] if e.op == Op.REDUCE else e.children)
+                    want = sorted(e.children) if e.op == Op.REDUCE else (
+                        [e.parent] if e.parent is not None else
+                        sorted(k for f in tab if f.op == Op.REDUCE and f.flow == e.flow
+                               for k in f.children))
+                    assert deps == want
+
+
+def test_sweep_refused_where_links_are_shared():
+    with pytest.raises(NetsimError, match="shared links"):
+        simulate(build("dbtree", "torus:4x4"), 100, engine="sweep")
+
+
+def test_model_within_5_percent_of_recorded_rtl_cycles():
+    """The recorded Verilated fabric runs (treenic/netsim/rtl_cycles.json, reproduced by
+    `python -m treenic.netsim.rtl_runs --measure`) against the model, small runs only."""
+    from treenic.netsim import rtl_runs
+    from treenic.netsim.bench import validation
+    recorded = rtl_runs.load()
+    small = {r.name for r in rtl_runs.RUNS if not r.slow}
+    assert small & set(recorded), "no RTL measurements recorded"
+    rows = [v for v in validation(recorded) if v["run"] in small]
+    for v in rows:
+        assert abs(v["error"]) <= 0.05, v
+
+
+def test_dnn_layer_shapes_give_published_parameter_counts():
+    from treenic.netsim.paper import DNN_MODELS
+    assert sum(DNN_MODELS["AlexNet"]()) == 61_100_840        # torchvision alexnet
+    assert sum(DNN_MODELS["VGG-16"]()) == 138_357_544        # Simonyan & Zisserman, config D
+
+
+def test_sparse_messages_priced_on_links():
+    """A recorded sparse all-reduce is priced on the topology: more bytes, more time."""
+    from treenic.netsim.messages import record, simulate_messages
+    from treenic.netsim.paper import PAPER_TIMING
+    from treenic.sparse.base import make
+    from treenic.topology import parse
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal((4, 1 << 16)).astype(np.float32)     # bandwidth-bound size
+    out = {}
+    for alg in ("topka", "spardl"):
+        m = make(alg, workers=4, elements=1 << 16, density=0.05, seed=1)
+        with record() as steps:
+            res = m.step(g)
+        assert sum(b for s in steps for *_, b in s) == int(res.sent.sum())
+        out[alg] = simulate_messages(parse("mesh:2x2"), steps, PAPER_TIMING)
+        assert out[alg]["seconds"] > 0
+    assert (out["topka"]["bytes"] > out["spardl"]["bytes"]) == \
+        (out["topka"]["seconds"] > out["spardl"]["seconds"])
+    with pytest.raises(NetsimError, match="outside"):
+        simulate_messages(parse("mesh:2x2"), [[(0, 9, 10)]], PAPER_TIMING)
