@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from amaranth.hdl import Module, Signal
 from amaranth.lib import wiring
-from amaranth.lib.wiring import Out
+from amaranth.lib.wiring import In, Out
 
 from treenic.hdl.host.engine import HostEngine
 from treenic.hdl.host.liteeth import UDP_PORT, LiteEthHost, RgmiiSignature
@@ -47,6 +47,10 @@ class BoardCore(wiring.Component):
         The NIC's build parameters.
     verilog : Path
         The generated ``liteeth_core.v``.
+    links : str
+        ``"loopback"`` (each NIC port's TX into its own RX: the boards built so far) or
+        ``"ports"`` (the NIC's ``tx<i>``/``rx<i>`` become members, wired by the caller:
+        the multi-board simulation).
 
     Members
     -------
@@ -58,12 +62,21 @@ class BoardCore(wiring.Component):
         Host-protocol requests executed / malformed datagrams dropped.
     """
 
-    def __init__(self, *, params: NicParams, verilog, port: int = UDP_PORT):
+    def __init__(self, *, params: NicParams, verilog, port: int = UDP_PORT,
+                 links: str = LINKS):
         if not isinstance(params, NicParams):
             raise TypeError("params must be a NicParams")
-        self.params, self.verilog, self.port = params, verilog, port
-        super().__init__({"rgmii": Out(RgmiiSignature()), "running": Out(1), "done": Out(1),
-                          "error": Out(1), "host_accepted": Out(32), "host_dropped": Out(32)})
+        if links not in ("loopback", "ports"):
+            raise ValueError(f"links must be 'loopback' or 'ports', not {links!r}")
+        self.params, self.verilog, self.port, self.links = params, verilog, port, links
+        members = {"rgmii": Out(RgmiiSignature()), "running": Out(1), "done": Out(1),
+                   "error": Out(1), "host_accepted": Out(32), "host_dropped": Out(32)}
+        if links == "ports":               # the NIC's link ports, wired by the caller
+            from treenic.hdl.link.flit import LinkSignature
+            for i in range(params.ports):
+                members[f"tx{i}"] = Out(LinkSignature(params.fmt))
+                members[f"rx{i}"] = In(LinkSignature(params.fmt))
+        super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
@@ -78,8 +91,13 @@ class BoardCore(wiring.Component):
         wiring.connect(m, eng.host, nic.host)
         if platform is None:
             wiring.connect(m, eth.rgmii, wiring.flipped(self.rgmii))
-        for i in range(p.ports):           # loopback plugs until the link PHYs exist
-            wiring.connect(m, getattr(nic, f"tx{i}"), getattr(nic, f"rx{i}"))
+        for i in range(p.ports):
+            tx, rx = getattr(nic, f"tx{i}"), getattr(nic, f"rx{i}")
+            if self.links == "ports":
+                wiring.connect(m, tx, wiring.flipped(getattr(self, f"tx{i}")))
+                wiring.connect(m, wiring.flipped(getattr(self, f"rx{i}")), rx)
+            else:                          # loopback plugs until the link PHYs exist
+                wiring.connect(m, tx, rx)
         m.d.comb += [nic.start.eq(0), self.running.eq(nic.running), self.done.eq(nic.done),
                      self.error.eq(nic.error), self.host_accepted.eq(eng.accepted),
                      self.host_dropped.eq(eng.dropped)]

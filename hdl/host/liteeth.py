@@ -135,7 +135,7 @@ class LiteEthHost(wiring.Component):
         src = {name: Signal(width, name=f"raw_source_{name}")
                for name, width in [("valid", 1), ("ready", 1), ("data", 32), ("last", 1),
                                    ("length", 16), ("ip_address", 32), ("src_port", 16),
-                                   ("dst_port", 16), ("error", 4), ("last_be", 4)]}
+                                   ("dst_port", 16), ("error", 1), ("last_be", 4)]}
         m.d.comb += [rxq.w_en.eq(src["valid"]), src["ready"].eq(rxq.w_rdy),
                      rxq.w_data.eq(Cat(src["data"], src["last"], src["length"],
                                        src["ip_address"], src["src_port"])),
