@@ -212,6 +212,7 @@ def test_codec_roundtrip_and_rejections():
         model.decode_reply(d)
 
 
+@pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 def test_rejects_bad_parameters():
     with pytest.raises(ValueError, match="max_words"):
         HostEngine(addr_bits=8, read_latency=5, max_words=1)
