@@ -55,14 +55,15 @@ async def host_protocol_over_rgmii(dut):
     bad = bytearray(encode_request(Op.WRITE, 999, p.buf_addr(0), payload=[1, 2]))
     bad[17] ^= 0x40
     assert await port.request(bytes(bad), timeout_ns=100_000) is None
-    # a retried WRITE (same seq) is acknowledged as DUP, not executed again
-    d = encode_request(Op.WRITE, seq + 1, p.buf_addr(0), payload=[7])
-    first = wire.decode_reply(await port.request(d))
-    await req(Op.WRITE, p.buf_addr(0), payload=[8])
+    # a retried WRITE (same seq) is acknowledged as DUP, not executed again: the "retry"
+    # here carries different data, which must not reach the buffer
     seq += 1
+    first = wire.decode_reply(await port.request(
+        encode_request(Op.WRITE, seq, p.buf_addr(0), payload=[7])))
     again = wire.decode_reply(await port.request(
-        encode_request(Op.WRITE, seq, p.buf_addr(0), payload=[8])))
-    assert first.flags == 0 and again.flags == wire.Flag.DUP
+        encode_request(Op.WRITE, seq, p.buf_addr(0), payload=[9])))
+    assert first.flags == 0 and again.flags == wire.Flag.DUP, (first, again)
+    assert (await req(Op.READ, p.buf_addr(0), 1)).payload == (7,)
     st = await req(Op.STATUS)
     accepted, dropped, dups = st.payload[-3:]
     assert (dropped, dups) == (1, 1), st.payload
