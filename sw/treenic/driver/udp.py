@@ -222,12 +222,13 @@ class UDPBackend:
         from treenic.hdl.nic.params import Ctrl, Reg
         if elements != self._loaded_elements:
             images = build_images(self.comm.schedule, elements)
-            writes = image_writes(self.params, images[self.rank]) + \
-                order_writes(self.params, images)[self.rank]
+            self._order = order_writes(self.params, images)[self.rank]
+            writes = image_writes(self.params, images[self.rank]) + self._order
             self.client.write_pairs(writes, "LOAD_CONFIG")
             self._loaded_elements = elements
-        else:
-            self.client.write_pairs([(int(Reg.CTRL), int(Ctrl.CLEAR))], "CLEAR")
+        else:       # CLEAR resets the run state and the ORDER table: write it again
+            self.client.write_pairs([(int(Reg.CTRL), int(Ctrl.CLEAR))] + self._order,
+                                    "CLEAR")
 
     def dense(self, tensor, seq):
         from .core import _to_numpy, _write_back
