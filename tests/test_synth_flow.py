@@ -34,6 +34,7 @@ class Blinky(Elaboratable):
         return m
 
 
+@pytest.mark.slow          # ~20 s here (a tiny design); the very first YoWASP run ~4 min
 def test_tiny_top_builds_from_a_tmp_checkout(tmp_path, monkeypatch):
     assert str(tmp_path).startswith("/tmp")
     out = tmp_path / "build" / "blinky"
