@@ -7,7 +7,8 @@ SIM   ?= icarus
 WAVES ?= 0
 export SIM WAVES
 
-.PHONY: all setup demo test sim bench synth clean
+.PHONY: all setup demo test sim bench synth bitstream clean
+BOARD ?= ecpix5
 all: test
 
 setup:
@@ -30,6 +31,12 @@ bench: setup
 synth:
 	@tools/setup_env.sh sim,torch,test,synth
 	$(PY) -m treenic.boards.synth --out build/synth
+
+# a board's bitstream, timing report and utilisation under build/bitstream/$(BOARD)/;
+# exits 1 on negative slack (ARGS=--allow-negative-slack to keep the result anyway)
+bitstream:
+	@tools/setup_env.sh sim,torch,test,synth
+	nice -n 10 $(PY) -m treenic.boards.bitstream --board $(BOARD) --out build/bitstream/$(BOARD) $(ARGS)
 
 clean:
 	rm -rf build

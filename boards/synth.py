@@ -185,8 +185,12 @@ def parse_yosys_stat(log: str) -> dict[str, int]:
 def parse_nextpnr_log(log: str) -> dict:
     """Fmax (last report, i.e. post-route) per clock and the utilisation table."""
     fmax: dict[str, float] = {}
-    for m in re.finditer(r"Max frequency for clock\s+'([^']+)':\s+([\d.]+) MHz", log):
+    target: dict[str, float] = {}
+    for m in re.finditer(r"Max frequency for clock\s+'([^']+)':\s+([\d.]+) MHz"
+                         r"(?:\s+\((?:PASS|FAIL) at ([\d.]+) MHz\))?", log):
         fmax[m.group(1)] = float(m.group(2))
+        if m.group(3):
+            target[m.group(1)] = float(m.group(3))
     util: dict[str, tuple[int, int]] = {}
     i = log.rfind("Device utilisation:")
     if i >= 0:
@@ -194,7 +198,29 @@ def parse_nextpnr_log(log: str) -> dict:
             util.setdefault(m.group(1), (int(m.group(2)), int(m.group(3))))
     if not fmax:
         raise ValueError("no 'Max frequency for clock' line in nextpnr log")
-    return {"fmax_mhz": min(fmax.values()), "fmax_per_clock": fmax, "utilisation": util}
+    # slack of each clock's critical path: its constraint's period minus the path's delay
+    slack = {c: round(1000.0 / target[c] - 1000.0 / f, 3) for c, f in fmax.items() if c in target}
+    return {"fmax_mhz": min(fmax.values()), "fmax_per_clock": fmax,
+            "target_mhz_per_clock": target, "slack_ns_per_clock": slack, "utilisation": util}
+
+
+class SlackError(RuntimeError):
+    """A placed-and-routed design that misses its clock constraint."""
+
+
+def check_slack(name: str, slack_ns_per_clock: dict[str, float], *, allow: bool = False) -> float:
+    """Worst slack over the clocks of a routed design; raises :class:`SlackError` naming the
+    failing clocks when it is negative, unless *allow* (the ``--allow-negative-slack``
+    override: the reports are written either way)."""
+    if not slack_ns_per_clock:
+        raise SlackError(f"{name}: nextpnr reported no constrained clock, slack unknown")
+    worst = min(slack_ns_per_clock.values())
+    if worst < 0 and not allow:
+        bad = ", ".join(f"{c} {s:+.3f} ns" for c, s in sorted(slack_ns_per_clock.items())
+                        if s < 0)
+        raise SlackError(f"{name}: negative slack ({bad}); timing not met "
+                         "(--allow-negative-slack to keep the result anyway)")
+    return worst
 
 
 # ----------------------------------------------------------------------------------
@@ -279,23 +305,46 @@ def _platform(clock_mhz: float):
 
 def _pnr(name: str, component, out: Path, env, seed: int,
          clock_mhz: float = CLOCK_MHZ, nextpnr_opts: str = "") -> dict:
-    from .timing import analyse, format_report, summarise, trace_paths
-
     out = out.resolve()
     out.mkdir(parents=True, exist_ok=True)
-    plat = _platform(clock_mhz)
+    build_platform(_platform(clock_mhz), SynthWrapper(component), name, out, env, seed,
+                   nextpnr_opts)
+    return timing_summary(name, out, clock_mhz)
+
+
+#: nextpnr output files, named relative to the build folder (see :func:`build_platform`)
+PNR_FILES = ("report.json", "routed.json")
+
+
+def build_platform(plat, design, name: str, out: Path, env, seed: int = 1,
+                   nextpnr_opts: str = "") -> None:
+    """Amaranth's Trellis flow for *design* on *plat* in the build folder *out*.
+
+    Every path handed to the tools is relative to *out*: Amaranth runs its build script
+    with *out* as the working directory, and the YoWASP tools map their own temporary
+    folder over ``/tmp``, so an absolute path under ``/tmp`` (a clone there) points into
+    that mapping and nextpnr fails at the very end with "Failed to open JSON '--write'
+    file".  ``--timing-allow-fail`` keeps nextpnr writing its reports when timing fails;
+    :func:`check_slack` is what fails the build then.
+    """
     saved = dict(os.environ)
     os.environ.update({k: env[k] for k in ("YOSYS", "NEXTPNR_ECP5", "ECPPACK", "PATH")})
     # the timing report of every endpoint (``timing.md``) needs nextpnr's per-endpoint
     # arrivals and the routed netlist
-    extra = (f"--report {out / 'report.json'} --detailed-timing-report "
-             f"--write {out / 'routed.json'}")
+    extra = f"--report {PNR_FILES[0]} --detailed-timing-report --write {PNR_FILES[1]}"
     try:
-        plat.build(SynthWrapper(component), name=name, build_dir=str(out), do_program=False,
+        plat.build(design, name=name, build_dir=str(out), do_program=False,
                    nextpnr_opts=f"--seed {seed} --timing-allow-fail {extra} {nextpnr_opts}".strip())
     finally:
         os.environ.clear()
         os.environ.update(saved)
+
+
+def timing_summary(name: str, out: Path, clock_mhz: float) -> dict:
+    """Fmax, utilisation, worst slack and the per-register worklist of a routed build in
+    *out* (``timing.md`` is written beside nextpnr's reports)."""
+    from .timing import analyse, format_report, summarise, trace_paths
+
     res = parse_nextpnr_log((out / f"{name}.tim").read_text())
     res["wrapper_yosys"] = {k: v for k, v in parse_yosys_stat((out / f"{name}.rpt").read_text()).items()
                             if k != "cells"}
@@ -304,6 +353,7 @@ def _pnr(name: str, component, out: Path, env, seed: int,
     trace_paths(json.loads((out / "routed.json").read_text()), eps)
     (out / "timing.md").write_text(format_report(eps, period))
     res["failing_endpoints"] = sum(e.slack < 0 for e in eps)
+    res["worst_slack_ns"] = round(min((e.slack for e in eps), default=0.0), 3)
     res["worst_registers"] = [
         {"register": g["register"], "worst_slack_ns": round(g["worst_slack"], 3),
          "failing": g["failing"], "endpoints": g["endpoints"]}
@@ -312,8 +362,11 @@ def _pnr(name: str, component, out: Path, env, seed: int,
 
 
 def synth_top(name: str, out_dir: Path, *, seed: int = 1, timing: bool = True,
-              clock_mhz: float = CLOCK_MHZ, nextpnr_opts: str = "") -> dict:
-    """Area (+ place-and-route timing) of one registered top; returns its report."""
+              clock_mhz: float = CLOCK_MHZ, nextpnr_opts: str = "",
+              allow_negative_slack: bool = False) -> dict:
+    """Area (+ place-and-route timing) of one registered top; returns its report.
+    A routed result with negative slack raises :class:`SlackError` (after the build
+    folder's reports are written) unless *allow_negative_slack*."""
     if name not in TOPS:
         raise KeyError(f"unknown top {name!r}; registered: {sorted(TOPS)}")
     env = _tool_env()
@@ -329,12 +382,17 @@ def synth_top(name: str, out_dir: Path, *, seed: int = 1, timing: bool = True,
         rep.update({"fmax_mhz": pnr["fmax_mhz"], "clock_constraint_mhz": clock_mhz,
                     "fmax_per_clock": pnr["fmax_per_clock"],
                     "failing_endpoints": pnr["failing_endpoints"],
+                    "worst_slack_ns": check_slack(name, pnr["slack_ns_per_clock"],
+                                                  allow=True),
                     "worst_registers": pnr["worst_registers"],
                     "pnr_utilisation_with_wrapper": {k: list(v) for k, v in util.items()},
                     "wrapper_cells": pnr["wrapper_yosys"]})
     else:
         rep["fmax_mhz"] = None
     rep["seconds"] = round(time.time() - t0, 1)
+    if timing:
+        rep["slack_ok"] = rep["worst_slack_ns"] >= 0
+        check_slack(name, pnr["slack_ns_per_clock"], allow=allow_negative_slack)
     return rep
 
 
@@ -371,6 +429,9 @@ def main(argv=None) -> int:
                     help="clock constraint for place and route (default: %(default)s, the target)")
     ap.add_argument("--nextpnr-opts", default="",
                     help="extra nextpnr-ecp5 options, e.g. '--router router2 --tmg-ripup'")
+    ap.add_argument("--allow-negative-slack", action="store_true",
+                    help="exit 0 even when a routed top misses its clock constraint "
+                         "(default: exit 1 after writing the reports)")
     args = ap.parse_args(argv)
     if not args.clock_mhz > 0:
         ap.error(f"--clock-mhz must be positive, not {args.clock_mhz}")
@@ -387,8 +448,10 @@ def main(argv=None) -> int:
     for t in tops:
         print(f"[synth] {t} ...", flush=True)
         b = synth_top(t, args.out, seed=args.seed, timing=not args.no_timing,
-                      clock_mhz=args.clock_mhz, nextpnr_opts=args.nextpnr_opts)
-        print(f"[synth] {t}: Fmax {b['fmax_mhz']} MHz, LUT4 {b['luts']}, FF {b['ffs']}, "
+                      clock_mhz=args.clock_mhz, nextpnr_opts=args.nextpnr_opts,
+                      allow_negative_slack=True)    # checked below, after the reports
+        print(f"[synth] {t}: Fmax {b['fmax_mhz']} MHz, worst slack "
+              f"{b.get('worst_slack_ns')} ns, LUT4 {b['luts']}, FF {b['ffs']}, "
               f"DP16KD {b['brams']} ({b['seconds']} s)", flush=True)
         blocks.append(b)
     head = blocks[0]
@@ -398,7 +461,13 @@ def main(argv=None) -> int:
     (args.out / "report.json").write_text(json.dumps(report, indent=2) + "\n")
     (args.out / "report.md").write_text(_markdown(report))
     print(f"[synth] wrote {args.out / 'report.json'} and {args.out / 'report.md'}")
-    return 0
+    failed = [b for b in blocks if b.get("slack_ok") is False]
+    for b in failed:
+        print(f"[synth] error: {b['top']}: worst slack {b['worst_slack_ns']} ns at "
+              f"{b['clock_constraint_mhz']:g} MHz"
+              + (" (allowed by --allow-negative-slack)" if args.allow_negative_slack else ""),
+              file=sys.stderr)
+    return 1 if failed and not args.allow_negative_slack else 0
 
 
 if __name__ == "__main__":

@@ -33,6 +33,7 @@ SECTIONS = {
     "sparse_units": ("treenic.hdl.sparse.bench", "Sparse hardware units (Verilated RTL)"),
     "netsim": ("treenic.netsim.bench", "Network timing model: RTL validation and scale"),
     "paper": ("treenic.netsim.paper", "MultiTree paper's studies under the network model"),
+    "boards": ("treenic.boards.bench", "Boards: host link over UDP, bitstreams"),
 }
 
 

@@ -343,6 +343,12 @@ def build_parser() -> argparse.ArgumentParser:
         train.add_arguments(tr)
         tr.set_defaults(func=cmd_train)
 
+    boardsim = _optional("treenic.boards.boardsim")
+    if boardsim is not None:
+        bs = sub.add_parser("boardsim", help="simulated boards on loopback UDP (udp backend)")
+        boardsim.add_arguments(bs)
+        bs.set_defaults(func=boardsim.run)
+
     d = sub.add_parser("demo", help="the main job: schedules, then training (make demo)")
     d.add_argument("--elements", type=int, default=1 << 16)
     d.add_argument("--schedules-only", action="store_true")

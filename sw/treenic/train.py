@@ -25,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-BACKENDS = ("rtl", "model", "torch", "ddp")
+BACKENDS = ("rtl", "model", "torch", "ddp", "udp")
 
 
 def _load_data(seed: int):
@@ -61,8 +61,10 @@ def _train_one(rank, world, cfg, fabric):
     if cfg["backend"] != "ddp":
         # a cycle-accurate RTL collective (and loading its build) takes seconds, not ms
         timeout = cfg["timeout"] if cfg["engine"] != "rtl" else max(cfg["timeout"], 600.0)
-        # fabric: the server's endpoint (address + job secret)
+        # fabric: the server's endpoint (address + job secret); udp: board addresses
         opts = dict(fabric, timeout=timeout) if cfg["backend"] == "rtl" else {}
+        if cfg["backend"] == "udp":         # boards: addresses + driver options
+            opts = dict(fabric)
         comm = open_nic(cfg["backend"], rank, world, cfg["topology"], cfg["algorithm"], **opts)
         state = TreenicHookState(comm, scheme=cfg["scheme"] if cfg["density"] else None,
                                  density=cfg["density"] or 0.01,
@@ -133,7 +135,8 @@ def _world_worker(rank, world, cfgs, fabric):
 
 def _config(backend="rtl", algorithm="multitree", topology=None, density=None, workers=4,
             epochs=8, scheme="topka", warmup_iters=20, lr=0.05, batch_size=16, hidden=64,
-            seed=0, timeout=30.0, progress=True, engine="rtl", label=None):
+            seed=0, timeout=30.0, progress=True, engine="rtl", label=None, boards=None,
+            simulated_boards=False):
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     if density is not None and not 0.0 < float(density) <= 1.0:
@@ -143,6 +146,7 @@ def _config(backend="rtl", algorithm="multitree", topology=None, density=None, w
                 density=float(density) if density else None, workers=workers, epochs=epochs,
                 scheme=scheme, warmup_iters=warmup_iters, lr=lr, batch_size=batch_size,
                 hidden=hidden, seed=seed, timeout=timeout, progress=progress, engine=engine,
+                boards=boards, simulated_boards=simulated_boards,
                 label=label or f"{backend}/{algorithm}" + (f"/{scheme}@{density}"
                                                            if density else ""))
 
@@ -199,17 +203,42 @@ def run_many(configs: list[dict], *, timeout: float = 600.0, log=print) -> list[
             if engine not in (None, c["engine"]):
                 raise ValueError("run_many: one fabric server engine per call")
             engine = c["engine"]
+    boardsim = None
     try:
         if engine is not None:
             server = ServerProcess(workers, engine, collective_timeout=60.0, idle_exit=120.0)
         addr = server.endpoint if server else None
+        if any(c["backend"] == "udp" for c in configs):
+            addr, boardsim = _udp_boards(configs, workers, log)
         t0 = time.perf_counter()
         per_rank = run_world(_world_worker, workers, configs, addr, timeout=timeout)
         wall = time.perf_counter() - t0
     finally:
         if server is not None:
             server.stop()
+        if boardsim is not None:
+            boardsim.stop()
     return [_summarise(cfg, [r[i] for r in per_rank], wall) for i, cfg in enumerate(configs)]
+
+
+def _udp_boards(configs, workers, log):
+    """Driver options of the ``udp`` backend: the boards' addresses (``--boards``), or
+    simulated boards started here (``--simulated-boards``; returned to be stopped)."""
+    c = next(c for c in configs if c["backend"] == "udp")
+    if c["density"]:
+        raise ValueError("backend 'udp': sparse schemes are not in the NIC RTL yet")
+    if c["simulated_boards"]:
+        from .boards.boardsim import SIM_NIC, BoardSim
+        sim = BoardSim(c["topology"], log=log)
+        boards = sim.start()
+        log(f"NOTICE: {sim.describe()}")
+        # a simulated datagram takes ~0.1-1 s of wall time: generous per-try timeouts
+        return {"boards": boards, "local_port": 0, "nic_params": SIM_NIC, "timeout": 60.0,
+                "retries": 3, "run_timeout": 3600.0, "engine": sim.describe()}, sim
+    if not c["boards"] or len(c["boards"]) != workers:
+        raise ValueError(f"backend 'udp' needs --boards with {workers} addresses or "
+                         "--simulated-boards")
+    return {"boards": c["boards"]}, None
 
 
 def _summarise(cfg, ranks, wall):
@@ -279,13 +308,14 @@ def plot(summaries: list[dict], path: Path) -> Path:
 def run(backend="rtl", algorithm="multitree", topology=None, density=None, workers=4,
         epochs=8, *, scheme="topka", warmup_iters=20, lr=0.05, batch_size=16, seed=0,
         engine="rtl", compare_dense=True, out_dir="build/demo", progress=True,
-        log=print) -> dict:
+        log=print, boards=None, simulated_boards=False) -> dict:
     """Train, print per-epoch loss/accuracy and traffic, save a plot; returns the summary.
 
     With ``density`` and ``compare_dense`` a dense run of the same backend is trained in the
     same world so the summary (``dense_reference``) and the plot compare the two."""
     cfg = _config(backend, algorithm, topology, density, workers, epochs, scheme,
-                  warmup_iters, lr, batch_size, seed=seed, progress=progress, engine=engine)
+                  warmup_iters, lr, batch_size, seed=seed, progress=progress, engine=engine,
+                  boards=boards, simulated_boards=simulated_boards)
     cfgs = [cfg]
     if density and compare_dense:
         cfgs.append(_config(backend, algorithm, topology, None, workers, epochs, scheme,
@@ -331,6 +361,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--engine", choices=("rtl", "golden"), default="rtl",
                         help="fabric server engine for --backend rtl")
+    parser.add_argument("--boards", type=lambda s: s.split(","), default=None,
+                        help="--backend udp: one board address (host[:port]) per worker")
+    parser.add_argument("--simulated-boards", action="store_true",
+                        help="--backend udp: start simulated boards (treenic boardsim)")
     parser.add_argument("--out", default="build/demo")
     parser.add_argument("--json", action="store_true", help="print the summary as JSON")
 
@@ -339,7 +373,9 @@ def main(args) -> int:
     log = (lambda *a, **k: print(*a, file=sys.stderr, **k)) if args.json else print
     s = run(args.backend, args.algorithm, args.topology, args.density, args.workers,
             args.epochs, scheme=args.scheme, warmup_iters=args.warmup_iters,
-            engine=args.engine, out_dir=args.out, progress=not args.json, log=log)
+            engine=args.engine, out_dir=args.out, progress=not args.json, log=log,
+            boards=getattr(args, "boards", None),
+            simulated_boards=getattr(args, "simulated_boards", False))
     if args.json:
         print(json.dumps(s, indent=1, default=float))
     return 0

@@ -47,7 +47,7 @@ from .errors import BadTensor, DriverError, FabricError
 from .fabric import LocalFabric, Request, link_bytes, make_engine
 from .torch_backend import TorchBackend as _TorchBackend
 
-BACKENDS = ("model", "torch", "rtl")
+BACKENDS = ("model", "torch", "rtl", "udp")
 
 
 @dataclass
@@ -164,7 +164,7 @@ class Communicator:
         self.residuals: dict = {}
         self._seq = 0
         self._impl = {"model": _ModelBackend, "torch": _TorchBackend,
-                      "rtl": _RTLBackend}[backend](self, **opts)
+                      "rtl": _RTLBackend, "udp": _udp_backend}[backend](self, **opts)
         self.schedule: Schedule | None = None
         self.load_schedule(schedule)
 
@@ -274,6 +274,12 @@ def open_nic(backend: str, rank: int, world: int, topology=None, algorithm="mult
 
 
 # ---- backends -----------------------------------------------------------------------------
+
+def _udp_backend(comm, **opts):
+    """``udp``: boards over the host protocol (:mod:`treenic.driver.udp`)."""
+    from .udp import UDPBackend
+    return UDPBackend(comm, **opts)
+
 
 class _ModelBackend:
     def __init__(self, comm: Communicator, fabric: LocalFabric | None = None, group=None,

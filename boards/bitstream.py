@@ -1,0 +1,127 @@
+"""Board bitstreams: ``make bitstream BOARD=ecpix5``.
+
+Run::
+
+    python -m treenic.boards.bitstream --board ecpix5 --out build/bitstream/ecpix5
+    python -m treenic.boards.bitstream --board ecpix5 --small      # 8 KiB buffer, faster P&R
+    python -m treenic.boards.bitstream --list
+
+Steps: LiteEth's UDP core is generated for the board (``liteeth_gen``, cached by its
+configuration), the board top is built with Amaranth's Trellis flow (YoWASP Yosys,
+nextpnr-ecp5, ecppack; tools named relative to the build folder, see
+:func:`treenic.boards.synth.build_platform`), and the result is checked: every clock's
+worst slack from nextpnr's post-route report must be non-negative, else the command exits 1
+after writing its reports (``--allow-negative-slack`` overrides).
+
+Outputs in ``--out``: ``top.bit`` (flash: ``openFPGALoader -b ecpix5 top.bit``),
+``top.tim`` (nextpnr log with the timing report), ``top.rpt`` (Yosys utilisation),
+``report.json`` / ``report.md`` (Fmax and slack per clock, utilisation, build time),
+``liteeth/`` (the generated core).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from . import synth
+from .core import LINKS
+
+__all__ = ["BOARDS", "build", "main"]
+
+
+def _ecpix5(out: Path, small: bool):
+    from treenic.hdl.host.liteeth import core_config, generate
+    from treenic.hdl.nic import NicParams
+    from .ecpix5 import ECPIX5Top, ETH_CLOCK_HZ, ecpix5_platform
+
+    params = NicParams(**(synth.NIC_SMALL_PARAMS if small else synth.NIC_CORE_PARAMS))
+    verilog = generate(out / "liteeth", core_config(ip="192.168.1.50", mac=0x10e2d5000000,
+                                                    clk_freq=ETH_CLOCK_HZ))
+    return ecpix5_platform(), ECPIX5Top(params=params, verilog=verilog), params
+
+
+#: board name -> factory(out_dir, small) -> (platform, top, NicParams)
+BOARDS = {"ecpix5": _ecpix5}
+
+
+def build(board: str, out: Path, *, small: bool = False, seed: int = 1,
+          allow_negative_slack: bool = False, nextpnr_opts: str = "") -> dict:
+    """Build one board's bitstream into *out*; returns the report (also written as
+    ``report.json``/``report.md``).  Raises :class:`synth.SlackError` on negative slack
+    (after the reports) unless *allow_negative_slack*."""
+    if board not in BOARDS:
+        raise KeyError(f"unknown board {board!r}; known: {', '.join(BOARDS)}")
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    plat, top, params = BOARDS[board](out, small)
+    synth.build_platform(plat, top, "top", out, synth._tool_env(), seed, nextpnr_opts)
+    pnr = synth.parse_nextpnr_log((out / "top.tim").read_text())
+    yos = synth.parse_yosys_stat((out / "top.rpt").read_text())
+    worst = synth.check_slack(board, pnr["slack_ns_per_clock"], allow=True)
+    rep = {"board": board, "device": plat.device + "-" + plat.package,
+           "nic": {k: v for k, v in asdict(params).items()}, "links": LINKS,
+           "fmax_mhz_per_clock": pnr["fmax_per_clock"],
+           "target_mhz_per_clock": pnr["target_mhz_per_clock"],
+           "slack_ns_per_clock": pnr["slack_ns_per_clock"], "worst_slack_ns": worst,
+           "slack_ok": worst >= 0,
+           "utilisation": {k: list(v) for k, v in pnr["utilisation"].items()},
+           "yosys": {k: v for k, v in yos.items() if k != "cells"},
+           "bitstream": str(out / "top.bit"), "seconds": round(time.time() - t0, 1),
+           "tools": "YoWASP yosys + nextpnr-ecp5 + ecppack"}
+    (out / "report.json").write_text(json.dumps(rep, indent=2, default=str) + "\n")
+    (out / "report.md").write_text(_markdown(rep))
+    synth.check_slack(board, pnr["slack_ns_per_clock"], allow=allow_negative_slack)
+    return rep
+
+
+def _markdown(rep: dict) -> str:
+    lines = [f"# {rep['board']} bitstream ({rep['device']})", "",
+             f"Tools: {rep['tools']}; links: {rep['links']}; build {rep['seconds']} s.", "",
+             "| clock | Fmax (MHz) | constraint (MHz) | slack (ns) |", "|---|---:|---:|---:|"]
+    for c, f in sorted(rep["fmax_mhz_per_clock"].items()):
+        t = rep["target_mhz_per_clock"].get(c, "-")
+        s = rep["slack_ns_per_clock"].get(c, "-")
+        lines.append(f"| `{c}` | {f:.1f} | {t} | {s} |")
+    lines += ["", "| resource | used | available |", "|---|---:|---:|"]
+    lines += [f"| {k} | {u} | {a} |" for k, (u, a) in sorted(rep["utilisation"].items())]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m treenic.boards.bitstream",
+                                 description=__doc__.split("\n")[0])
+    ap.add_argument("--board", default="ecpix5", help="board (%(default)s)")
+    ap.add_argument("--out", type=Path, help="build folder (default build/bitstream/BOARD)")
+    ap.add_argument("--small", action="store_true",
+                    help="NIC with an 8 KiB buffer (same ports and logic; P&R ~4x faster)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--allow-negative-slack", action="store_true",
+                    help="exit 0 even when a clock misses its constraint")
+    ap.add_argument("--nextpnr-opts", default="")
+    ap.add_argument("--list", action="store_true")
+    args = ap.parse_args(argv)
+    if args.list:
+        print("\n".join(BOARDS))
+        return 0
+    if args.board not in BOARDS:
+        ap.error(f"unknown board {args.board!r}; known: {', '.join(BOARDS)}")
+    out = args.out or Path("build/bitstream") / args.board
+    try:
+        rep = build(args.board, out, small=args.small, seed=args.seed,
+                    allow_negative_slack=args.allow_negative_slack,
+                    nextpnr_opts=args.nextpnr_opts)
+    except synth.SlackError as e:
+        print(f"[bitstream] error: {e} (reports in {out})", file=sys.stderr)
+        return 1
+    print(f"[bitstream] {rep['bitstream']}: worst slack {rep['worst_slack_ns']} ns, "
+          f"Fmax {rep['fmax_mhz_per_clock']}, {rep['seconds']} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
