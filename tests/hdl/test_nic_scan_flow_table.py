@@ -97,7 +97,7 @@ def test_scan_loads_golden_flow_tables(alg, spec, E):
     params = NicParams(ports=sched.topology.max_ports(), depth=32, max_nodes=4,
                        max_entries=16, max_steps=8)
     imgs = build_images(sched, E)
-    ow = order_writes(params, imgs)
+    ow = [order_writes(params, im) for im in imgs]
     for node in (0, sched.n - 1):
         entries = decode_image(imgs[node]).table.entries
         rows = [params.encode_row(int(e.op), e.flow, e.step, e.parent_port, e.child_ports,

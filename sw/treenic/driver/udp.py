@@ -222,7 +222,7 @@ class UDPBackend:
         from treenic.hdl.nic.params import Ctrl, Reg
         if elements != self._loaded_elements:
             images = build_images(self.comm.schedule, elements)
-            self._order = order_writes(self.params, images)[self.rank]
+            self._order = order_writes(self.params, images[self.rank])
             writes = image_writes(self.params, images[self.rank]) + self._order
             self.client.write_pairs(writes, "LOAD_CONFIG")
             self._loaded_elements = elements
