@@ -259,6 +259,8 @@ def test_wrong_dtype_rejected_by_driver(schedules):
     with pytest.raises(DriverError, match="4 nodes but the world has 3"):
         open_nic("model", 0, 3, algorithm=fab.schedule, fabric=fab)
     with pytest.raises(DriverError, match="unknown backend"):
+        open_nic("infiniband", 0, WORLD, algorithm=fab.schedule)
+    with pytest.raises(DriverError, match="needs boards"):
         open_nic("udp", 0, WORLD, algorithm=fab.schedule)
     with pytest.raises(DriverError, match="needs address"):
         open_nic("rtl", 0, WORLD, algorithm=fab.schedule)
