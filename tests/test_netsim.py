@@ -21,11 +21,13 @@ def test_flit_counts_equal_golden_packetiser(mode, pw):
 def test_contention_free_multitree_runs_at_link_rate():
     """64 KiB on torus:4x4: every step of MultiTree moves one chunk per link, so the model's
     time is the per-step flits plus per-step latencies -- above the ideal, within 15 %."""
-    from treenic.hdl.nic.fabric_sim import params_for
+    from treenic.firmware.image import compile_images
+    from treenic.hdl.nic.host import params_for_images
     from treenic.hdl.nic.model import ideal_cycles
     s = build("multitree", "torus:4x4")
     r = simulate(s, 16384, RTL.with_(link_latency_cycles=1))
-    ideal = ideal_cycles(s, 16384, params_for(s, 16384))
+    images = compile_images(None, s, 16384)
+    ideal = ideal_cycles(images, params_for_images(images))
     assert ideal < r.cycles < 1.15 * ideal
     assert len(r.step_cycles_node0) == s.steps
 

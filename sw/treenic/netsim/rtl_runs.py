@@ -66,9 +66,11 @@ BY_NAME = {r.name: r for r in RUNS}
 
 def nic_params(run: RtlRun, schedule):
     """The NicParams the fabric is built with (FabricSim's sizing rule, run's link knobs)."""
-    from treenic.hdl.nic.fabric_sim import params_for
-    return params_for(schedule, run.elements, mode=run.mode, sub_words=run.sub_words,
-                      credits=run.credits, packet_words=run.packet_words)
+    from treenic.firmware.image import compile_images
+    from treenic.hdl.nic.host import params_for_images
+    return params_for_images(compile_images(None, schedule, run.elements), mode=run.mode,
+                             sub_words=run.sub_words, credits=run.credits,
+                             packet_words=run.packet_words)
 
 
 def measure(run: RtlRun) -> dict:
