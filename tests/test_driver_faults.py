@@ -526,3 +526,21 @@ def test_rank_leaving_with_bye_and_reconnecting_aborts_nothing(server, ring4):
     out, errs = run_threads(rank)
     assert errs == [None] * WORLD
     assert all(np.all(o == 4) for o in out)
+
+
+def test_abort_is_forgotten_once_every_rank_met_it(server, ring4):
+    """After a bad tensor aborted collective #1, ranks reopening their communicators
+    (sequence numbers from 1 again) run normally: the old abort does not fail them."""
+    opts = dict(server.endpoint, timeout=10)
+
+    def phase(bad_rank):
+        def rank(r):
+            with open_nic("rtl", r, WORLD, algorithm=ring4, **opts) as c:
+                t = np.ones(8, np.float64 if r == bad_rank else np.float32)
+                c.allreduce(t)
+                return t
+        return run_threads(rank)
+    _, errs = phase(bad_rank=1)
+    assert all(e is not None and "rank 1" in str(e) for e in errs)
+    out, errs = phase(bad_rank=None)
+    assert errs == [None] * WORLD and all(np.all(o == 4) for o in out)
