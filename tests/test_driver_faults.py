@@ -526,3 +526,50 @@ def test_rank_leaving_with_bye_and_reconnecting_aborts_nothing(server, ring4):
     out, errs = run_threads(rank)
     assert errs == [None] * WORLD
     assert all(np.all(o == 4) for o in out)
+
+
+def test_abort_is_forgotten_once_every_rank_met_it(server, ring4):
+    """After a bad tensor aborted collective #1, ranks reopening their communicators
+    (sequence numbers from 1 again) run normally: the old abort does not fail them."""
+    opts = dict(server.endpoint, timeout=10)
+
+    def phase(bad_rank):
+        def rank(r):
+            with open_nic("rtl", r, WORLD, algorithm=ring4, **opts) as c:
+                t = np.ones(8, np.float64 if r == bad_rank else np.float32)
+                c.allreduce(t)
+                return t
+        return run_threads(rank)
+    _, errs = phase(bad_rank=1)
+    assert all(e is not None and "rank 1" in str(e) for e in errs)
+    out, errs = phase(bad_rank=None)
+    assert errs == [None] * WORLD and all(np.all(o == 4) for o in out)
+
+
+def test_server_started_by_hand_writes_a_private_secret_file(ring4, tmp_path):
+    """`python -m treenic.driver.server` without $TREENIC_FABRIC_SECRET: a fresh secret in a
+    new mode-0600 file named on the LISTENING line; --secret-file reuses a given one."""
+    import stat
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != P.SECRET_ENV}
+    given = tmp_path / "job.secret"
+    for argv in ([], ["--secret-file", str(given)], ["--secret-file", str(given)]):
+        proc = subprocess.Popen([sys.executable, "-m", "treenic.driver.server", "--nodes", "4",
+                                 "--port", "0", *argv], stdout=subprocess.PIPE, text=True,
+                                env=env)
+        try:
+            words = proc.stdout.readline().split()
+            path = words[4] if len(words) > 4 else str(given)
+            assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+            secret = open(path).read().strip()
+            with open_nic("rtl", 0, WORLD, algorithm=ring4, address=(words[1], int(words[2])),
+                          secret=secret, timeout=5) as c:
+                assert c.status()["nic"]["config_id"] == c.config_id
+            with pytest.raises(FabricError, match="AUTH"):
+                open_nic("rtl", 1, WORLD, algorithm=ring4, address=(words[1], int(words[2])),
+                         secret=P.new_secret(), timeout=5)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    assert given.exists()                        # created by the second run, reused by the third

@@ -37,7 +37,7 @@ def butterfly():
 
 def _world(rank, world, endpoint):
     import torch
-    from treenic.driver import FabricError, open_nic
+    from treenic.driver import DriverError, FabricError, open_nic
     out = {}
     for name, backend, opts in (("torch", "torch", {}),
                                 ("torch-stepwise", "torch", {"executor": "stepwise"}),
@@ -67,6 +67,13 @@ def _world(rank, world, endpoint):
                 except FabricError as e:
                     out[(name, "mismatch")] = str(e)
                 out[(name, "status")] = comm.status()
+                # a bad dtype on rank 2 only: every rank fails, naming rank 2 (issue 19)
+                try:
+                    comm.allreduce(torch.zeros(10, dtype=torch.float64 if rank == 2
+                                               else torch.float32))
+                    out[(name, "bad_dtype")] = None
+                except DriverError as e:
+                    out[(name, "bad_dtype")] = str(e)
             comm.close()
     for piece in (7, 1 << 18):                      # tiny pieces: overlap is exercised
         for executor in ("pipelined", "stepwise"):
@@ -132,6 +139,13 @@ def test_size_mismatch_reported_on_every_rank(world_results, backend):
     for r in range(WORLD):
         msg = world_results[r][(backend, "mismatch")]
         assert msg is not None and "rank 1: " in msg and "11" in msg, msg
+
+
+@pytest.mark.parametrize("backend", ["torch", "model", "rtl"])
+def test_bad_dtype_on_one_rank_reported_on_every_rank(world_results, backend):
+    for r in range(WORLD):
+        msg = world_results[r][(backend, "bad_dtype")]
+        assert msg is not None and "rank 2" in msg and "float64" in msg, msg
 
 
 def test_counters(world_results):

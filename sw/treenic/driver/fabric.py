@@ -215,7 +215,10 @@ class Rendezvous:
         self._link_bytes_cache: dict[int, tuple] = {}
         #: ranks whose connection closed, and why: their peers' collectives abort at once
         self.departed: dict[int, str] = {}
-        self._failed: dict[int, FabricError] = {}     # seq -> error (a rank gave up on it)
+        # seq -> (error, ranks that have not seen it yet): a rank gave up on collective seq;
+        # forgotten once every other rank met it, so a reopened communicator (sequence
+        # numbers from 1 again) is not failed by an old abort
+        self._failed: dict[int, tuple[FabricError, set]] = {}
 
     def busy(self) -> bool:
         with self._cv:
@@ -236,12 +239,15 @@ class Rendezvous:
         it fails at once with the reason, naming the rank."""
         err = FabricError(f"rank {rank} aborted collective #{seq}: {reason}", code="ABORTED")
         with self._cv:
-            self._failed[seq] = err
-            while len(self._failed) > 256:                  # bounded: oldest first
-                self._failed.pop(next(iter(self._failed)))
+            unseen = set(range(self.world)) - {rank}
             rec = self._records.get(seq)
             if rec is not None and rec.outcomes is None and rec.error is None:
                 rec.error = err
+                unseen -= set(rec.requests)                  # they are waiting: told now
+            if unseen:
+                self._failed[seq] = (err, unseen)
+            while len(self._failed) > 256:                  # bounded: oldest first
+                self._failed.pop(next(iter(self._failed)))
             self._cv.notify_all()
 
     def rejoin(self, rank: int) -> None:
@@ -275,8 +281,13 @@ class Rendezvous:
             rec = self._records.setdefault(seq, _Record())
             if rank in rec.requests:
                 raise FabricError(f"rank {rank} started collective #{seq} twice")
-            if rec.error is None and rec.outcomes is None and seq in self._failed:
-                rec.error = self._failed[seq]
+            failed = self._failed.get(seq)
+            if failed is not None and rank in failed[1]:
+                failed[1].discard(rank)
+                if not failed[1]:
+                    del self._failed[seq]
+                if rec.error is None and rec.outcomes is None:
+                    rec.error = failed[0]
             if rec.error is None and rec.outcomes is None and self.departed:
                 rec.error = self._departed_error(seq)
             if rec.error is None and rec.outcomes is None:
