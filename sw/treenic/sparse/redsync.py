@@ -5,7 +5,7 @@ Each rank selects its own communication set from its residual (trimmed top-k, th
 binary search, its histogram replay, threshold reuse, or exact radix top-k), packs
 ``[L][indices][values]`` (or ``[L][indices][mean]`` when quantized) into one message, and all
 messages are **allgathered**; every rank decompresses all P messages into the same dense
-result. Ranks never agree on indices (§4), so there is no reduction in the network.
+result. Ranks never agree on indices (R-4), so there is no reduction in the network.
 
 Allgather: Bruck's algorithm, ceil(log2 P) steps for any P (it equals recursive doubling's
 volume for powers of two, the paper's cost model): in step s rank r sends the
@@ -205,7 +205,7 @@ class RedSync:
         if self.average:
             result_row *= np.float32(1.0 / P)
 
-        keep_v = self.check_invariants and not self.quantize       # V_before for §10.4
+        keep_v = self.check_invariants and not self.quantize       # V_before for R-10 invariant 4
         residuals = V.copy() if keep_v else V
         ef_exact = True
         for w, sel in enumerate(selections):
