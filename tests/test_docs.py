@@ -10,8 +10,13 @@ REPO = Path(__file__).resolve().parents[1]
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 CODE_DIRS = ["sw", "hdl", "sim", "boards", "tests", "firmware", "tools"]
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-#: spellings of the out-of-repo design documents this project grew from
-OUTSIDE = re.compile(r"\.\./shared|shared/(design|notes|seeds)|ARCHITECTURE\.md|ARCHITECTURE §")
+#: spellings of the out-of-repo design documents this project grew from: the shared folders,
+#: the architecture document, the per-algorithm design notes (``notes/zen.md``, "notes §3.3",
+#: "notes A19", "the notes' examples") and the paper seeds ("seed 004", "seeds/002"). Cite
+#: docs/*.md (for the sparse models, docs/sparse-models.md) and papers by author and venue.
+OUTSIDE = re.compile(r"\.\./shared|shared/(design|notes|seeds)|ARCHITECTURE\.md|ARCHITECTURE §"
+                     r"|\bnotes/[\w-]+\.md|\bnotes'? (§|A\d|#\d|on hashing)|\bthe notes\b"
+                     r"|\bseeds?[ /]?0\d\d\b")
 
 
 def github_slug(heading: str) -> str:
@@ -78,3 +83,13 @@ def test_code_names_no_outside_design_documents():
     ("/etc/passwd", False)])
 def test_link_checker_itself(target, ok):
     assert (check_link(REPO / "README.md", target) is None) == ok
+
+
+@pytest.mark.parametrize("line, outside", [
+    ("(notes/redsync.md §7.4)", True), ("see notes/zen.md A19", True), ("notes §12 #3", True),
+    ("(notes A1/A18)", True), ("the notes' worked examples", True), ("seed 004 Def. 7", True),
+    ("Huang et al., ISCA'21 — seeds/002", True), ("../shared/notes/zen.md", True),
+    ("docs/sparse-models.md, RedSync R-A9", False), ("the paper notes that trees", False),
+    ("seed 0 of the generator", False), ("hash_seed (default: the model seed)", False)])
+def test_outside_pattern_itself(line, outside):
+    assert bool(OUTSIDE.search(line)) == outside

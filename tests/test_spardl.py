@@ -1,4 +1,5 @@
-"""SparDL golden model: schedules, the notes' worked examples, invariants, Table I costs."""
+"""SparDL golden model: schedules, the worked examples of docs/sparse-models.md (SparDL),
+invariants, Table I costs."""
 import math
 
 import numpy as np
@@ -13,7 +14,7 @@ from treenic.sparse.spardl import HController, SparDL
 # ---- schedules ------------------------------------------------------------------------------
 
 def test_bags_of_the_six_worker_example():
-    # notes §3.5 (0-indexed), E = 2
+    # docs/sparse-models.md, SparDL S-3.5 (0-indexed), E = 2
     expect = {0: [[0], [1], [2, 3], [4, 5]], 1: [[1], [2], [3, 4], [5, 0]],
               3: [[3], [4], [5, 0], [1, 2]], 5: [[5], [0], [1, 2], [3, 4]]}
     for w, bags in expect.items():
@@ -28,7 +29,8 @@ def test_six_worker_partner_schedule():
     assert [row[0].delta for row in sched] == [4, 2, 1]
     w0 = [(m.send_blocks, m.target, m.source, m.recv_blocks) for m in (row[0] for row in sched)]
     assert w0 == [((4, 5), 4, 2, (0, 1)), ((2, 3), 2, 4, (0, 1)), ((1,), 1, 5, (0,))]
-    # erratum (notes §3.5): paper worker 1 receives in step 1 from worker 3, not worker 2
+    # erratum (docs/sparse-models.md, SparDL S-3.5): paper worker 1 receives in step 1 from
+    # worker 3, not worker 2
     steps = spardl.paper_view(6)[0]["steps"]
     assert [(s["to"], s["from"]) for s in steps] == [(5, 3), (3, 5), (2, 6)]
     w3 = [(m.send_blocks, m.target, m.source, m.recv_blocks) for m in (row[3] for row in sched)]
@@ -68,7 +70,7 @@ def test_bruck_counts(q, counts):
         assert sched[1][0][:2] == (4, [0, 1]) and sched[2][1][:2] == (3, [1, 2])
 
 
-# ---- worked examples (notes §3.6, §6.1, §6.2) ------------------------------------------------
+# ---- worked examples (docs/sparse-models.md, SparDL S-3.6, S-6.1, S-6.2) ----------------
 
 G3 = np.array([[1, 0, 0, 2, 0, 3, 0, 0, 5, 0, 1, 0],
                [0, 4, 0, 0, 2, 0, 0, 1, 0, 0, 6, 0],
@@ -116,7 +118,8 @@ def test_golden_bsag(h):
     assert r.result[0].tolist() == [6, 0, 0, 7, 4, 0, 0, 5]
     assert r.residuals.tolist() == [[1, 0, 0, 0, 0, 2, 0, 0], [0, 0, 3, 0, 0, 0, 1, 0],
                                     [0, 0, 2, 1, 0, 0, 0, 0], [0, 0, 0, 0, 0, 1, 3, 0]]
-    # notes §6.2: with h = 2 the output is the same and N_t is 3 (block 0) and 4 (block 1)
+    # docs/sparse-models.md, SparDL S-6.2: with h = 2 the output is the same and N_t is 3
+    # (block 0) and 4 (block 1)
     assert r.info["n_t"] == ([2, 2] if h == 1 else [3, 4])
 
 
@@ -129,7 +132,7 @@ def test_golden_bsag(h):
     (8, lambda G: ((G[0] + G[4]) + (G[6] + G[2])) + ((G[7] + G[3]) + (G[5] + G[1]))),
 ])
 def test_reduction_tree_parenthesisation(p, expr):
-    """kb = C makes s(.) the identity: block b's owner holds exactly the notes' float32
+    """kb = C makes s(.) the identity: block b's owner holds exactly the documented float32
     expression (indices shifted by b), bit for bit."""
     rng = np.random.default_rng(p)
     c = 64
@@ -281,7 +284,7 @@ def test_measured_bytes_rsag_and_bsag_bounds():
         assert np.all(words <= cost.words_hi)
 
 
-# notes §9 computed table: (latency in α, bandwidth in k·β) for SparDL rows
+# docs/sparse-models.md, SparDL S-9 table: (latency in α, bandwidth in k·β) for SparDL rows
 TABLE = [
     (8, 1, None, 6, 3.5, 3.5), (12, 1, None, 8, 11 / 3, 11 / 3), (14, 1, None, 8, 26 / 7, 26 / 7),
     (8, 2, "r", 5, 3.5, 3.5), (12, 2, "r", 7, 11 / 3, 11 / 3), (14, 2, "r", 7, 26 / 7, 26 / 7),
@@ -355,9 +358,9 @@ def test_bad_gradients():
 
 
 def test_rsag_paper_share_overcounts_for_d8():
-    """notes §6.1: the paper's 1/2 share equals the exact 1/2^(j+1) only at j = 0; with
-    d = 8 a discard that later becomes final is credited too often and mass is not conserved
-    (the model then does not claim the invariant)."""
+    """docs/sparse-models.md, SparDL S-6.1: the paper's 1/2 share equals the exact 1/2^(j+1)
+    only at j = 0; with d = 8 a discard that later becomes final is credited too often and mass
+    is not conserved (the model then does not claim the invariant)."""
     g = np.random.default_rng(0).integers(-8, 9, (8, 64)).astype(np.float32)
     defects = {}
     for share in ("exact", "paper"):

@@ -200,7 +200,7 @@ def test_histogram_replay_equals_sequential_search(x, k, depth, hist_bits, stric
 
 
 def test_reproduces_notes_section_11_normal_row():
-    """notes/redsync.md §11 (their numpy prototype, M = 2^20, k = 1048, normal data):
+    """docs/sparse-models.md, RedSync R-11 (a numpy prototype, M = 2^20, k = 1048, normal data):
     trimmed counts 32, 973, 13923 (candidates 1.3 % of M); binary search B = 12: 4 steps,
     L/k = 1.62. The same draw reproduces them with this independent implementation."""
     x = np.random.default_rng(0).standard_normal(1 << 20).astype(np.float32)
@@ -364,7 +364,8 @@ def test_redsync_bad_options():
 
 
 def test_redsync_cost_matches_notes():
-    # notes §10 item 9: with alpha = 0 the sparse/dense bandwidth ratio is p*D (non-quantized)
+    # docs/sparse-models.md, RedSync R-10 item 9: with alpha = 0 the sparse/dense bandwidth
+    # ratio is p*D (non-quantized)
     p, M, D, beta = 128, 10**8, 0.001, 1.0
     dense = 2 * (p - 1) / p * 4 * M * beta
     ratio = cost(p, M, D, 0.0, beta)["bandwidth"] / dense

@@ -92,7 +92,8 @@ def test_gtopk_tree_and_residual_rule():
 
 
 def test_gtopk_violates_mass_conservation_on_some_seeds():
-    """notes §5.4: in-procedure discards are lost in gTopk (63/200 P=4 trials)."""
+    """docs/sparse-models.md, SparDL S-5.4: in-procedure discards are lost in gTopk (63/200 P=4
+    trials)."""
     violated = 0
     for seed in range(40):
         g = np.random.default_rng(seed).integers(-9, 10, (4, 32)).astype(np.float32)
@@ -136,7 +137,7 @@ def test_shared_top_k_is_the_select_module():
     assert topk_1d(np.zeros(4, np.float32), 3).size == 0         # zeros never selected
 
 
-# notes §9 computed table (latency α, bandwidth k·β); baselines use plain log2 P
+# docs/sparse-models.md, SparDL S-9 table (latency α, bandwidth k·β); baselines use plain log2 P
 @pytest.mark.parametrize("cls,p,lat,lo,hi", [
     (TopkA, 8, 3, 14, 14), (TopkA, 12, math.log2(12), 22, 22), (TopkA, 14, math.log2(14), 26, 26),
     (TopkDSA, 8, 14, 3.5, None), (TopkDSA, 12, 12 + 2 * math.log2(12), 11 / 3, None),

@@ -114,12 +114,13 @@ def test_serial_rate_is_small_at_recommended_sizing():
     load = idx.size / 16 / r1
     assert 0.25 < load <= 0.5
     serial = np.count_nonzero(mem.slot >= r1) / idx.size
-    assert serial < 0.03 and mem.overflow.size == 0     # notes §3.3: 2.9 % at load 0.5, k = 3
+    # docs/sparse-models.md, Zen Z-3.3: 2.9 % at load 0.5, k = 3
+    assert serial < 0.03 and mem.overflow.size == 0
 
 
 @pytest.mark.parametrize("load,k,percent", [(0.25, 1, 11.5), (0.5, 3, 2.9), (1.0, 4, 14.1)])
 def test_serial_spill_matches_notes_simulation(load, k, percent):
-    """notes/zen.md §3.3 [derived] table: uniform indices, n = 16, 200k items, sequential
+    """docs/sparse-models.md, Zen Z-3.3 spill table: uniform indices, n = 16, 200k items, sequential
     insertion; the spill fraction is a property of Algorithm 1's semantics (std < 0.1 pp)."""
     idx = np.random.default_rng(0).choice(2**31, 200_000, replace=False)
     r1 = int(200_000 / 16 / load)
@@ -148,9 +149,10 @@ def test_hash_input_validation():
 @pytest.mark.parametrize("n", [4, 13, 16])
 @pytest.mark.parametrize("layout", ["uniform", "skewed"])
 def test_imbalance_within_chernoff_bound(n, layout):
-    """Theorem 2 / notes §3.3: each bound holds with probability >= 1 - 1/n, so over `trials`
-    independent seeds (hash seed and data) at most trials/n may exceed it. A biased or
-    data-dependent partition function fails this by a wide margin (see the contiguous split)."""
+    """Theorem 2 / docs/sparse-models.md, Zen Z-3.3: each bound holds with probability
+    >= 1 - 1/n, so over `trials` independent seeds (hash seed and data) at most trials/n may
+    exceed it. A biased or data-dependent partition function fails this by a wide margin (see
+    the contiguous split)."""
     N, m, trials = 2_000_000, 100 * n, 20
     push_over = pull_over = 0
     for seed in range(trials):
@@ -304,7 +306,7 @@ def test_zen_options_and_errors():
     assert all(lit.step(np.ones((4, 1000), np.float32)).info["invariants"].values())
 
 
-# ---- cost model sanity checks (notes/zen.md §2.4) ------------------------------------------
+# ---- cost model sanity checks (docs/sparse-models.md, Zen Z-2.4) -----------------------------
 
 def test_cost_extremes_hierarchical_centralization_vs_balanced_parallelism():
     n, N, d = 16, 10**7, 0.001

@@ -7,7 +7,7 @@ returns, per lane, ``hash = murmur3_32(key, seed)`` and ``partition = hash mod 2
 bit-exact with ``treenic.sparse.zen.murmur3_32`` / ``zen.partition_of(key, 2**P, seed)``
 (and with the ``mmh3`` package). ``seed`` is a configuration input sampled with each beat
 (change it only while the unit is idle). The hardware partition reduction is a mask, so the
-worker count must be a power of two (notes on hashing: ``mod`` by a power of two; a
+worker count must be a power of two (docs/sparse-models.md, Zen Z-4.2: ``mod`` by a power of two; a
 non-power-of-two ``n`` would need a divider and is not supported by this unit).
 
 Pipeline (11 stages, latency 11 cycles, one beat = W keys per cycle); every multiply by a

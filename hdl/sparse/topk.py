@@ -1,4 +1,5 @@
-"""Streaming top-k selection unit: radix-histogram select + compaction pass (notes §7.4).
+"""Streaming top-k selection unit: radix-histogram select + compaction pass
+(docs/sparse-models.md, RedSync R-7.4).
 
 Contract
 --------

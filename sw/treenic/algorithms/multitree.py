@@ -1,4 +1,5 @@
-"""MultiTree all-reduce (Huang et al., ISCA'21 — seeds/002, §III, Algorithm 1).
+"""MultiTree all-reduce (Huang et al., ISCA'21, §III, Algorithm 1; full citation in
+docs/sparse-models.md).
 
 One spanning tree per node (tree ``f`` is rooted at node ``f`` and owns chunk ``f``), built
 top-down and concurrently. Every time step gets a fresh copy of the directed link graph;

@@ -1,5 +1,5 @@
 """Ok-Topk golden model (Li & Hoefler, PPoPP'22), as run by the SparDL paper's baselines
-(the Ok-Topk authors' code; notes/spardl.md §8.4).
+(the Ok-Topk authors' code; docs/sparse-models.md, Ok-Topk S-8.4).
 
 Per iteration t (``acc_w = g_w + R_w``, k = max(1, round(density·N))):
 

@@ -1,5 +1,5 @@
 """OmniReduce-style block-sparse aggregation (Fei et al., SIGCOMM '21, as characterised in
-seed 004 §2.4 and notes/zen.md §2.5).
+the Zen paper's §2.4, Wang et al., OSDI '25; see docs/sparse-models.md, OmniReduce).
 
 Roles: every worker is also an aggregator (co-located, as in the Zen paper's comparison).
 The tensor is cut into blocks of ``block`` consecutive elements (256 by default; the last

@@ -1,10 +1,11 @@
-"""RedSync (RGC) sparse synchronisation (seed 003; decisions from notes/redsync.md).
+"""RedSync (RGC) sparse synchronisation (Fang, Fu, Yang and Hsieh, arXiv:1808.04357;
+decisions in docs/sparse-models.md, section RedSync).
 
 Each rank selects its own communication set from its residual (trimmed top-k, threshold
 binary search, its histogram replay, threshold reuse, or exact radix top-k), packs
 ``[L][indices][values]`` (or ``[L][indices][mean]`` when quantized) into one message, and all
 messages are **allgathered**; every rank decompresses all P messages into the same dense
-result. Ranks never agree on indices (§4), so there is no reduction in the network.
+result. Ranks never agree on indices (R-4), so there is no reduction in the network.
 
 Allgather: Bruck's algorithm, ceil(log2 P) steps for any P (it equals recursive doubling's
 volume for powers of two, the paper's cost model): in step s rank r sends the
@@ -31,7 +32,8 @@ WORD_BYTES = 4
 
 
 def pack(indices, values=None, mean=None) -> np.ndarray:
-    """One message as uint32 words (notes/redsync.md §4, A14): ``[L][idx_0..idx_L-1][payload]``
+    """One message as uint32 words (docs/sparse-models.md, RedSync R-4 and R-A14):
+    ``[L][idx_0..idx_L-1][payload]``
     with payload the L values (bit-cast float32) or, when ``mean`` is given, the one quantized
     mean (a quantized message with L = 0 is just ``[0]``)."""
     idx = np.asarray(indices)
@@ -95,9 +97,9 @@ class RedSync:
     mean; the selected residuals are zeroed (faithful, A12) or, with ``q_error_feedback``,
     reduced by the mean. ``reuse`` cannot be combined with quantization (SparseError).
 
-    k = ``check_params``' round(density N) (the notes recommend floor with an exact rational;
-    the shared contract wins). The momentum correction of Alg. 4 and local clipping belong to
-    the training loop, not to this synchronisation model.
+    k = ``check_params``' round(density N) (docs/sparse-models.md, RedSync R-k, recommends floor
+    with an exact rational; the shared contract wins). The momentum correction of Alg. 4 and
+    local clipping belong to the training loop, not to this synchronisation model.
 
     ``check_invariants=False`` skips the full-size checks (error-feedback exactness, mass
     conservation) for benchmarking. ``result`` (one broadcast row) and ``residuals`` are
@@ -119,7 +121,8 @@ class RedSync:
             raise SparseError(f"selection must be one of {SELECTIONS}, got {selection!r}")
         if quantize and selection == "reuse":
             raise SparseError("threshold reuse cannot be combined with quantization "
-                              "(the cached threshold belongs to the other sign, notes §2.4)")
+                              "(the cached threshold belongs to the other sign, "
+                              "docs/sparse-models.md, RedSync R-2.4)")
         if q_error_feedback and not quantize:
             raise SparseError("q_error_feedback only applies with quantize=True")
         if not isinstance(depth, (int, np.integer)) or not (1 <= depth <= 30):
@@ -202,7 +205,7 @@ class RedSync:
         if self.average:
             result_row *= np.float32(1.0 / P)
 
-        keep_v = self.check_invariants and not self.quantize       # V_before for §10.4
+        keep_v = self.check_invariants and not self.quantize       # V_before for R-10 invariant 4
         residuals = V.copy() if keep_v else V
         ef_exact = True
         for w, sel in enumerate(selections):
@@ -211,7 +214,8 @@ class RedSync:
             else:
                 residuals[w, sel] = 0.0
             if not self.quantize and self.check_invariants:
-                # notes §10.4: V_before[i] == (i sent ? sent value : V_after[i]), bitwise
+                # docs/sparse-models.md, RedSync R-10 invariant 4: V_before[i] == (i sent ? sent
+                # value : V_after[i]), bitwise
                 idx, vals = unpack(messages[w], False)
                 rebuilt = residuals[w].copy()
                 rebuilt[idx] = vals
@@ -249,8 +253,8 @@ class RedSync:
 
 def cost(workers, elements, density, alpha, beta, *, quantized=False, c_dec=0.0,
          t_select=0.0) -> dict:
-    """Byte-explicit RedSync cost (notes/redsync.md §5): with L = d N selected per rank and
-    message S = 4 (1 + 2L) bytes (quantized: 4 (2 + L)),
+    """Byte-explicit RedSync cost (docs/sparse-models.md, RedSync R-5): with L = d N selected
+    per rank and message S = 4 (1 + 2L) bytes (quantized: 4 (2 + L)),
     ``T = t_select + ceil(lg P) α + (P - 1) S β + P c_dec L``.
     Non-powers of two use ceil(lg P) (Bruck allgather, exact in steps and volume)."""
     check_params(workers, elements, density)

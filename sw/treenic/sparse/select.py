@@ -5,11 +5,12 @@ Everything here works on **keys**: the 31-bit magnitude bit pattern of a float32
 the bit patterns is the numeric order (IEEE-754 is monotone), so "compare magnitudes" is an
 unsigned integer compare, exactly what a hardware comparator does. ``-0.0`` and ``+0.0`` both
 have key 0. NaN or Inf in the input raise :class:`SparseError` (hardware: status bit, dense
-fallback; see notes/redsync.md A4).
+fallback; see docs/sparse-models.md, RedSync R-A4).
 
-Sign-alternating selection (RedSync quantization, notes/redsync.md §2.5, A10) uses the same
-machinery on a *signed key*: ``key = |x|`` bits where ``sign(x) == s`` and ``x != 0``, else 0.
-So "largest positive" (s = +1) and "most negative" (s = -1) reuse every magnitude selector.
+Sign-alternating selection (RedSync quantization, docs/sparse-models.md, RedSync R-2.5 and
+R-A10) uses the same machinery on a *signed key*: ``key = |x|`` bits where ``sign(x) == s`` and
+``x != 0``, else 0. So "largest positive" (s = +1) and "most negative" (s = -1) reuse every
+magnitude selector.
 
 Conventions shared by every selector:
 
@@ -118,7 +119,7 @@ class RadixSelection:
 
 
 def radix_topk(keys: np.ndarray, k: int, digit_bits: int = 8) -> RadixSelection:
-    """Exact top-k of uint32 ``keys`` by radix selection (notes/redsync.md §7.4).
+    """Exact top-k of uint32 ``keys`` by radix selection (docs/sparse-models.md, RedSync R-7.4).
 
     Streaming form: ``ceil(32 / digit_bits)`` histogram passes from the most significant digit
     down. Each pass counts the next digit of the keys whose higher digits equal the prefix
@@ -187,7 +188,8 @@ def exact_sum(x) -> float:
     with fewer than 2^29 elements every float64 partial sum inside a bucket is exact
     (< 2^53 ulps) whatever order ``bincount`` adds in. The 254 bucket sums are then combined
     in a Python integer counted in units of 2^-149 and converted with one correctly rounded
-    division. Hardware equivalent: a wide fixed-point accumulator (notes/redsync.md A9).
+    division. Hardware equivalent: a wide fixed-point accumulator (docs/sparse-models.md,
+    RedSync R-A9).
     """
     a = _as_f32(x)
     if a.size >= 1 << 29:
@@ -204,7 +206,8 @@ def exact_sum(x) -> float:
 
 
 def exact_mean_abs(x) -> np.float32:
-    """``fl32(fl64(exact Σ|x|) / M)`` (notes/redsync.md A9): the order-free mean of RedSync."""
+    """``fl32(fl64(exact Σ|x|) / M)`` (docs/sparse-models.md, RedSync R-A9): the order-free mean of
+    RedSync."""
     a = _as_f32(x)
     if a.size == 0:
         raise SparseError("mean of an empty vector")
@@ -213,7 +216,8 @@ def exact_mean_abs(x) -> np.float32:
 
 def redsync_threshold(base, top, ratio: float) -> np.uint32:
     """Key of ``max(0, fl32(base + ratio * (top - base)))``, evaluated as three separate
-    float64 operations (no FMA), rounded once to float32 (notes/redsync.md A9)."""
+    float64 operations (no FMA), rounded once to float32 (docs/sparse-models.md,
+    RedSync R-A9)."""
     b, t = float(base), float(top)
     span = t - b
     scaled = float(ratio) * span
@@ -224,8 +228,9 @@ def redsync_threshold(base, top, ratio: float) -> np.uint32:
 def counts_above(keys: np.ndarray, threshold_keys) -> np.ndarray:
     """``C[j] = #{key > threshold_keys[j]}`` for every threshold: what a streaming unit's bank
     of comparators and counters (one per threshold) holds after **one pass** over the keys
-    (notes/redsync.md §7.1 point 5, §7.3). Up to 32 thresholds numpy counts per threshold;
-    larger banks go through :func:`counts_by_histogram`; both give identical counts."""
+    (docs/sparse-models.md, RedSync R-7.1 point 5 and R-7.3). Up to 32 thresholds numpy counts
+    per threshold; larger banks go through :func:`counts_by_histogram`; both give identical
+    counts."""
     thr = np.asarray(threshold_keys, np.uint32)
     if thr.size > 32:
         return counts_by_histogram(keys, thr)
@@ -276,14 +281,16 @@ class TrimmedSelection:
 
 
 def trimmed_topk(x, k: int, sign: int = 0) -> TrimmedSelection:
-    """RedSync trimmed top-k (paper Alg. 2 with notes/redsync.md fixes A1–A4).
+    """RedSync trimmed top-k (paper Alg. 2 with the fixes R-A1–R-A4 of
+    docs/sparse-models.md).
 
     ``mean = exact_mean_abs(x)`` (always of |x|, also in signed mode, A10), ``top = max(key)``.
     Thresholds ``thr_i = max(0, fl32(mean + r_i (top - mean)))`` for ``r_i = (4 - i)/5``,
     i = 0..7, then 0. The schedule does not depend on the counts, so all counts come from one
     pass (:func:`counts_above`); the trim threshold is the first with count >= k, or 0. The
     candidates ``key > thr`` then go through exact :func:`radix_topk`. The result is the exact
-    top-min(k, #non-zero keys) whatever the schedule (invariant 1 of notes §10).
+    top-min(k, #non-zero keys) whatever the schedule (RedSync R-10 invariant 1 in
+    docs/sparse-models.md).
     """
     k = _check_k(k)
     keys = signed_keys(x, sign)
@@ -362,7 +369,8 @@ def _finish_search(keys, k, base, top, depth, lo, hi, accepted, trace, passes):
 
 def threshold_binary_search(x, k: int, *, depth: int = 16, strict: bool = False,
                             sign: int = 0, lower: str = "mean") -> SearchSelection:
-    """RedSync threshold binary search (paper Alg. 3 with notes/redsync.md fixes A6–A8).
+    """RedSync threshold binary search (paper Alg. 3 with the fixes R-A6–R-A8
+    of docs/sparse-models.md).
 
     Ratios are integers over 2^depth (every probe exact). Starting from lo = 0, hi = 2^depth:
     ``mid = (lo + hi) // 2``, ``thr = max(0, fl32(base + (mid/2^depth)(top - base)))`` with
@@ -396,8 +404,8 @@ def binary_search_histogram(x, k: int, *, depth: int = 16, hist_bits: int = 8,
                             strict: bool = False, sign: int = 0,
                             lower: str = "mean") -> SearchSelection:
     """The same search as :func:`threshold_binary_search`, replayed from histograms
-    (notes/redsync.md §7.3): one data pass builds counts above all 2^H - 1 grid thresholds
-    inside the current interval [lo, hi] (grid step (hi - lo)/2^H, H = min(hist_bits,
+    (docs/sparse-models.md, RedSync R-7.3): one data pass builds counts above all 2^H - 1 grid
+    thresholds inside the current interval [lo, hi] (grid step (hi - lo)/2^H, H = min(hist_bits,
     log2(hi - lo))); the controller then runs the decision loop on the table without touching
     the data. Every probe ratio lies on the grid and the threshold arithmetic is identical, so
     the trace, the accepted threshold and the selection are bit-identical to the sequential
@@ -446,7 +454,8 @@ class ReuseSelection:
 
 
 class ThresholdReuse:
-    """RedSync "sampled" threshold binary search = threshold reuse (notes/redsync.md §2.4, A5).
+    """RedSync "sampled" threshold binary search = threshold reuse
+    (docs/sparse-models.md, RedSync R-2.4 and R-A5).
 
     Per layer, iteration t (counted by :meth:`select` calls): a full
     :func:`threshold_binary_search` runs when ``t % interval == 0``, when the previous
@@ -523,13 +532,14 @@ def block_topk(x, block: int, k_per_block: int, sign: int = 0) -> np.ndarray:
 
 def sign_for_step(step: int) -> int:
     """RedSync sign phase: +1 (largest positive) at even compression steps, -1 at odd ones,
-    identical on every rank (notes/redsync.md §3, A10)."""
+    identical on every rank (docs/sparse-models.md, RedSync R-3 and R-A10)."""
     return 1 if step % 2 == 0 else -1
 
 
 def quantize_mean(values) -> np.float32:
     """RedSync quantization: the one float sent for L same-sign values, ``fl32(exact Σ / L)``
-    (order-free, notes §10 item 5). Raises on an empty message (send no value then)."""
+    (order-free, docs/sparse-models.md, RedSync R-10 item 5). Raises on an empty message (send
+    no value then)."""
     v = _as_f32(values)
     if v.size == 0:
         raise SparseError("cannot quantize an empty selection")

@@ -1,6 +1,7 @@
 """SparCML-style hierarchical centralization: sparse all-reduce by recursive doubling
-(SSAR_Recursive_double; Renggli et al., SC '19, as characterised in seed 004 Def. 7 and
-notes/zen.md §2.5), with SparCML's sparse -> dense switch.
+(SSAR_Recursive_double; Renggli et al., SC '19, as characterised in the Zen paper's Def. 7,
+Wang et al., OSDI '25; see docs/sparse-models.md, SparCML), with SparCML's sparse -> dense
+switch.
 
 Every worker ends with the full sum: in round i = 1..log2 P' rank r exchanges its current
 accumulated vector with ``r XOR 2^(i-1)`` and both merge (sum values of equal index, union of
@@ -16,7 +17,7 @@ vector that switched stays dense (its support only grows).
 Non-powers of two: P' = 2^floor(log2 P) core ranks. Each excess rank r >= P' first sends its
 vector to r - P' (which merges own + excess), the core runs the log2 P' rounds, and finally
 core rank r - P' sends the result back to r: floor(log2 P) + 2 steps (the standard fold,
-notes/zen.md A19).
+docs/sparse-models.md, Zen Z-A19).
 """
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""SparDL golden model (Zhao et al., arXiv:2304.00737v2; notes/spardl.md).
+"""SparDL golden model (Zhao et al., arXiv:2304.00737v2; decisions in
+docs/sparse-models.md, section SparDL).
 
 One iteration, for P workers split into d contiguous teams of P' = P/d (worker w is team
 t = w // P', local rank r = w % P'):
@@ -36,11 +37,13 @@ t = w // P', local rank r = w % P'):
 5. **Global residual collection** (GRC, ``residual="global"``, default):
    ``R_w[b] = Gc_w[b]`` except at the final index set I_b, where ``R_w[b][I_b] = ξ_w[b][I_b]``
    (ξ_w = everything worker w discarded while sparsifying, including R-SAG/B-SAG credits).
-   ``"partial"`` (PRES) and ``"local"`` (LRES) are the ablation variants of notes §5.5:
+   ``"partial"`` (PRES) and ``"local"`` (LRES) are the ablation variants of
+   docs/sparse-models.md, SparDL S-5.5:
    S_w = ∪_b top-kb(Gc_w[b]); LRES zeroes S_w, PRES zeroes S_w ∩ I in Gc_w.
 
 Numbers: float32 throughout; the result is the plain sum (``average=True`` divides by P).
-Per-block budget ``kb = L = block_k`` or ``max(1, floor(density·C))`` (notes §12 #3), ≤ C.
+Per-block budget ``kb = L = block_k`` or ``max(1, floor(density·C))``, ≤ C
+(docs/sparse-models.md, SparDL S-D3).
 Messages are COO (index u32, value f32) = 8 bytes per entry; an SRS bag is one message.
 Any P ≥ 2 works for d = 1 (SRS and Bruck are non-recursive); with teams, d must divide P
 (and be a power of two for R-SAG).
@@ -49,9 +52,10 @@ Mass conservation ``out + Σ R_new = Σ (g + R_old)`` holds for GRC with d = 1, 
 R-SAG with the exact share (and the paper share when d ≤ 4); it is reported as invariant
 ``mass_conservation`` in those configurations.
 
-Deviation from notes §2/§12 #4: zeros are never selected (the project's top-k), so a block
-with fewer than kb nonzeros sends fewer than kb entries. The output is identical to the
-zeros-selected variant; byte counts can be smaller, never larger.
+Deviation from the analysis (docs/sparse-models.md, SparDL S-2 and S-D4): zeros are never
+selected (the project's top-k), so a block with fewer than kb nonzeros sends fewer than kb
+entries. The output is identical to the zeros-selected variant; byte counts can be smaller,
+never larger.
 """
 from __future__ import annotations
 
@@ -175,7 +179,8 @@ class HController:
     second consecutive call; direction change → ``step = int(-0.5·step)`` (or ``-step`` when
     |step| ≤ 1); ``h = clamp(h + step, h_min, L)``.
 
-    Deviations from the code (notes §6.3), both off with ``code_compatible=True``:
+    Deviations from the code (docs/sparse-models.md, SparDL S-6.3), both off with
+    ``code_compatible=True``:
     ``step0 = max(1, (L − h_min) // 100)`` (the code's 0 freezes the controller) and the
     upper clamp h ≤ L. ``h_min = max(1, L // d)`` (the floor at 1 keeps top-h meaningful
     when L < d)."""
@@ -475,7 +480,8 @@ def cost(workers, elements, density, alpha=1.0, beta=1.0, teams=1, sag="auto",
     """SparDL rows of Table I with ceil(log2 ·) round counts (the derivation's Eqs. 2–10),
     words received per worker (sparse entry = 2 words). B-SAG's bandwidth is a range; its
     lower bound is the corrected ``2k(dP + P − 2d)/(Pd)`` unless ``corrected=False`` (the
-    printed ``2k(d² + P − 2d)/(Pd)``, which omits the SRS term; notes §9 erratum)."""
+    printed ``2k(d² + P − 2d)/(Pd)``, which omits the SRS term; docs/sparse-models.md,
+    SparDL S-9 erratum)."""
     k = check_params(workers, elements, density)
     p, d = workers, teams
     if d < 1 or p % d:

@@ -1,5 +1,5 @@
-"""Synthetic sparse-gradient workloads (notes/zen.md §4.5) reproducing the paper's
-characterisation without real models:
+"""Synthetic sparse-gradient workloads (docs/sparse-models.md, Zen Z-4.5) reproducing the Zen
+paper's characterisation without real models:
 
 * :func:`zipf_embedding_grads` — natural sparsity of an embedding layer: ``rows`` x ``dim``
   table with rows ordered by token frequency; each worker's batch draws tokens from a

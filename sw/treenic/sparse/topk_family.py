@@ -20,7 +20,7 @@ Results are the plain sum (``average=True`` divides by P in float32).
   2·Σ nnz < 2N/3, else dense (4 bytes per element of the region) — the rule of the Ok-Topk
   code base. Numerically identical to TopkA (every local top-k value is summed once, in the
   same order); only the traffic differs. The code's strict-threshold selection (which loses
-  one value per iteration) is replaced by exact top-k (notes §12 #23).
+  one value per iteration) is replaced by exact top-k (docs/sparse-models.md, S-D23).
 * :class:`GTopk` — gTopk (Shi et al.): binomial-tree reduction where every merge is a proper
   sparse union (equal indices add, receiver's value first) cut back to its top-k, then a
   binomial broadcast of the k final pairs from rank 0. Residual ("partial"):

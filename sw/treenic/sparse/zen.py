@@ -1,5 +1,6 @@
 """Zen: balanced-parallelism sparse all-reduce with hierarchical hashing and a hash bitmap
-(seed 004; implementation decisions from notes/zen.md §4).
+(Wang et al., OSDI '25 / arXiv:2309.13254v2; implementation decisions in
+docs/sparse-models.md, Zen Z-4).
 
 Pieces, each usable on its own (the hardware hash unit is verified against them):
 
@@ -12,8 +13,8 @@ Pieces, each usable on its own (the hardware hash unit is verified against them)
   :func:`hierarchical_hash_reference` (a plain loop, the literal specification).
 * :func:`candidate_sets`, :func:`hash_bitmap_encode` / :func:`hash_bitmap_decode`,
   :func:`pack_bits` / :func:`unpack_bits` — the Pull format.
-* Metrics (paper Defs. 3–5, 8), the Chernoff test bounds of notes/zen.md §3.3, and
-  :func:`choose_scheme` (Eq. 1 vs Eq. 2 on measured unions, §3.1).
+* Metrics (paper Defs. 3–5, 8), the Chernoff test bounds of docs/sparse-models.md
+  (Zen Z-3.3), and :func:`choose_scheme` (Eq. 1 vs Eq. 2 on measured unions, §3.1).
 * :class:`Zen` (registry ``zen``) and :func:`cost`.
 """
 from __future__ import annotations
@@ -98,8 +99,9 @@ def pow2ceil(x: int) -> int:
 
 
 def region_sizes(nnz_local: int, workers: int, paper_literal: bool = False) -> tuple[int, int]:
-    """Per-partition (r1, r2) of notes/zen.md §4.2/A3: ``r1 = pow2ceil(ceil(2 nnz / n))`` (load
-    factor 0.25–0.5), ``r2 = ceil(r1 / 10)``; ``paper_literal``: r1 = 2 nnz per partition."""
+    """Per-partition (r1, r2) of docs/sparse-models.md, Zen Z-4.2/Z-A3:
+    ``r1 = pow2ceil(ceil(2 nnz / n))`` (load factor 0.25–0.5), ``r2 = ceil(r1 / 10)``;
+    ``paper_literal``: r1 = 2 nnz per partition."""
     r1 = max(1, 2 * nnz_local) if paper_literal else pow2ceil(max(1, -(-2 * nnz_local // workers)))
     return r1, max(1, -(-r1 // 10))
 
@@ -150,7 +152,7 @@ def _check_hash_inputs(indices, workers, r1, r2, seeds):
 
 
 def hierarchical_hash(indices, workers: int, r1: int, r2: int, seeds) -> HashMemory:
-    """Algorithm 1 (notes/zen.md §3.3 cleaned semantics), items processed in the given order:
+    """Algorithm 1, cleaned semantics (docs/sparse-models.md, Zen Z-3.3), items in the given order:
     ``p = h0(idx)``; the first of ``q = h1(idx) .. hk(idx)`` whose slot ``x[p][q]`` is EMPTY
     takes it; if all are taken the item goes to serial slot ``c[p]++`` (starting at r1); past
     ``r1 + r2`` it is an overflow.
@@ -340,7 +342,8 @@ def pull_imbalance(aggregated_counts: np.ndarray) -> float:
 
 
 def imbalance_bound(workers: int, items: int, all_workers: bool = False) -> float:
-    """Chernoff + union bound on the imbalance ratio (notes/zen.md §3.3), holding with
+    """Chernoff + union bound on the imbalance ratio (docs/sparse-models.md, Zen Z-3.3), holding
+    with
     probability >= 1 - 1/n for fully random h0 and m hashed items: one worker or Pull,
     ``1 + sqrt(4 n ln n / m) + (4/3) n ln n / m``; max over all n workers (Push, n^2 bins),
     ``1 + sqrt(6 n ln n / m) + 2 n ln n / m``."""
@@ -351,7 +354,8 @@ def imbalance_bound(workers: int, items: int, all_workers: bool = False) -> floa
 
 def union_profile(selections: list[np.ndarray], elements: int) -> dict[int, float]:
     """Measured ``d_G^g`` for g = 1, 2, 4, ... (< n, plus n itself): the density of the union of
-    each aligned recursive-doubling group of g ranks, averaged over the groups (notes A1/A18).
+    each aligned recursive-doubling group of g ranks, averaged over the groups
+    (docs/sparse-models.md, Zen Z-A1/Z-A18).
     Non-power-of-two n: groups are aligned blocks of the power-of-two core, plus g = n."""
     n = len(selections)
     out: dict[int, float] = {}
@@ -395,7 +399,8 @@ class Zen:
 
     Per step, on every worker w: ``V_w = residual_w + g_w``; select (``select="topk"``: exact
     top-k by magnitude, k = round(density N), ties by ascending index — DGC-style input of
-    notes A22; ``select="nonzero"``: every non-zero, the lossless natural-sparsity case);
+    docs/sparse-models.md, Zen Z-A22; ``select="nonzero"``: every non-zero, the lossless
+    natural-sparsity case);
     hash the selected indices with Algorithm 1 into n pieces; residual = V with the selected
     entries zeroed.
 
@@ -528,7 +533,8 @@ class Zen:
 
 def cost(workers, elements, density, alpha, beta, *, aggregated_density=None,
          pull_format="bitmap") -> dict:
-    """α–β time of one Zen all-reduce (balanced hashing assumed, notes/zen.md §2.4).
+    """α–β time of one Zen all-reduce (balanced hashing assumed, docs/sparse-models.md,
+    Zen Z-2.4).
 
     Latency: each phase is an all-to-all of n - 1 messages per node through one port:
     ``2 (n - 1) α``. Bandwidth (bytes through the busiest port, times β): Push
