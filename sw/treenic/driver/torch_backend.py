@@ -14,7 +14,8 @@ Executors:
 
 * ``pipelined`` (gloo, CPU tensors): every receive of the collective is posted up front,
   each message with its own tag; a send is posted as soon as the receives it depends on
-  (earlier steps, overlapping elements) have been applied, so the reduction of one step's
+  (earlier steps, overlapping elements) have been applied (sends are posted in the order
+  their inputs become ready, not in list order), so the reduction of one step's
   first pieces overlaps the next step's transfers. Receives are applied strictly in plan
   order (that is the numeric order above); a receive that overwrites elements an in-flight
   send reads waits for that send first.
@@ -209,9 +210,12 @@ class TorchBackend:
             recvs.append((m, buf, dist.irecv(buf, peer[m.peer], group=group, tag=m.tag)))
         sends = {}                           # message id -> (work, reads flat in place)
         applied = 0
-        for i, m in enumerate(msgs):
-            if m.kind != "send":
-                continue
+        # sends in the order their inputs become ready (tags fix the matching, so a send
+        # need not wait behind an earlier-listed one that depends on later receives)
+        order = sorted((i for i, m in enumerate(msgs) if m.kind == "send"),
+                       key=lambda i: (msgs[i].needs, i))
+        for i in order:
+            m = msgs[i]
             while applied < m.needs:         # receives this send's data depends on
                 self._apply(flat, recvs[applied], sends)
                 applied += 1
