@@ -56,7 +56,7 @@ class _Message:
 class TorchBackend:
     """Schedule IR over torch.distributed P2P (see module docstring)."""
 
-    def __init__(self, comm, group=None, verify: bool = True, piece_elements: int = 1 << 20,
+    def __init__(self, comm, group=None, verify: bool = True, piece_elements: int = 1 << 19,
                  executor: str = "auto"):
         import torch.distributed as dist
         if not dist.is_initialized():
