@@ -9,10 +9,12 @@
                                                             the same multigraph edge)
       start ─► every NIC;  done = all NICs done;  cycles = start .. done
 
-Host access is two streams so a testbench or the C++ stream pump of
+Host access is streams so a testbench or the C++ stream pump of
 :mod:`treenic.hdl.cosim` can load images and buffers at one write per cycle:
 ``hw`` (node, addr, data) writes, ``hr`` (node, addr) read requests answered in order
-on ``hrd``.
+on ``hrd``; and all-node streams for bulk traffic, one word per NIC per cycle (each NIC's
+own host bus, in parallel): ``hwa`` (en, addr[N], data[N]), ``hra`` (en, addr[N]) answered
+on ``hrda`` (data[N]). Reads are pipelined (one request per cycle).
 """
 from __future__ import annotations
 
@@ -65,10 +67,18 @@ class Fabric(wiring.Component):
         AW = params.addr_bits
         self.hw_layout = data.StructLayout({"node": nb, "addr": AW, "data": 32})
         self.hr_layout = data.StructLayout({"node": nb, "addr": AW})
+        # all-node host streams: one word per NIC per cycle (lanes enabled by ``en``)
+        N = topo.n
+        self.hwa_layout = data.StructLayout({"en": N, "addr": data.ArrayLayout(AW, N),
+                                             "data": data.ArrayLayout(32, N)})
+        self.hra_layout = data.StructLayout({"en": N, "addr": data.ArrayLayout(AW, N)})
         super().__init__({
             "hw": In(stream.Signature(self.hw_layout)),
             "hr": In(stream.Signature(self.hr_layout)),
             "hrd": Out(stream.Signature(32)),
+            "hwa": In(stream.Signature(self.hwa_layout)),
+            "hra": In(stream.Signature(self.hra_layout)),
+            "hrda": Out(stream.Signature(data.ArrayLayout(32, N))),
             "start": In(1), "done": Out(1), "error": Out(1), "cycles": Out(32),
         })
 
@@ -93,35 +103,7 @@ class Fabric(wiring.Component):
             wiring.connect(m, nics[u].tx[i], lk.i)
             wiring.connect(m, lk.o, nics[v].rx[j])
 
-        # host streams.  Reads are pipelined: a request is accepted every cycle while the
-        # response FIFO has room for it and every read still in flight, so a bulk readback
-        # runs at one word per cycle (the NIC's host bus takes back-to-back reads).
-        m.submodules.resp_fifo = resp_fifo = fifo.SyncFIFOBuffered(
-            width=32, depth=HOST_READ_LATENCY + 2)
-        rd_pipe = Signal(HOST_READ_LATENCY)          # a read answers HOST_READ_LATENCY later
-        node_pipe = [Signal.like(self.hr.payload.node, name=f"rd_node{k}")
-                     for k in range(HOST_READ_LATENCY)]
-        in_flight = sum(rd_pipe[k] for k in range(HOST_READ_LATENCY))
-        room = (resp_fifo.level + in_flight) < resp_fifo.depth
-        m.d.comb += [self.hw.ready.eq(1),
-                     self.hr.ready.eq(~self.hw.valid & room)]
-        rd = self.hr.valid & self.hr.ready
-        m.d.sync += rd_pipe.eq(Cat(rd, rd_pipe[:-1]))
-        m.d.sync += node_pipe[0].eq(self.hr.payload.node)
-        m.d.sync += [node_pipe[k].eq(node_pipe[k - 1]) for k in range(1, HOST_READ_LATENCY)]
-        rdata = Signal(32)
-        for u, nic in enumerate(nics):
-            sel_w = self.hw.valid & (self.hw.payload.node == u)
-            sel_r = rd & (self.hr.payload.node == u)
-            m.d.comb += [nic.host.we.eq(sel_w), nic.host.wdata.eq(self.hw.payload.data),
-                         nic.host.re.eq(sel_r),
-                         nic.host.addr.eq(Mux_(sel_w, self.hw.payload.addr,
-                                               self.hr.payload.addr))]
-            with m.If(node_pipe[-1] == u):
-                m.d.comb += rdata.eq(nic.host.rdata)
-        m.d.comb += [resp_fifo.w_en.eq(rd_pipe[-1]), resp_fifo.w_data.eq(rdata),
-                     self.hrd.valid.eq(resp_fifo.r_rdy), self.hrd.payload.eq(resp_fifo.r_data),
-                     resp_fifo.r_en.eq(self.hrd.ready)]
+        self._host_streams(m, nics)
 
         # status
         all_done = Cat(*[n.done for n in nics]).all()
@@ -135,6 +117,57 @@ class Fabric(wiring.Component):
             with m.Else():
                 m.d.sync += self.cycles.eq(self.cycles + 1)
         return m
+
+
+    def _host_streams(self, m, nics):
+        """Host access: ``hw``/``hr``/``hrd`` address one NIC per cycle, ``hwa``/``hra``/
+        ``hrda`` every NIC at once (one word each).  Priority hw > hwa > hr > hra; writes
+        are always accepted.  Reads are pipelined: a request is accepted every cycle while
+        the response FIFO has room for it and every read still in flight; responses leave
+        in request order on ``hrd`` (single) or ``hrda`` (all-node)."""
+        N, L = len(nics), HOST_READ_LATENCY
+        m.submodules.resp_fifo = resp_fifo = fifo.SyncFIFOBuffered(width=1 + 32 * N,
+                                                                   depth=L + 2)
+        rd_pipe = Signal(L)                          # a read answers HOST_READ_LATENCY later
+        wide_pipe = Signal(L)                        # ... and was an all-node read
+        node_pipe = [Signal.like(self.hr.payload.node, name=f"rd_node{k}") for k in range(L)]
+        in_flight = sum(rd_pipe[k] for k in range(L))
+        room = (resp_fifo.level + in_flight) < resp_fifo.depth
+        wa = self.hwa.valid & ~self.hw.valid
+        m.d.comb += [self.hw.ready.eq(1), self.hwa.ready.eq(~self.hw.valid),
+                     self.hr.ready.eq(~self.hw.valid & ~self.hwa.valid & room),
+                     self.hra.ready.eq(~self.hw.valid & ~self.hwa.valid & ~self.hr.valid &
+                                       room)]
+        rd = self.hr.valid & self.hr.ready
+        rda = self.hra.valid & self.hra.ready
+        m.d.sync += [rd_pipe.eq(Cat(rd | rda, rd_pipe[:-1])),
+                     wide_pipe.eq(Cat(rda, wide_pipe[:-1])),
+                     node_pipe[0].eq(self.hr.payload.node)]
+        m.d.sync += [node_pipe[k].eq(node_pipe[k - 1]) for k in range(1, L)]
+        rdata = Signal(32)
+        for u, nic in enumerate(nics):
+            sel_w = self.hw.valid & (self.hw.payload.node == u)
+            sel_wa = wa & self.hwa.payload.en[u]
+            sel_r = rd & (self.hr.payload.node == u)
+            sel_ra = rda & self.hra.payload.en[u]
+            addr = Mux_(self.hw.valid, self.hw.payload.addr,
+                        Mux_(self.hwa.valid, self.hwa.payload.addr[u],
+                             Mux_(self.hr.valid, self.hr.payload.addr,
+                                  self.hra.payload.addr[u])))
+            m.d.comb += [nic.host.we.eq(sel_w | sel_wa),
+                         nic.host.wdata.eq(Mux_(self.hw.valid, self.hw.payload.data,
+                                                self.hwa.payload.data[u])),
+                         nic.host.re.eq(sel_r | sel_ra), nic.host.addr.eq(addr)]
+            with m.If(node_pipe[-1] == u):
+                m.d.comb += rdata.eq(nic.host.rdata)
+        lanes = Mux_(wide_pipe[-1], Cat(*[n.host.rdata for n in nics]), rdata)
+        head_wide = resp_fifo.r_data[-1]
+        m.d.comb += [resp_fifo.w_en.eq(rd_pipe[-1]), resp_fifo.w_data.eq(Cat(lanes, wide_pipe[-1])),
+                     self.hrd.valid.eq(resp_fifo.r_rdy & ~head_wide),
+                     self.hrd.payload.eq(resp_fifo.r_data[:32]),
+                     self.hrda.valid.eq(resp_fifo.r_rdy & head_wide),
+                     self.hrda.payload.eq(resp_fifo.r_data[:32 * N]),
+                     resp_fifo.r_en.eq(Mux_(head_wide, self.hrda.ready, self.hrd.ready))]
 
 
 class _NicPorts:

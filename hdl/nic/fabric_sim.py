@@ -2,9 +2,11 @@
 
 ``FabricSim(topology, algorithm, elements)`` builds (once, cached under ``build/cosim``)
 the Verilated :class:`~treenic.hdl.nic.fabric.Fabric` sized for the schedule, then
-:meth:`FabricSim.run` loads every NIC's firmware image and buffer through the host write
-stream (C++ stream pump, one write per cycle), pulses ``start``, clocks until every NIC
-is DONE, and reads the buffers back: ``run(buffers) -> (result, cycles)``.
+:meth:`FabricSim.run` loads every NIC's firmware image and buffer through the fabric's
+all-node host write stream (every NIC's host bus in parallel, one word per NIC per cycle,
+driven by the C++ stream pump in one call), pulses ``start``, clocks until every NIC is
+DONE, and reads the buffers back the same way (pipelined all-node reads):
+``run(buffers) -> (result, cycles)``; :attr:`FabricSim.last_timing` splits the wall time.
 """
 from __future__ import annotations
 
@@ -132,23 +134,51 @@ class FabricSim:
         self.write_bulk(self._write_items(a[:, 0], a[:, 1], a[:, 2]))
 
     def write_bulk(self, writes) -> int:
-        """Apply a whole host write list in one C++ stream-pump call (one write per cycle on
-        the fabric's host bus). ``writes``: ready ``hw`` items (1-D uint64 array), an
-        ``(k, 3)`` array of (node, address, data), or per node a list of (address, data)
-        pairs (what :func:`~treenic.hdl.nic.host.image_writes` returns). Returns the host-bus
-        cycles it took."""
+        """Apply a whole host write list in one C++ stream-pump call. ``writes``: per node a
+        list or ``(k, 2)`` array of (address, data) -- every NIC takes one word per cycle in
+        parallel (the fabric's all-node ``hwa`` stream), so the call takes max(k) cycles; or
+        an ``(k, 3)`` array of (node, address, data) / ready ``hw`` items (1-D uint64) for
+        the one-NIC-per-cycle ``hw`` stream. Returns the host-bus cycles it took."""
         if isinstance(writes, np.ndarray) and writes.ndim == 1:
             items = writes
         elif isinstance(writes, np.ndarray):
             items = self._write_items(writes[:, 0], writes[:, 1], writes[:, 2])
         else:
-            parts = [self._write_items(np.full(len(w), u), *np.asarray(w, np.uint64)
-                                       .reshape(-1, 2).T)
-                     for u, w in enumerate(writes) if len(w)]
-            items = np.concatenate(parts) if parts else np.zeros(0, np.uint64)
+            return self._write_all(writes)
         if not items.size:
             return 0
         return self.sim.run_streams(inputs={"hw": items}).cycles
+
+    def _write_all(self, per_node) -> int:
+        n, nb, ab = self.schedule.n, self._nb, self._ab
+        cols = [np.asarray(w, np.uint64).reshape(-1, 2) for w in per_node]
+        rows = max((len(c) for c in cols), default=0)
+        if rows == 0:
+            return 0
+        fields = []
+        for u, c in enumerate(cols):
+            en = np.zeros(rows, np.uint64)
+            en[:len(c)] = 1
+            pad = lambda x: np.concatenate([x, np.zeros(rows - len(x), np.uint64)])
+            fields += [(en, u, 1), (pad(c[:, 0]), n + u * ab, ab),
+                       (pad(c[:, 1]), n + n * ab + 32 * u, 32)]
+        items = _pack(fields, rows, self.sim.ports["hwa__payload"].words)
+        return self.sim.run_streams(inputs={"hwa": items}).cycles
+
+    def read_all(self, addrs) -> np.ndarray:
+        """All-node reads (``hra`` -> ``hrda``): row i reads ``addrs[i]`` on every NIC (or
+        ``addrs[i, u]`` on NIC u), one row per cycle, in one C++ stream-pump call. Returns
+        ``(rows, N)`` uint32."""
+        n, ab = self.schedule.n, self._ab
+        a = np.asarray(addrs, np.uint64)
+        a = np.repeat(a[:, None], n, axis=1) if a.ndim == 1 else a
+        rows = a.shape[0]
+        en = np.ones(rows, np.uint64)
+        fields = [(en, u, 1) for u in range(n)] + [(a[:, u], n + u * ab, ab) for u in range(n)]
+        items = _pack(fields, rows, self.sim.ports["hra__payload"].words)
+        res = self.sim.run_streams(inputs={"hra": items}, outputs={"hrda": rows})
+        self.last_read_cycles = res.cycles
+        return res.outputs["hrda"][:, :n].astype(np.uint32)
 
     def _reads(self, pairs) -> np.ndarray:
         a = np.asarray(pairs, dtype=np.uint64).reshape(-1, 2)
@@ -208,16 +238,14 @@ class FabricSim:
         if sim["error"]:
             raise FabricError(f"fabric reported errors: {self.errors()}")
         t2 = time.perf_counter()
-        base = self.params.buf_addr(0)
-        out = self.read_bulk(np.repeat(np.arange(n, dtype=np.uint64), E),
-                             np.tile(base | np.arange(E, dtype=np.uint64), n))
+        out = self.read_all(self.params.buf_addr(0) | np.arange(E, dtype=np.uint64)).T
         t3 = time.perf_counter()
         self.last_wall = t3 - t0
         self.last_timing = {"load_s": t1 - t0, "run_s": t2 - t1, "readback_s": t3 - t2,
                             "load_host_cycles": int(load_cycles),
                             "readback_host_cycles": int(self.last_read_cycles),
                             "allreduce_cycles": cycles}
-        return out.view(np.float32).reshape(n, E).copy(), cycles
+        return np.ascontiguousarray(out).view(np.float32).reshape(n, E), cycles
 
     def errors(self) -> dict:
         return {u: self.read_regs(u, [Reg.ERR_FLAGS])[0] for u in range(self.nodes)}
@@ -234,3 +262,20 @@ class FabricSim:
                 ports[i] = {k.name.lower(): v for k, v in zip(PortCounter, vals)}
             out[u] = {"cycles": cyc, "status": st, "step_cycles": steps, "ports": ports}
         return out
+
+
+def _pack(fields, rows: int, words: int) -> np.ndarray:
+    """Bit fields ``(values uint64[rows], offset, width)`` -> ``(rows, words)`` uint32 stream
+    items (little-endian words, as :meth:`Cosim.run_streams` takes wide payloads)."""
+    out = np.zeros((rows, words), np.uint64)
+    for vals, off, width in fields:
+        vals = np.asarray(vals, np.uint64) & np.uint64((1 << width) - 1)
+        w, b = divmod(off, 32)
+        out[:, w] |= (vals << np.uint64(b)) & np.uint64(0xFFFFFFFF)
+        spill = b + width - 32
+        k = 1
+        while spill > 0:                     # the field continues into the next words
+            out[:, w + k] |= (vals >> np.uint64(32 * k - b)) & np.uint64(0xFFFFFFFF)
+            spill -= 32
+            k += 1
+    return out.astype(np.uint32)

@@ -66,6 +66,9 @@ async def allreduce(dut):
     dut.hw__valid.value = 0
     dut.hr__valid.value = 0
     dut.hrd__ready.value = 1
+    dut.hwa__valid.value = 0          # the all-node host streams stay idle in this bench
+    dut.hra__valid.value = 0
+    dut.hrda__ready.value = 1
     dut.start.value = 0
     await start_clock_and_reset(dut)
     writes = host_writes(params, imgs, bufs, order=prm.get("order", True))

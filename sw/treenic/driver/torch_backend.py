@@ -14,10 +14,12 @@ Executors:
 
 * ``pipelined`` (gloo, CPU tensors): every receive of the collective is posted up front,
   each message with its own tag; a send is posted as soon as the receives it depends on
-  (earlier steps, overlapping elements) have been applied, so the reduction of one step's
-  first pieces overlaps the next step's transfers. Receives are applied strictly in plan
-  order (that is the numeric order above); a receive that overwrites elements an in-flight
-  send reads waits for that send first.
+  (earlier steps, overlapping elements) have been applied (step by step; within a
+  step in the order their inputs become ready), so the reduction of one step's
+  first pieces overlaps the next step's transfers. A receive is applied after every
+  earlier receive that overlaps it (per element that is the numeric order above; disjoint
+  receives land in any order); a receive that overwrites elements an in-flight send reads
+  waits for that send first.
 * ``stepwise`` (any other process-group backend, e.g. NCCL on CUDA, where posting
   receives ahead of sends can deadlock): one ``batch_isend_irecv`` per step, receives
   applied in order after the step's transfers complete.
@@ -37,7 +39,7 @@ __all__ = ["TorchBackend"]
 class _Message:
     """One piece of one step's traffic to or from one peer."""
     __slots__ = ("kind", "peer", "step", "op", "spans", "size", "index", "tag", "lo", "hi",
-                 "needs", "blocks")
+                 "needs", "deps", "preds", "blocks")
 
     def __init__(self, kind, peer, step, op, spans, tag):
         self.kind, self.peer, self.step, self.op, self.spans = kind, peer, step, op, spans
@@ -56,7 +58,7 @@ class _Message:
 class TorchBackend:
     """Schedule IR over torch.distributed P2P (see module docstring)."""
 
-    def __init__(self, comm, group=None, verify: bool = True, piece_elements: int = 1 << 20,
+    def __init__(self, comm, group=None, verify: bool = True, piece_elements: int = 1 << 19,
                  executor: str = "auto"):
         import torch.distributed as dist
         if not dist.is_initialized():
@@ -209,18 +211,36 @@ class TorchBackend:
             # every receive posted up front, tagged
             recvs.append((m, buf, dist.irecv(buf, peer[m.peer], group=group, tag=m.tag)))
         sends = {}                           # message id -> (work, reads flat in place)
-        applied = 0
-        for i, m in enumerate(msgs):
-            if m.kind != "send":
-                continue
-            while applied < m.needs:         # receives this send's data depends on
-                self._apply(flat, recvs[applied], sends)
-                applied += 1
+        applied = [False] * len(recvs)
+
+        def ensure(r):
+            """Apply receive r after every earlier receive that overlaps it (per element,
+            contributions land in plan order; disjoint receives may land in any order)."""
+            stack = [r]
+            while stack:
+                top = stack[-1]
+                todo = [q for q in recvs[top][0].preds if not applied[q]]
+                if todo:
+                    stack.extend(reversed(todo))
+                    continue
+                stack.pop()
+                if not applied[top]:
+                    self._apply(flat, recvs[top], sends)
+                    applied[top] = True
+
+        # sends step by step (every send of a step is posted before any receive of that
+        # step can land: a receive waits for the posted sends that read what it writes);
+        # within a step in the order their inputs become ready (tags fix the matching)
+        order = sorted((i for i, m in enumerate(msgs) if m.kind == "send"),
+                       key=lambda i: (msgs[i].step, msgs[i].needs, i))
+        for i in order:
+            m = msgs[i]
+            for r in m.deps:                 # receives this send's data depends on
+                ensure(r)
             buf, view = self._send_buffer(flat, m)
             sends[i] = (dist.isend(buf, peer[m.peer], group=group, tag=m.tag), view)
-        while applied < len(recvs):
-            self._apply(flat, recvs[applied], sends)
-            applied += 1
+        for r in range(len(recvs)):
+            ensure(r)
         for work, _ in sends.values():       # (gloo's wait is not idempotent: once each)
             work.wait()
 
@@ -360,18 +380,21 @@ def _combine(flat, m, buf):
 
 
 def _link_dependencies(msgs):
-    """``send.needs``: how many receives (in plan order) must be applied before the send
-    may read the buffer -- through the last receive of an earlier step that overlaps it;
-    ``recv.blocks``: sends at the same or an earlier step that read elements it writes."""
-    recvs = [(k, m) for k, m in enumerate(msgs) if m.kind == "recv"]
+    """``send.deps``: the receives (indices in plan order among receives) of earlier steps
+    that overlap the send -- applied before the send reads the buffer; ``send.needs``: one
+    past the last of them (sort key); ``recv.preds``: earlier receives that overlap it (they
+    land first); ``recv.blocks``: sends at the same or an earlier step that read elements it
+    writes (they complete before it lands)."""
+    recvs = [m for m in msgs if m.kind == "recv"]
     for m in msgs:
-        m.needs, m.blocks = 0, ()
-    for k, m in enumerate(msgs):
+        m.needs, m.deps, m.preds, m.blocks = 0, (), (), ()
+    for m in msgs:
         if m.kind == "send":
-            for r, (_, rm) in enumerate(recvs):
-                if rm.step < m.step and rm.overlaps(m):
-                    m.needs = r + 1
-    for _, rm in recvs:
+            m.deps = tuple(r for r, rm in enumerate(recvs)
+                           if rm.step < m.step and rm.overlaps(m))
+            m.needs = (m.deps[-1] + 1) if m.deps else 0
+    for r, rm in enumerate(recvs):
+        rm.preds = tuple(q for q in range(r) if recvs[q].overlaps(rm))
         rm.blocks = tuple(k for k, m in enumerate(msgs)
                           if m.kind == "send" and m.step <= rm.step and m.overlaps(rm))
 
