@@ -128,7 +128,7 @@ def entry_arrays(schedule: Schedule, elements: int) -> EntryArrays:
     ea.node, ea.step, ea.op, ea.flow = node[order], step[order], eop[order], flow[order]
     ea.kind, ea.size = kind[order], size[order]
     ea.rows = (st, sr, ds, op, ch)
-    n_red, n_root, n_g = len(red_out), len(roots), len(gk_unique)
+    n_red, n_root = len(red_out), len(roots)
     red_entry = inv[np.arange(n_red)]                          # entry of each red-out row
     g_entry = inv[n_red + n_root + g_group]                    # entry of each gather row
     ea.send_entry = np.concatenate([red_entry, g_entry])
