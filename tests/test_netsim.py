@@ -164,3 +164,31 @@ def test_model_within_5_percent_of_recorded_rtl_cycles():
     for v in rows:
         bound = 0.075 if small[v["run"]].stall else 0.05
         assert abs(v["error"]) <= bound, v
+
+
+def test_dnn_layer_shapes_give_published_parameter_counts():
+    from treenic.netsim.paper import DNN_MODELS
+    assert sum(DNN_MODELS["AlexNet"]()) == 61_100_840        # torchvision alexnet
+    assert sum(DNN_MODELS["VGG-16"]()) == 138_357_544        # Simonyan & Zisserman, config D
+
+
+def test_sparse_messages_priced_on_links():
+    """A recorded sparse all-reduce is priced on the topology: more bytes, more time."""
+    from treenic.netsim.messages import record, simulate_messages
+    from treenic.netsim.paper import PAPER_TIMING
+    from treenic.sparse.base import make
+    from treenic.topology import parse
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal((4, 1 << 16)).astype(np.float32)     # bandwidth-bound size
+    out = {}
+    for alg in ("topka", "spardl"):
+        m = make(alg, workers=4, elements=1 << 16, density=0.05, seed=1)
+        with record() as steps:
+            res = m.step(g)
+        assert sum(b for s in steps for *_, b in s) == int(res.sent.sum())
+        out[alg] = simulate_messages(parse("mesh:2x2"), steps, PAPER_TIMING)
+        assert out[alg]["seconds"] > 0
+    assert (out["topka"]["bytes"] > out["spardl"]["bytes"]) == \
+        (out["topka"]["seconds"] > out["spardl"]["seconds"])
+    with pytest.raises(NetsimError, match="outside"):
+        simulate_messages(parse("mesh:2x2"), [[(0, 9, 10)]], PAPER_TIMING)
