@@ -23,14 +23,11 @@ from treenic.algorithms import build
 
 from . import rtl_runs
 from .sim import simulate
-from .timing import RTL, NicTiming
+from .timing import PAPER, RTL, NicTiming
 
 __all__ = ["run", "rtl_timing", "validation"]
 
 SCALE_BYTES = 64 << 20
-#: link parameters of the paper's Table III, credits sized to cover the link's
-#: bandwidth-delay product (the RTL's 16 credits assume 1-3 cycle links)
-PAPER = RTL.with_(credits=1024)
 
 
 def rtl_timing(run: rtl_runs.RtlRun) -> NicTiming:

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections import defaultdict
 
-from treenic.schedule.ir import Schedule
 
 from .sim import NetsimError, _Links
 from .timing import NicTiming

@@ -35,12 +35,11 @@ import numpy as np
 from treenic.algorithms import build
 
 from .sim import simulate
-from .timing import RTL
+from .timing import PAPER
 
 __all__ = ["run", "PAPER_TIMING", "dnn_gradients", "DNN_MODELS"]
 
-#: the paper's links (Table III) on a 128-bit, 1 GHz NIC with the RTL's pipeline latencies
-PAPER_TIMING = RTL.with_(flit_bytes=16, clock_hz=1e9, credits=4096)
+PAPER_TIMING = PAPER
 PACKET_TIMING = PAPER_TIMING.with_(mode="packet", packet_words=64)      # 256-byte packets
 BUCKET_BYTES = 25 << 20                                                 # DDP's default
 

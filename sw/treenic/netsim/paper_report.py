@@ -14,6 +14,11 @@ def _plt():
     return plt
 
 
+#: one colour per algorithm in every panel (panels have different algorithm sets)
+COLOURS = {"ring": "C0", "dbtree": "C1", "halving-doubling": "C2", "ring2d": "C3",
+           "hdrm": "C5", "multitree": "C4", "multitree-packet": "C6"}
+
+
 def plots(res: dict, out_dir: Path) -> None:
     plt = _plt()
     by_topo = defaultdict(lambda: defaultdict(list))
@@ -25,13 +30,14 @@ def plots(res: dict, out_dir: Path) -> None:
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols, 3.2 * rows), squeeze=False)
     for ax, spec in zip(axes.flat, topos):
         for alg, pts in by_topo[spec].items():
-            ax.semilogx([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3, label=alg)
+            ax.semilogx([p[0] for p in pts], [p[1] for p in pts], "o-", ms=3, label=alg,
+                        color=COLOURS.get(alg))
         ax.set_title(spec)
+        ax.legend(fontsize=6)
         ax.set_xlabel("bytes per node")
         ax.set_ylabel("algbw (GB/s)")
     for ax in list(axes.flat)[len(topos):]:
         ax.axis("off")
-    axes.flat[0].legend(fontsize=6)
     fig.suptitle("All-reduce bandwidth against size (network model; paper Fig. 9)")
     fig.tight_layout()
     fig.savefig(out_dir / "fig9.png", dpi=110)
@@ -42,7 +48,8 @@ def plots(res: dict, out_dir: Path) -> None:
     for r in res["scalability"]:
         sc[r["algorithm"]].append((r["nodes"], r["busbw_GBps"]))
     for alg, pts in sc.items():
-        a1.semilogx([p[0] for p in pts], [p[1] for p in pts], "o-", label=alg)
+        a1.semilogx([p[0] for p in pts], [p[1] for p in pts], "o-", label=alg,
+                    color=COLOURS.get(alg))
     a1.set_xlabel("nodes (tori)")
     a1.set_ylabel("busbw (GB/s), 64 MiB")
     a1.legend(fontsize=7)

@@ -33,7 +33,6 @@ import numpy as np
 
 from treenic.schedule.ir import Op, Schedule
 from treenic.schedule.table import all_node_entries
-from treenic.topology import is_switch
 
 from .timing import RTL, NicTiming, message_flits
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-__all__ = ["NicTiming", "RTL", "message_flits"]
+__all__ = ["NicTiming", "RTL", "PAPER", "message_flits"]
 
 MESSAGE, PACKET = "message", "packet"
 
@@ -144,3 +144,8 @@ def message_flits(words: int, timing: NicTiming) -> tuple[int, int]:
 
 #: the RTL's constants (validated against the Verilated fabric; see rtl_runs)
 RTL = NicTiming()
+
+#: the MultiTree paper's network (Table III: 16 GB/s, 150 ns links) on a 128-bit, 1 GHz NIC
+#: with the RTL's pipeline latencies; credits cover the links' bandwidth-delay product (the
+#: RTL's 8-16 credits assume 1-3 cycle links and would throttle a 150-cycle link)
+PAPER = RTL.with_(flit_bytes=16, clock_hz=1e9, credits=4096)

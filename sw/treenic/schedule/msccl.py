@@ -98,7 +98,7 @@ def _emit(schedule, name, gpus, tbs, deps_of) -> str:
     layout = {}
     for g, keys in gpus.items():
         for i, key in enumerate(keys):
-            idx, rows = 0, []
+            rows = []
             for j, (step, c, op) in enumerate(tbs[key]):
                 d = [x for x in deps_of[(g, key[1], key[2], step, c)] if x[0] != i]
                 for extra in d[1:]:
