@@ -3,14 +3,14 @@ fragment stream into the gradient buffer and the accumulate/write-back stage.
 
 ::
 
-    link ─► Depacketiser ─► hdr ─► h0 ─► h ─S1─► table lookups ─S2─► checks, snapshot ─S3─► decision
-                       │                            OrderGate (other ports' state) ──┘      │ take
-                       └─► data ─► SkidBuffer ─────► fragment stream (cur) ◄── nxt ◄────────┘
-                                                         │ buffer read grant (bank arbitration)
-                                                         ▼
-                                                     Accumulate: read data + beat ─► FP32Adder × lanes
-                                                         ─► write-back register ─► buffer write
-                                                         ─► progress: done_to, message done, arrived bits
+    link ─► Depacketiser ─► hdr ─► h0 ─► h ─S1─► lookups ─S2─► checks ─S3─► decision
+                       │                  OrderGate (other ports) ──┘      │ take
+                       └─► data ─► SkidBuffer ─► fragment stream (cur) ◄── nxt
+                                                    │ buffer read grant (bank arbitration)
+                                                    ▼
+                                   Accumulate: read data + beat ─► FP32Adder × lanes
+                                     ─► write-back register ─► buffer write
+                                     ─► progress: done_to, message done, arrived bits
 
 Each port's receive unit decides on a fragment header in three registered stages and then
 streams the fragment from a descriptor register, so neither the decision's logic (flow
@@ -274,7 +274,8 @@ class Accumulate(wiring.Component):
             m.d.comb += [t.addr.eq(s1.addr + k), t.en.eq(s1.mask[k]), t.red.eq(s1.red),
                          t.b.eq(b_k), t.flast.eq(s1.flast), t.mlast.eq(s1.mlast),
                          t.flow.eq(s1.flow),
-                         ad.i.valid.eq(s1.v), ad.i.payload.a.eq(self.read_data[32 * k:32 * k + 32]),
+                         ad.i.valid.eq(s1.v),
+                         ad.i.payload.a.eq(self.read_data[32 * k:32 * k + 32]),
                          ad.i.payload.b.eq(b_k), ad.i.payload.tag.eq(t)]
             ot = data.View(tag_lay, ad.o.payload.tag)
             # write-back register: the sum leaves the adder for this register only, so the
