@@ -48,7 +48,7 @@ from amaranth.utils import ceil_log2
 from .flit import ErrorCause, FlitFormat, FlitType, LinkSignature, N_CAUSES, Op
 from .model import DEFAULT_SUB_WORDS
 
-__all__ = ["Depacketiser", "DepacketiserStatusSignature"]
+__all__ = ["Depacketiser", "DepacketiserStatusSignature", "DepacketiserStatusCounters"]
 
 IDLE, ACTIVE, DISCARD = 0, 1, 2
 
@@ -71,6 +71,65 @@ class DepacketiserStatusSignature(wiring.Signature):
             "frags": Out(32),
             "clear": In(1),
         })
+
+
+class DepacketiserStatusCounters(wiring.Component):
+    """The depacketiser's error and traffic counters.
+
+    Events are registered before they are counted, so the counters' adders hang off a
+    register rather than the flit checks (a timing path); status lags one cycle.  A clear
+    in an event's own cycle still drops it, as if counted and cleared.
+
+    Members
+    -------
+    events : ``In(StructLayout(orphan, seq, flow, op, length))``
+        The check stage's error decisions for the flit it holds.
+    check_valid : ``In(1)``
+        The check stage holds a flit (the events and ``accepted``/``committed`` count only
+        then).
+    overflow : ``In(1)``
+        A flit arrived for a full input FIFO (counted as an error and a dropped flit).
+    accepted, committed : ``In(1)``
+        The held flit is accepted / commits a fragment.
+    status : ``Out(DepacketiserStatusSignature())``
+    """
+
+    def __init__(self):
+        super().__init__({
+            "events": In(data.StructLayout({"orphan": 1, "seq": 1, "flow": 1, "op": 1,
+                                            "length": 1})),
+            "check_valid": In(1), "overflow": In(1), "accepted": In(1), "committed": In(1),
+            "status": Out(DepacketiserStatusSignature())})
+
+    def elaborate(self, platform):
+        m = Module()
+        s, e, f_v, overflow = self.status, self.events, self.check_valid, self.overflow
+        causes = {ErrorCause.ORPHAN: e.orphan, ErrorCause.SEQ: e.seq,
+                  ErrorCause.FLOW: e.flow, ErrorCause.OP: e.op, ErrorCause.LENGTH: e.length}
+        ev = {c: Signal(name=f"ev_{c.name.lower()}") for c in ErrorCause
+              if c != ErrorCause.NONE}
+        for c, sig in causes.items():
+            m.d.comb += ev[c].eq(f_v & sig)
+        m.d.comb += ev[ErrorCause.OVERFLOW].eq(overflow)
+        ev_q = {c: Signal(name=f"ev_{c.name.lower()}_q") for c in ev}
+        drop_q = Signal(2)
+        frag_q = Signal()
+        m.d.sync += [ev_q[c].eq(sig & ~s.clear) for c, sig in ev.items()]
+        m.d.sync += [drop_q.eq(Mux(s.clear, 0, (f_v & ~self.accepted) + overflow)),
+                     frag_q.eq(f_v & self.committed & ~s.clear)]
+        n_err = Signal(range(N_CAUSES + 1))
+        m.d.comb += n_err.eq(sum(ev_q.values()))
+        with m.If(s.clear):
+            m.d.sync += [s.code.eq(0), s.dropped.eq(0), s.frags.eq(0)]
+            m.d.sync += [s.counts[i].eq(0) for i in range(N_CAUSES)]
+        with m.Else():
+            m.d.sync += s.counts[0].eq(s.counts[0] + n_err)
+            for c, sig in ev_q.items():
+                with m.If(sig):
+                    m.d.sync += [s.counts[int(c)].eq(s.counts[int(c)] + 1),
+                                 s.code.eq(int(c))]   # later (higher) causes win
+            m.d.sync += [s.dropped.eq(s.dropped + drop_q), s.frags.eq(s.frags + frag_q)]
+        return m
 
 
 class Depacketiser(wiring.Component):
@@ -555,38 +614,13 @@ class Depacketiser(wiring.Component):
         m.d.comb += [self.data.valid.eq(ov), self.data.payload.data.eq(rp.data),
                      self.data.payload.last.eq(olast)]
 
-
     def _status(self, m, s, overflow, errors, accept, commit):
-        """Error events registered, then counted per cause."""
-        f_v = s.f_v
+        """The status counters (a component of their own) fed from the check stage."""
+        m.submodules.status = counters = DepacketiserStatusCounters()
+        wiring.connect(m, counters.status, wiring.flipped(self.status))
+        ev = counters.events
         e_orphan, e_seq, e_flow, e_op, e_len = errors
-        # ---------------------------------------------------------------- status
-        s = self.status
-        causes = {ErrorCause.ORPHAN: e_orphan, ErrorCause.SEQ: e_seq,
-                  ErrorCause.FLOW: e_flow, ErrorCause.OP: e_op, ErrorCause.LENGTH: e_len}
-        ev = {c: Signal(name=f"ev_{c.name.lower()}") for c in ErrorCause
-              if c != ErrorCause.NONE}
-        for c, sig in causes.items():
-            m.d.comb += ev[c].eq(f_v & sig)
-        m.d.comb += ev[ErrorCause.OVERFLOW].eq(overflow)
-        # Events are registered before they are counted, so the counters' adders hang off
-        # a register rather than the flit checks (a timing path); status lags one cycle.
-        # A clear in an event's own cycle still drops it, as if counted and cleared.
-        ev_q = {c: Signal(name=f"ev_{c.name.lower()}_q") for c in ev}
-        drop_q = Signal(2)
-        frag_q = Signal()
-        m.d.sync += [ev_q[c].eq(sig & ~s.clear) for c, sig in ev.items()]
-        m.d.sync += [drop_q.eq(Mux(s.clear, 0, (f_v & ~accept) + overflow)),
-                     frag_q.eq(f_v & commit & ~s.clear)]
-        n_err = Signal(range(N_CAUSES + 1))
-        m.d.comb += n_err.eq(sum(ev_q.values()))
-        with m.If(s.clear):
-            m.d.sync += [s.code.eq(0), s.dropped.eq(0), s.frags.eq(0)]
-            m.d.sync += [s.counts[i].eq(0) for i in range(N_CAUSES)]
-        with m.Else():
-            m.d.sync += s.counts[0].eq(s.counts[0] + n_err)
-            for c, sig in ev_q.items():
-                with m.If(sig):
-                    m.d.sync += [s.counts[int(c)].eq(s.counts[int(c)] + 1),
-                                 s.code.eq(int(c))]   # later (higher) causes win
-            m.d.sync += [s.dropped.eq(s.dropped + drop_q), s.frags.eq(s.frags + frag_q)]
+        m.d.comb += [ev.orphan.eq(e_orphan), ev.seq.eq(e_seq), ev.flow.eq(e_flow),
+                     ev.op.eq(e_op), ev.length.eq(e_len), counters.check_valid.eq(s.f_v),
+                     counters.overflow.eq(overflow), counters.accepted.eq(accept),
+                     counters.committed.eq(commit)]
