@@ -48,7 +48,8 @@ from amaranth.utils import ceil_log2
 from .flit import ErrorCause, FlitFormat, FlitType, LinkSignature, N_CAUSES, Op
 from .model import DEFAULT_SUB_WORDS
 
-__all__ = ["Depacketiser", "DepacketiserStatusSignature", "DepacketiserStatusCounters"]
+__all__ = ["Depacketiser", "DepacketiserStatusSignature", "DepacketiserStatusCounters",
+           "FragmentReader"]
 
 IDLE, ACTIVE, DISCARD = 0, 1, 2
 
@@ -129,6 +130,84 @@ class DepacketiserStatusCounters(wiring.Component):
                     m.d.sync += [s.counts[int(c)].eq(s.counts[int(c)] + 1),
                                  s.code.eq(int(c))]   # later (higher) causes win
             m.d.sync += [s.dropped.eq(s.dropped + drop_q), s.frags.eq(s.frags + frag_q)]
+        return m
+
+
+class FragmentReader(wiring.Component):
+    """Read side of the depacketiser: committed fragments out of the fragment buffer.
+
+    A fragment's length and VC come from the length FIFO; its words are read from the
+    VC's buffer region, ``lanes`` per beat, at the region's read pointer.  The buffer read
+    port is synchronous, so a beat's data appears the cycle after its read (``data.valid``
+    is a register).
+
+    Parameters
+    ----------
+    fmt : FlitFormat
+    vcs : int
+        Virtual channels (buffer regions).
+    ptr_bits : int
+        Width of a region's pointers (the region size's log2 + 1).
+    length_bits : int
+        Width of a fragment length.
+
+    Members
+    -------
+    lengths : ``In(stream.Signature(length_bits + vc_bits))``
+        The length FIFO's output: fragment length (low bits) and VC.
+    buf_addr, buf_en : ``Out``;  buf_data : ``In(fmt.width)``
+        The fragment buffer's read port (address = region pointer, VC).
+    read_ptr : ``Out(ptr_bits).array(vcs)``
+        Each region's read pointer (the write side's room check reads them).
+    data : ``Out(stream.Signature(fmt.out_beat))``
+    """
+
+    def __init__(self, fmt: FlitFormat, *, vcs: int, ptr_bits: int, length_bits: int):
+        if vcs < 1 or ptr_bits < 1 or length_bits < 1:
+            raise ValueError("vcs, ptr_bits and length_bits must be positive")
+        self.fmt, self.vcs = fmt, vcs
+        self.ptr_bits, self.length_bits = ptr_bits, length_bits
+        super().__init__({
+            "lengths": In(stream.Signature(length_bits + fmt.vc_bits)),
+            "buf_addr": Out(ptr_bits - 1 + fmt.vc_bits), "buf_en": Out(1),
+            "buf_data": In(fmt.width),
+            "read_ptr": Out(ptr_bits).array(vcs),
+            "data": Out(stream.Signature(fmt.out_beat))})
+
+    def elaborate(self, platform):
+        m = Module()
+        fmt, V, W = self.fmt, self.vcs, self.fmt.lanes
+        abits, fragw, rptr = self.ptr_bits - 1, self.length_bits, self.read_ptr
+        words_left = Signal(fragw)
+        rvc = Signal(fmt.vc_bits)
+        c_rptr = Signal(abits + 1)
+        for v in range(V):
+            with m.If(rvc == v):
+                m.d.comb += c_rptr.eq(rptr[v])
+        ov = Signal()
+        olast = Signal()
+        can_adv = Signal()
+        issue = Signal()
+        m.d.comb += [can_adv.eq(~ov | self.data.ready),
+                     issue.eq(can_adv & (words_left != 0)),
+                     self.buf_addr.eq(Cat(c_rptr[:abits], rvc)), self.buf_en.eq(issue)]
+        with m.If(can_adv):
+            m.d.sync += ov.eq(issue)
+        with m.If(issue):
+            m.d.sync += olast.eq(words_left <= W)
+            for v in range(V):
+                with m.If(rvc == v):
+                    m.d.sync += rptr[v].eq(rptr[v] + 1)
+        need = Signal()
+        m.d.comb += need.eq((words_left == 0) | (issue & (words_left <= W)))
+        m.d.comb += self.lengths.ready.eq(need)
+        with m.If(need & self.lengths.valid):
+            m.d.sync += [words_left.eq(self.lengths.payload[:fragw]),
+                         rvc.eq(self.lengths.payload[fragw:])]
+        with m.Elif(issue):
+            m.d.sync += words_left.eq(Mux(words_left <= W, 0, words_left - W))
+        m.d.comb += [self.data.valid.eq(ov), self.data.payload.data.eq(self.buf_data),
+                     self.data.payload.last.eq(olast)]
         return m
 
 
@@ -579,40 +658,17 @@ class Depacketiser(wiring.Component):
         return e_orphan, e_seq, e_flow, e_op, e_len, accept, commit
 
     def _read_side(self, m, s):
-        """Committed fragments out of the buffer, ``lanes`` words per beat."""
-        fmt, W, V, abits, fragw, rp, rptr, len_fifo = \
-            s.fmt, s.W, s.V, s.abits, s.fragw, s.rp, s.rptr, s.len_fifo
-        # ---------------------------------------------------------------- read side
-        words_left = Signal(fragw)
-        rvc = Signal(fmt.vc_bits)
-        c_rptr = Signal(abits + 1)
-        for v in range(V):
-            with m.If(rvc == v):
-                m.d.comb += c_rptr.eq(rptr[v])
-        ov = Signal()
-        olast = Signal()
-        can_adv = Signal()
-        issue = Signal()
-        m.d.comb += [can_adv.eq(~ov | self.data.ready),
-                     issue.eq(can_adv & (words_left != 0)),
-                     rp.addr.eq(Cat(c_rptr[:abits], rvc)), rp.en.eq(issue)]
-        with m.If(can_adv):
-            m.d.sync += ov.eq(issue)
-        with m.If(issue):
-            m.d.sync += olast.eq(words_left <= W)
-            for v in range(V):
-                with m.If(rvc == v):
-                    m.d.sync += rptr[v].eq(rptr[v] + 1)
-        need = Signal()
-        m.d.comb += need.eq((words_left == 0) | (issue & (words_left <= W)))
-        m.d.comb += len_fifo.r_en.eq(need)
-        with m.If(need & len_fifo.r_rdy):
-            m.d.sync += [words_left.eq(len_fifo.r_data[:fragw]),
-                         rvc.eq(len_fifo.r_data[fragw:])]
-        with m.Elif(issue):
-            m.d.sync += words_left.eq(Mux(words_left <= W, 0, words_left - W))
-        m.d.comb += [self.data.valid.eq(ov), self.data.payload.data.eq(rp.data),
-                     self.data.payload.last.eq(olast)]
+        """Committed fragments out of the buffer (:class:`FragmentReader`)."""
+        fmt, V, abits, fragw = s.fmt, s.V, s.abits, s.fragw
+        m.submodules.reader = rd = FragmentReader(fmt, vcs=V, ptr_bits=abits + 1,
+                                                  length_bits=fragw)
+        wiring.connect(m, rd.data, wiring.flipped(self.data))
+        m.d.comb += [rd.lengths.payload.eq(s.len_fifo.r_data),
+                     rd.lengths.valid.eq(s.len_fifo.r_rdy),
+                     s.len_fifo.r_en.eq(rd.lengths.ready),
+                     s.rp.addr.eq(rd.buf_addr), s.rp.en.eq(rd.buf_en),
+                     rd.buf_data.eq(s.rp.data)]
+        m.d.comb += [rptr.eq(rd.read_ptr[v]) for v, rptr in enumerate(s.rptr)]
 
     def _status(self, m, s, overflow, errors, accept, commit):
         """The status counters (a component of their own) fed from the check stage."""
