@@ -48,14 +48,20 @@ from amaranth.utils import ceil_log2
 from .flit import ErrorCause, FlitFormat, FlitType, LinkSignature, N_CAUSES, Op
 from .model import DEFAULT_SUB_WORDS
 
-__all__ = ["Depacketiser", "DepacketiserStatusSignature"]
+__all__ = ["Depacketiser", "DepacketiserStatusSignature", "DepacketiserStatusCounters",
+           "FragmentReader", "FlitInput"]
 
 IDLE, ACTIVE, DISCARD = 0, 1, 2
 
 #: signals the receive stages share (built in ``elaborate``)
-_SHARED = frozenset(['fmt', 'W', 'V', 'rx', 'D', 'abits', 'wp', 'rp', 'wptr', 'cptr', 'rptr', 'fragw', 'hdr_fifo', 'len_fifo', 'f_v', 'f_vc', 'f', 'chk_layout', 'f_chk', 'cq_hv', 'cq_lv', 'cq_hd', 'cq_len', 'in_chk'])
+_SHARED = frozenset([
+    'fmt', 'W', 'V', 'rx', 'D', 'abits', 'wp', 'rp', 'wptr', 'cptr', 'rptr', 'fragw',
+    'hdr_fifo', 'len_fifo', 'f_v', 'f_vc', 'f', 'chk_layout', 'f_chk', 'cq_hv', 'cq_lv',
+    'cq_hd', 'cq_len', 'in_chk'])
 #: what the check stage hands the actions
-_CHECKED = frozenset(['t', 'd', 'is_head', 'is_tailtype', 'is_ht', 'is_subtail', 'ph', 'frag_len', 'exp', 'c_st', 'c_hd', 'c_fo', 'n_st'])
+_CHECKED = frozenset([
+    't', 'd', 'is_head', 'is_tailtype', 'is_ht', 'is_subtail', 'ph', 'frag_len', 'exp',
+    'c_st', 'c_hd', 'c_fo', 'n_st'])
 
 
 class DepacketiserStatusSignature(wiring.Signature):
@@ -71,6 +77,291 @@ class DepacketiserStatusSignature(wiring.Signature):
             "frags": Out(32),
             "clear": In(1),
         })
+
+
+class DepacketiserStatusCounters(wiring.Component):
+    """The depacketiser's error and traffic counters.
+
+    Events are registered before they are counted, so the counters' adders hang off a
+    register rather than the flit checks (a timing path); status lags one cycle.  A clear
+    in an event's own cycle still drops it, as if counted and cleared.
+
+    Members
+    -------
+    events : ``In(StructLayout(orphan, seq, flow, op, length))``
+        The check stage's error decisions for the flit it holds.
+    check_valid : ``In(1)``
+        The check stage holds a flit (the events and ``accepted``/``committed`` count only
+        then).
+    overflow : ``In(1)``
+        A flit arrived for a full input FIFO (counted as an error and a dropped flit).
+    accepted, committed : ``In(1)``
+        The held flit is accepted / commits a fragment.
+    status : ``Out(DepacketiserStatusSignature())``
+    """
+
+    def __init__(self):
+        super().__init__({
+            "events": In(data.StructLayout({"orphan": 1, "seq": 1, "flow": 1, "op": 1,
+                                            "length": 1})),
+            "check_valid": In(1), "overflow": In(1), "accepted": In(1), "committed": In(1),
+            "status": Out(DepacketiserStatusSignature())})
+
+    def elaborate(self, platform):
+        m = Module()
+        s, e, f_v, overflow = self.status, self.events, self.check_valid, self.overflow
+        causes = {ErrorCause.ORPHAN: e.orphan, ErrorCause.SEQ: e.seq,
+                  ErrorCause.FLOW: e.flow, ErrorCause.OP: e.op, ErrorCause.LENGTH: e.length}
+        ev = {c: Signal(name=f"ev_{c.name.lower()}") for c in ErrorCause
+              if c != ErrorCause.NONE}
+        for c, sig in causes.items():
+            m.d.comb += ev[c].eq(f_v & sig)
+        m.d.comb += ev[ErrorCause.OVERFLOW].eq(overflow)
+        ev_q = {c: Signal(name=f"ev_{c.name.lower()}_q") for c in ev}
+        drop_q = Signal(2)
+        frag_q = Signal()
+        m.d.sync += [ev_q[c].eq(sig & ~s.clear) for c, sig in ev.items()]
+        m.d.sync += [drop_q.eq(Mux(s.clear, 0, (f_v & ~self.accepted) + overflow)),
+                     frag_q.eq(f_v & self.committed & ~s.clear)]
+        n_err = Signal(range(N_CAUSES + 1))
+        m.d.comb += n_err.eq(sum(ev_q.values()))
+        with m.If(s.clear):
+            m.d.sync += [s.code.eq(0), s.dropped.eq(0), s.frags.eq(0)]
+            m.d.sync += [s.counts[i].eq(0) for i in range(N_CAUSES)]
+        with m.Else():
+            m.d.sync += s.counts[0].eq(s.counts[0] + n_err)
+            for c, sig in ev_q.items():
+                with m.If(sig):
+                    m.d.sync += [s.counts[int(c)].eq(s.counts[int(c)] + 1),
+                                 s.code.eq(int(c))]   # later (higher) causes win
+            m.d.sync += [s.dropped.eq(s.dropped + drop_q), s.frags.eq(s.frags + frag_q)]
+        return m
+
+
+class FragmentReader(wiring.Component):
+    """Read side of the depacketiser: committed fragments out of the fragment buffer.
+
+    A fragment's length and VC come from the length FIFO; its words are read from the
+    VC's buffer region, ``lanes`` per beat, at the region's read pointer.  The buffer read
+    port is synchronous, so a beat's data appears the cycle after its read (``data.valid``
+    is a register).
+
+    Parameters
+    ----------
+    fmt : FlitFormat
+    vcs : int
+        Virtual channels (buffer regions).
+    ptr_bits : int
+        Width of a region's pointers (the region size's log2 + 1).
+    length_bits : int
+        Width of a fragment length.
+
+    Members
+    -------
+    lengths : ``In(stream.Signature(length_bits + vc_bits))``
+        The length FIFO's output: fragment length (low bits) and VC.
+    buf_addr, buf_en : ``Out``;  buf_data : ``In(fmt.width)``
+        The fragment buffer's read port (address = region pointer, VC).
+    read_ptr : ``Out(ptr_bits).array(vcs)``
+        Each region's read pointer (the write side's room check reads them).
+    data : ``Out(stream.Signature(fmt.out_beat))``
+    """
+
+    def __init__(self, fmt: FlitFormat, *, vcs: int, ptr_bits: int, length_bits: int):
+        if vcs < 1 or ptr_bits < 1 or length_bits < 1:
+            raise ValueError("vcs, ptr_bits and length_bits must be positive")
+        self.fmt, self.vcs = fmt, vcs
+        self.ptr_bits, self.length_bits = ptr_bits, length_bits
+        super().__init__({
+            "lengths": In(stream.Signature(length_bits + fmt.vc_bits)),
+            "buf_addr": Out(ptr_bits - 1 + fmt.vc_bits), "buf_en": Out(1),
+            "buf_data": In(fmt.width),
+            "read_ptr": Out(ptr_bits).array(vcs),
+            "data": Out(stream.Signature(fmt.out_beat))})
+
+    def elaborate(self, platform):
+        m = Module()
+        fmt, V, W = self.fmt, self.vcs, self.fmt.lanes
+        abits, fragw, rptr = self.ptr_bits - 1, self.length_bits, self.read_ptr
+        words_left = Signal(fragw)
+        rvc = Signal(fmt.vc_bits)
+        c_rptr = Signal(abits + 1)
+        for v in range(V):
+            with m.If(rvc == v):
+                m.d.comb += c_rptr.eq(rptr[v])
+        ov = Signal()
+        olast = Signal()
+        can_adv = Signal()
+        issue = Signal()
+        m.d.comb += [can_adv.eq(~ov | self.data.ready),
+                     issue.eq(can_adv & (words_left != 0)),
+                     self.buf_addr.eq(Cat(c_rptr[:abits], rvc)), self.buf_en.eq(issue)]
+        with m.If(can_adv):
+            m.d.sync += ov.eq(issue)
+        with m.If(issue):
+            m.d.sync += olast.eq(words_left <= W)
+            for v in range(V):
+                with m.If(rvc == v):
+                    m.d.sync += rptr[v].eq(rptr[v] + 1)
+        need = Signal()
+        m.d.comb += need.eq((words_left == 0) | (issue & (words_left <= W)))
+        m.d.comb += self.lengths.ready.eq(need)
+        with m.If(need & self.lengths.valid):
+            m.d.sync += [words_left.eq(self.lengths.payload[:fragw]),
+                         rvc.eq(self.lengths.payload[fragw:])]
+        with m.Elif(issue):
+            m.d.sync += words_left.eq(Mux(words_left <= W, 0, words_left - W))
+        m.d.comb += [self.data.valid.eq(ov), self.data.payload.data.eq(self.buf_data),
+                     self.data.payload.last.eq(olast)]
+        return m
+
+
+#: the checks of a head flit, made on the input FIFO's head register
+HEAD_CHECKS = data.StructLayout({
+    "e_flow": 1, "e_op": 1, "e_len": 1,     # the error, if any (one at most)
+    "short": 1,                             # length <= W (one payload flit)
+})
+
+
+class FlitInput(wiring.Component):
+    """Input side of the depacketiser: per-VC input FIFOs, the head flits' checks, the
+    round-robin VC arbiter and the check register it loads.
+
+    The arbiter pops a flit of VC v only if ``room_*[v]`` (registered by the depacketiser
+    a cycle ahead) says all it can lead to fits; a credit goes back on every pop.
+
+    Parameters
+    ----------
+    fmt : FlitFormat
+    credits : int
+        Input FIFO depth per VC (the sender's credits).
+
+    Members
+    -------
+    rx : ``In(LinkSignature(fmt))``
+    flow_enable : ``In(fmt.flows)``
+        Flows a head flit may name.
+    room_idle, room_same, room_other : ``In(vcs)``
+        Per VC: a pop fits when the check register holds nothing / a flit of this VC / a
+        flit of another VC.
+    overflow : ``Out(1)``
+        A flit for a full FIFO or an unknown VC (it is lost).
+    held_valid, held_vc, held, held_checks : ``Out``
+        The check register: a popped flit, its VC and its head checks (``HEAD_CHECKS``).
+    """
+
+    def __init__(self, fmt: FlitFormat, *, credits: int):
+        if credits < 1:
+            raise ValueError(f"credits must be positive, not {credits}")
+        self.fmt, self.credits = fmt, credits
+        V = fmt.vcs
+        super().__init__({
+            "rx": In(LinkSignature(fmt)), "flow_enable": In(fmt.flows),
+            "room_idle": In(V), "room_same": In(V), "room_other": In(V),
+            "overflow": Out(1), "held_valid": Out(1), "held_vc": Out(fmt.vc_bits),
+            "held": Out(fmt.flit), "held_checks": Out(HEAD_CHECKS)})
+
+    def elaborate(self, platform):
+        m = Module()
+        fmt, V, rx = self.fmt, self.fmt.vcs, self.rx
+        overflow = self.overflow
+        # ---------------------------------------------------------------- input FIFOs
+        fifos = []
+        for v in range(V):
+            # buffered: the head flit comes from a register, not through the distributed
+            # RAM's read mux, into the arbiter and the check register.  One more entry than
+            # credits: its w_rdy only counts the RAM part (depth - 1), which must hold every
+            # flit in flight while the output register is being refilled.  A credit goes
+            # back when the flit is popped (the check stage below never stalls)
+            q = fifo.SyncFIFOBuffered(width=fmt.flit.size, depth=self.credits + 1)
+            m.submodules[f"vc{v}_fifo"] = q
+            fifos.append(q)
+            m.d.comb += [q.w_data.eq(rx.flit.as_value()),
+                         q.w_en.eq(rx.valid & (rx.flit.vc == v))]
+            with m.If(rx.valid & (rx.flit.vc == v) & ~q.w_rdy):
+                m.d.comb += overflow.eq(1)
+        if V < (1 << fmt.vc_bits):
+            with m.If(rx.valid & (rx.flit.vc >= V)):
+                m.d.comb += overflow.eq(1)
+
+        self._arbiter(m, fifos, self._head_checks(m, fifos))
+        return m
+
+    def _head_checks(self, m, fifos):
+        """Checks of each input FIFO's head flit (flow, op, length)."""
+        fmt, chk_layout = self.fmt, HEAD_CHECKS
+        W, V = fmt.lanes, fmt.vcs
+        # ---------------------------------------------------------------- head checks
+        # A head's checks (flow known, op, length) need only the flit itself: they are
+        # made on each input FIFO's head register, before the arbiter's mux, and registered
+        # with the flit, so the check stage's accept/commit decision starts from flags
+        flow_en = Cat(self.flow_enable, Const(0, (1 << fmt.flow_bits)))
+        head_chk = []
+        for v in range(V):
+            hf = data.View(fmt.flit, fifos[v].r_data)
+            ht = hf.type
+            sh = data.View(fmt.sub_head, hf.data[:fmt.sub_head.size])
+            ph = data.View(fmt.pkt_head, hf.data[:fmt.pkt_head.size])
+            is_sub = ht == FlitType.SUB_HEAD
+            # (each check on both layouts, then one select by the type)
+            flow_ok = Mux(is_sub, flow_en.bit_select(sh.flow, 1),
+                          flow_en.bit_select(ph.flow, 1))
+            op = Mux(is_sub, sh.op, ph.op)
+            op_ok = (op == Op.REDUCE) | (op == Op.GATHER)
+            len_bad = Signal(name=f"len_bad{v}")
+            with m.Switch(ht):
+                with m.Case(FlitType.SUB_HEAD):
+                    m.d.comb += len_bad.eq(sh.length == 0)
+                with m.Case(FlitType.HEAD):
+                    m.d.comb += len_bad.eq((ph.length == 0) |
+                                           (ph.length > fmt.max_packet_words))
+                with m.Case(FlitType.HEAD_TAIL):
+                    m.d.comb += len_bad.eq(ph.length != 0)
+            c = Signal(chk_layout, name=f"head_chk{v}")
+            m.d.comb += [c.e_flow.eq(~flow_ok), c.e_op.eq(flow_ok & ~op_ok),
+                         c.e_len.eq(flow_ok & op_ok & len_bad),
+                         c.short.eq(Mux(is_sub, sh.length <= W, ph.length <= W))]
+            head_chk.append(c)
+
+        return head_chk
+
+    def _arbiter(self, m, fifos, head_chk):
+        """Round robin over the VCs; the pop loads the check register."""
+        fmt, V, rx, chk_layout = self.fmt, self.fmt.vcs, self.rx, HEAD_CHECKS
+        f_v, f_vc, f, f_chk = self.held_valid, self.held_vc, self.held, self.held_checks
+        ok_idle, ok_same, ok_other = self.room_idle, self.room_same, self.room_other
+        # ---------------------------------------------------------------- arbiter
+        # round robin over the VCs that have a flit and room; may switch VC on every flit
+        # (a VC stuck in a message never blocks the others)
+        elig = Signal(V)
+        for v in range(V):
+            ok = Mux(f_v, ok_same[v] if V == 1 else Mux(f_vc == v, ok_same[v], ok_other[v]),
+                     ok_idle[v])
+            m.d.comb += elig[v].eq(fifos[v].r_rdy & ok)
+        last_vc = Signal(fmt.vc_bits)
+        sel = Signal(fmt.vc_bits)
+        for v in range(V):
+            with m.If(last_vc == v):
+                for off in reversed(range(1, V + 1)):
+                    cand = (v + off) % V
+                    with m.If(elig[cand]):
+                        m.d.comb += sel.eq(cand)
+        pop = Signal()
+        cur = Signal(fmt.flit)
+        cur_chk = Signal(chk_layout)
+        for v in range(V):
+            with m.If(sel == v):
+                m.d.comb += [pop.eq(elig[v]), cur.eq(fifos[v].r_data),
+                             cur_chk.eq(head_chk[v])]
+        with m.If(pop):
+            m.d.sync += last_vc.eq(sel)
+        credit = Signal(V)
+        for v in range(V):
+            m.d.comb += fifos[v].r_en.eq(pop & (sel == v))
+            m.d.comb += credit[v].eq(pop & (sel == v))
+        m.d.sync += rx.credit.eq(credit)
+        # (the flit register loads every cycle: only its valid bit depends on the pop)
+        m.d.sync += [f_v.eq(pop), f_vc.eq(sel), f.eq(cur), f_chk.eq(cur_chk)]
 
 
 class Depacketiser(wiring.Component):
@@ -128,25 +419,11 @@ class Depacketiser(wiring.Component):
         V = fmt.vcs
         rx = self.rx
 
-        # ---------------------------------------------------------------- input FIFOs
-        fifos = []
-        overflow = Signal()
-        for v in range(V):
-            # buffered: the head flit comes from a register, not through the distributed
-            # RAM's read mux, into the arbiter and the check register.  One more entry than
-            # credits: its w_rdy only counts the RAM part (depth - 1), which must hold every
-            # flit in flight while the output register is being refilled.  A credit goes
-            # back when the flit is popped (the check stage below never stalls)
-            q = fifo.SyncFIFOBuffered(width=fmt.flit.size, depth=self.credits + 1)
-            m.submodules[f"vc{v}_fifo"] = q
-            fifos.append(q)
-            m.d.comb += [q.w_data.eq(rx.flit.as_value()),
-                         q.w_en.eq(rx.valid & (rx.flit.vc == v))]
-            with m.If(rx.valid & (rx.flit.vc == v) & ~q.w_rdy):
-                m.d.comb += overflow.eq(1)
-        if V < (1 << fmt.vc_bits):
-            with m.If(rx.valid & (rx.flit.vc >= V)):
-                m.d.comb += overflow.eq(1)
+        # ---------------------------------------------------------------- input side
+        m.submodules.input = inp = FlitInput(fmt, credits=self.credits)
+        wiring.connect(m, wiring.flipped(rx), inp.rx)
+        m.d.comb += inp.flow_enable.eq(self.flow_enable)
+        overflow = inp.overflow
 
         # ---------------------------------------------------------------- fragment buffer
         # one circular region of D flits per VC: speculative write pointer, committed end,
@@ -170,16 +447,10 @@ class Depacketiser(wiring.Component):
                      hdr_fifo.r_en.eq(self.hdr.ready)]
 
         # ---------------------------------------------------------------- stage registers
-        # check stage: the popped flit and its VC (``f_v``: valid)
-        f_v = Signal()
-        f_vc = Signal(fmt.vc_bits)
-        f = Signal(fmt.flit)
-        # the checks of a head flit, made on the input FIFO's head register (see below)
-        chk_layout = data.StructLayout({
-            "e_flow": 1, "e_op": 1, "e_len": 1,     # the error, if any (one at most)
-            "short": 1,                             # length <= W (one payload flit)
-        })
-        f_chk = Signal(chk_layout)
+        # check stage: the popped flit, its VC (``f_v``: valid) and its head checks,
+        # registered in the input side
+        f_v, f_vc, f, f_chk = inp.held_valid, inp.held_vc, inp.held, inp.held_checks
+        chk_layout = HEAD_CHECKS
         # commit register: a fragment's header and length, written into the FIFOs next
         cq_hv = Signal()              # write the hdr FIFO
         cq_lv = Signal()              # write the len FIFO (a commit with words)
@@ -190,9 +461,9 @@ class Depacketiser(wiring.Component):
 
         here = locals()
         s = SimpleNamespace(**{n: here[n] for n in _SHARED})
-        ok = self._pop_flags(m, s)
-        head_chk = self._head_checks(m, s, fifos)
-        self._arbiter(m, s, fifos, ok, head_chk)
+        ok_idle, ok_same, ok_other = self._pop_flags(m, s)
+        m.d.comb += [inp.room_idle.eq(ok_idle), inp.room_same.eq(ok_same),
+                     inp.room_other.eq(ok_other)]
         x = self._check_stage(m, s)
         e_orphan, e_seq, e_flow, e_op, e_len, accept, commit = self._actions(m, s, x)
         self._read_side(m, s)
@@ -247,82 +518,6 @@ class Depacketiser(wiring.Component):
                 m.d.sync += ok_other[v].eq(fits(occ, [in_chk[v]], D) & room1)
 
         return ok_idle, ok_same, ok_other
-
-    def _head_checks(self, m, s, fifos):
-        """Checks of each input FIFO's head flit (flow, op, length)."""
-        fmt, W, V, chk_layout = s.fmt, s.W, s.V, s.chk_layout
-        # ---------------------------------------------------------------- head checks
-        # A head's checks (flow known, op, length) need only the flit itself: they are
-        # made on each input FIFO's head register, before the arbiter's mux, and registered
-        # with the flit, so the check stage's accept/commit decision starts from flags
-        flow_en = Cat(self.flow_enable, Const(0, (1 << fmt.flow_bits)))
-        head_chk = []
-        for v in range(V):
-            hf = data.View(fmt.flit, fifos[v].r_data)
-            ht = hf.type
-            sh = data.View(fmt.sub_head, hf.data[:fmt.sub_head.size])
-            ph = data.View(fmt.pkt_head, hf.data[:fmt.pkt_head.size])
-            is_sub = ht == FlitType.SUB_HEAD
-            # (each check on both layouts, then one select by the type)
-            flow_ok = Mux(is_sub, flow_en.bit_select(sh.flow, 1),
-                          flow_en.bit_select(ph.flow, 1))
-            op = Mux(is_sub, sh.op, ph.op)
-            op_ok = (op == Op.REDUCE) | (op == Op.GATHER)
-            len_bad = Signal(name=f"len_bad{v}")
-            with m.Switch(ht):
-                with m.Case(FlitType.SUB_HEAD):
-                    m.d.comb += len_bad.eq(sh.length == 0)
-                with m.Case(FlitType.HEAD):
-                    m.d.comb += len_bad.eq((ph.length == 0) |
-                                           (ph.length > fmt.max_packet_words))
-                with m.Case(FlitType.HEAD_TAIL):
-                    m.d.comb += len_bad.eq(ph.length != 0)
-            c = Signal(chk_layout, name=f"head_chk{v}")
-            m.d.comb += [c.e_flow.eq(~flow_ok), c.e_op.eq(flow_ok & ~op_ok),
-                         c.e_len.eq(flow_ok & op_ok & len_bad),
-                         c.short.eq(Mux(is_sub, sh.length <= W, ph.length <= W))]
-            head_chk.append(c)
-
-        return head_chk
-
-    def _arbiter(self, m, s, fifos, ok, head_chk):
-        """Round robin over the VCs; the pop loads the check register."""
-        fmt, V, rx, f_v, f_vc, f, f_chk = s.fmt, s.V, s.rx, s.f_v, s.f_vc, s.f, s.f_chk
-        chk_layout = s.chk_layout
-        ok_idle, ok_same, ok_other = ok
-        # ---------------------------------------------------------------- arbiter
-        # round robin over the VCs that have a flit and room; may switch VC on every flit
-        # (a VC stuck in a message never blocks the others)
-        elig = Signal(V)
-        for v in range(V):
-            ok = Mux(f_v, ok_same[v] if V == 1 else Mux(f_vc == v, ok_same[v], ok_other[v]),
-                     ok_idle[v])
-            m.d.comb += elig[v].eq(fifos[v].r_rdy & ok)
-        last_vc = Signal(fmt.vc_bits)
-        sel = Signal(fmt.vc_bits)
-        for v in range(V):
-            with m.If(last_vc == v):
-                for off in reversed(range(1, V + 1)):
-                    cand = (v + off) % V
-                    with m.If(elig[cand]):
-                        m.d.comb += sel.eq(cand)
-        pop = Signal()
-        cur = Signal(fmt.flit)
-        cur_chk = Signal(chk_layout)
-        for v in range(V):
-            with m.If(sel == v):
-                m.d.comb += [pop.eq(elig[v]), cur.eq(fifos[v].r_data),
-                             cur_chk.eq(head_chk[v])]
-        with m.If(pop):
-            m.d.sync += last_vc.eq(sel)
-        credit = Signal(V)
-        for v in range(V):
-            m.d.comb += fifos[v].r_en.eq(pop & (sel == v))
-            m.d.comb += credit[v].eq(pop & (sel == v))
-        m.d.sync += rx.credit.eq(credit)
-        # (the flit register loads every cycle: only its valid bit depends on the pop)
-        m.d.sync += [f_v.eq(pop), f_vc.eq(sel), f.eq(cur), f_chk.eq(cur_chk)]
-
 
     def _check_stage(self, m, s):
         """The checked flit's VC context, its decode and the context's next value."""
@@ -520,73 +715,25 @@ class Depacketiser(wiring.Component):
         return e_orphan, e_seq, e_flow, e_op, e_len, accept, commit
 
     def _read_side(self, m, s):
-        """Committed fragments out of the buffer, ``lanes`` words per beat."""
-        fmt, W, V, abits, fragw, rp, rptr, len_fifo = \
-            s.fmt, s.W, s.V, s.abits, s.fragw, s.rp, s.rptr, s.len_fifo
-        # ---------------------------------------------------------------- read side
-        words_left = Signal(fragw)
-        rvc = Signal(fmt.vc_bits)
-        c_rptr = Signal(abits + 1)
-        for v in range(V):
-            with m.If(rvc == v):
-                m.d.comb += c_rptr.eq(rptr[v])
-        ov = Signal()
-        olast = Signal()
-        can_adv = Signal()
-        issue = Signal()
-        m.d.comb += [can_adv.eq(~ov | self.data.ready),
-                     issue.eq(can_adv & (words_left != 0)),
-                     rp.addr.eq(Cat(c_rptr[:abits], rvc)), rp.en.eq(issue)]
-        with m.If(can_adv):
-            m.d.sync += ov.eq(issue)
-        with m.If(issue):
-            m.d.sync += olast.eq(words_left <= W)
-            for v in range(V):
-                with m.If(rvc == v):
-                    m.d.sync += rptr[v].eq(rptr[v] + 1)
-        need = Signal()
-        m.d.comb += need.eq((words_left == 0) | (issue & (words_left <= W)))
-        m.d.comb += len_fifo.r_en.eq(need)
-        with m.If(need & len_fifo.r_rdy):
-            m.d.sync += [words_left.eq(len_fifo.r_data[:fragw]),
-                         rvc.eq(len_fifo.r_data[fragw:])]
-        with m.Elif(issue):
-            m.d.sync += words_left.eq(Mux(words_left <= W, 0, words_left - W))
-        m.d.comb += [self.data.valid.eq(ov), self.data.payload.data.eq(rp.data),
-                     self.data.payload.last.eq(olast)]
-
+        """Committed fragments out of the buffer (:class:`FragmentReader`)."""
+        fmt, V, abits, fragw = s.fmt, s.V, s.abits, s.fragw
+        m.submodules.reader = rd = FragmentReader(fmt, vcs=V, ptr_bits=abits + 1,
+                                                  length_bits=fragw)
+        wiring.connect(m, rd.data, wiring.flipped(self.data))
+        m.d.comb += [rd.lengths.payload.eq(s.len_fifo.r_data),
+                     rd.lengths.valid.eq(s.len_fifo.r_rdy),
+                     s.len_fifo.r_en.eq(rd.lengths.ready),
+                     s.rp.addr.eq(rd.buf_addr), s.rp.en.eq(rd.buf_en),
+                     rd.buf_data.eq(s.rp.data)]
+        m.d.comb += [rptr.eq(rd.read_ptr[v]) for v, rptr in enumerate(s.rptr)]
 
     def _status(self, m, s, overflow, errors, accept, commit):
-        """Error events registered, then counted per cause."""
-        f_v = s.f_v
+        """The status counters (a component of their own) fed from the check stage."""
+        m.submodules.status = counters = DepacketiserStatusCounters()
+        wiring.connect(m, counters.status, wiring.flipped(self.status))
+        ev = counters.events
         e_orphan, e_seq, e_flow, e_op, e_len = errors
-        # ---------------------------------------------------------------- status
-        s = self.status
-        causes = {ErrorCause.ORPHAN: e_orphan, ErrorCause.SEQ: e_seq,
-                  ErrorCause.FLOW: e_flow, ErrorCause.OP: e_op, ErrorCause.LENGTH: e_len}
-        ev = {c: Signal(name=f"ev_{c.name.lower()}") for c in ErrorCause
-              if c != ErrorCause.NONE}
-        for c, sig in causes.items():
-            m.d.comb += ev[c].eq(f_v & sig)
-        m.d.comb += ev[ErrorCause.OVERFLOW].eq(overflow)
-        # Events are registered before they are counted, so the counters' adders hang off
-        # a register rather than the flit checks (a timing path); status lags one cycle.
-        # A clear in an event's own cycle still drops it, as if counted and cleared.
-        ev_q = {c: Signal(name=f"ev_{c.name.lower()}_q") for c in ev}
-        drop_q = Signal(2)
-        frag_q = Signal()
-        m.d.sync += [ev_q[c].eq(sig & ~s.clear) for c, sig in ev.items()]
-        m.d.sync += [drop_q.eq(Mux(s.clear, 0, (f_v & ~accept) + overflow)),
-                     frag_q.eq(f_v & commit & ~s.clear)]
-        n_err = Signal(range(N_CAUSES + 1))
-        m.d.comb += n_err.eq(sum(ev_q.values()))
-        with m.If(s.clear):
-            m.d.sync += [s.code.eq(0), s.dropped.eq(0), s.frags.eq(0)]
-            m.d.sync += [s.counts[i].eq(0) for i in range(N_CAUSES)]
-        with m.Else():
-            m.d.sync += s.counts[0].eq(s.counts[0] + n_err)
-            for c, sig in ev_q.items():
-                with m.If(sig):
-                    m.d.sync += [s.counts[int(c)].eq(s.counts[int(c)] + 1),
-                                 s.code.eq(int(c))]   # later (higher) causes win
-            m.d.sync += [s.dropped.eq(s.dropped + drop_q), s.frags.eq(s.frags + frag_q)]
+        m.d.comb += [ev.orphan.eq(e_orphan), ev.seq.eq(e_seq), ev.flow.eq(e_flow),
+                     ev.op.eq(e_op), ev.length.eq(e_len), counters.check_valid.eq(s.f_v),
+                     counters.overflow.eq(overflow), counters.accepted.eq(accept),
+                     counters.committed.eq(commit)]

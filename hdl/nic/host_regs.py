@@ -188,18 +188,18 @@ class HostRegs(wiring.Component):
         reg_off = Signal.like(off)
         m.d.sync += [reg_re.eq(host.re & (region == REGISTERS)), reg_off.eq(off)]
         groups = self._register_groups()
-        gsel = Signal(range(len(groups) + 1))     # group of the read (len: none)
-        gval = [Signal(32, name=f"group{g}_q") for g in range(len(groups))]
-        m.d.sync += gsel.eq(len(groups))
+        group_sel = Signal(range(len(groups) + 1))     # group of the read (len: none)
+        group_q = [Signal(32, name=f"group{g}_q") for g in range(len(groups))]
+        m.d.sync += group_sel.eq(len(groups))
         for g, regs in enumerate(groups):
             with m.Switch(reg_off):
                 for a, v in regs.items():
                     with m.Case(int(a)):
-                        m.d.sync += gval[g].eq(v)
+                        m.d.sync += group_q[g].eq(v)
                         with m.If(reg_re):
-                            m.d.sync += gsel.eq(g)
+                            m.d.sync += group_sel.eq(g)
         reg_q = Signal(32)
-        m.d.sync += reg_q.eq(Array(gval + [Const(0, 32)])[gsel])
+        m.d.sync += reg_q.eq(Array(group_q + [Const(0, 32)])[group_sel])
         region_q1, region_q2 = Signal(2), Signal(2)
         steplog_q = [Signal(32, name=f"steplog_q{k}") for k in range(2)]
         m.d.sync += [region_q1.eq(region_q), region_q2.eq(region_q1),

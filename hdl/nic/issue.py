@@ -166,7 +166,8 @@ class Issue(wiring.Component):
 
     def _fsm(self, m, start_q, tx_go, tx_all_idle, rx_all_done, hd):
         p, e = self.params, self.row
-        ts, hp, lk, cycles = self.timestep, self.head, Signal(32, name="lockstep_left"), self.cycles
+        ts, hp, cycles = self.timestep, self.head, self.cycles
+        lk = Signal(32, name="lockstep_left")
         head_w = Signal()                 # head row read, in the register next cycle
         head_ok = Signal()
         head_ok2 = Signal()               # ... and its issue terms registered

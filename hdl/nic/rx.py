@@ -3,14 +3,14 @@ fragment stream into the gradient buffer and the accumulate/write-back stage.
 
 ::
 
-    link ─► Depacketiser ─► hdr ─► h0 ─► h ─S1─► table lookups ─S2─► checks, snapshot ─S3─► decision
-                       │                            OrderGate (other ports' state) ──┘      │ take
-                       └─► data ─► SkidBuffer ─────► fragment stream (cur) ◄── nxt ◄────────┘
-                                                         │ buffer read grant (bank arbitration)
-                                                         ▼
-                                                     Accumulate: read data + beat ─► FP32Adder × lanes
-                                                         ─► write-back register ─► buffer write
-                                                         ─► progress: done_to, message done, arrived bits
+    link ─► Depacketiser ─► hdr ─► h0 ─► h ─S1─► lookups ─S2─► checks ─S3─► decision
+                       │                  OrderGate (other ports) ──┘      │ take
+                       └─► data ─► SkidBuffer ─► fragment stream (cur) ◄── nxt
+                                                    │ buffer read grant (bank arbitration)
+                                                    ▼
+                                   Accumulate: read data + beat ─► FP32Adder × lanes
+                                     ─► write-back register ─► buffer write
+                                     ─► progress: done_to, message done, arrived bits
 
 Each port's receive unit decides on a fragment header in three registered stages and then
 streams the fragment from a descriptor register, so neither the decision's logic (flow
@@ -274,7 +274,8 @@ class Accumulate(wiring.Component):
             m.d.comb += [t.addr.eq(s1.addr + k), t.en.eq(s1.mask[k]), t.red.eq(s1.red),
                          t.b.eq(b_k), t.flast.eq(s1.flast), t.mlast.eq(s1.mlast),
                          t.flow.eq(s1.flow),
-                         ad.i.valid.eq(s1.v), ad.i.payload.a.eq(self.read_data[32 * k:32 * k + 32]),
+                         ad.i.valid.eq(s1.v),
+                         ad.i.payload.a.eq(self.read_data[32 * k:32 * k + 32]),
                          ad.i.payload.b.eq(b_k), ad.i.payload.tag.eq(t)]
             ot = data.View(tag_lay, ad.o.payload.tag)
             # write-back register: the sum leaves the adder for this register only, so the
@@ -422,23 +423,24 @@ class RxUnit(wiring.Component):
         fn = h.flow
         nil = order_step_nil(p)
         # --- S1: lookups of the header's flow in the tables (static while RUNNING)
-        fs_k = Signal(AB, name="flow_start")
-        fend = Signal(AB + 1, name="flow_end")
+        flow_start = Signal(AB, name="flow_start")
+        flow_end = Signal(AB + 1, name="flow_end")
         role_exp = Signal()                    # port i has a role in this flow
         step_ok = Signal()
-        xs_own = Array(tab.order_step[i])[fn]
-        m.d.sync += [fs_k.eq(Array(tab.start)[fn]), fend.eq(Array(tab.end)[fn]),
+        own_order_step = Array(tab.order_step[i])[fn]
+        m.d.sync += [flow_start.eq(Array(tab.start)[fn]), flow_end.eq(Array(tab.end)[fn]),
                      role_exp.eq(Mux(is_red, expect_bits(tab, i).bit_select(fn, 1),
                                      Array(tab.gather_port)[fn] == i)),
-                     step_ok.eq(~is_red | (xs_own == nil) | (xs_own == h.step))]
+                     step_ok.eq(~is_red | (own_order_step == nil) |
+                                (own_order_step == h.step))]
         # --- S2: checks of the header, snapshot of the port's own state
         range_ok, at_start, mlast, role_ok = Signal(), Signal(), Signal(), Signal()
         same_msg = Signal()                    # continues the open message
         msg_open_s, off_ok, step_ok_s = Signal(), Signal(), Signal()
         next_off = Signal(AB + 1)
         arrived = Mux(is_red, own.reduce_done, own.gather_done).bit_select(fn, 1)
-        m.d.sync += [range_ok.eq((h.offset >= fs_k) & (hend <= fend)),
-                     at_start.eq(h.offset == fs_k), mlast.eq(hend == fend),
+        m.d.sync += [range_ok.eq((h.offset >= flow_start) & (hend <= flow_end)),
+                     at_start.eq(h.offset == flow_start), mlast.eq(hend == flow_end),
                      role_ok.eq(role_exp & ~arrived),
                      same_msg.eq(own.msg_open & (own.msg_flow == fn) &
                                  (own.msg_reduce == is_red) & (own.msg_step == h.step)),

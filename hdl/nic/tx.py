@@ -3,8 +3,8 @@ the link.
 
 ::
 
-    go + descriptor ─► addr/left ─► buffer read (lanes words per grant) ─► FIFO ─► Packetiser ─► link
-                   └─► header register (dest = PEER[port]) ───────────────────────┘
+    go + descriptor ─► addr/left ─► buffer read (lanes words/grant) ─► FIFO ─► Packetiser ─► link
+                   └─► header register (dest = PEER[port]) ──────────────────────┘
 
 A descriptor (flow, op, step, start, size) sent with ``go`` becomes one message: the
 header waits for the first data beat (no bubble on the link behind the header while the
