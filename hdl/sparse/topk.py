@@ -354,9 +354,10 @@ class TopKUnit(wiring.Component):
         W = self.lanes
         LB = (W - 1).bit_length()
         with m.If(st.phase == _Phase.EMIT_SETUP):
-            # v_k = prefix: emit keys > v_k and ties (v_k - 1, v_k] up to k_left, k in all
+            # v_k = prefix: emit keys > v_k and ties (v_k - 1, v_k] up to k_left; no cap, so the
+            # count is the tie rule's alone (above + k_left = min(k, nonzeros))
             m.d.sync += [st.hi.eq(st.prefix), st.lo.eq(st.prefix - 1), st.ties_left.eq(st.k_left),
-                         st.room.eq(st.k_total), st.phase.eq(_Phase.EMIT)]
+                         st.room.eq(0xFFFFFFFF), st.phase.eq(_Phase.EMIT)]
         advance = ~self.o.valid | self.o.ready
         a_valid, a_last, a_beat = Signal(), Signal(), Signal.like(beat)
         a_above = [Signal(name=f"above{l}") for l in range(W)]
