@@ -286,9 +286,13 @@ class TopKUnit(wiring.Component):
                 with m.If(accepted):
                     m.d.sync += st.acc.eq(st.acc + over)
                     with m.If(self.i.payload.last):
-                        total = st.acc + over
-                        m.d.sync += [st.phase.eq(_Phase.EMIT), st.pass_index.eq(1),
-                                     st.ties_left.eq(Mux(total < st.k_total, st.k_total - total, 0))]
+                        m.d.sync += st.phase.eq(_Phase.COUNT_DONE)
+            with m.Case(_Phase.COUNT_DONE):
+                # band keys allowed: k - #(key > hi), at least 0; at most C are ever taken
+                short = st.k_total - st.acc
+                m.d.sync += [st.phase.eq(_Phase.EMIT), st.pass_index.eq(1),
+                             st.ties_left.eq(Mux(st.acc >= st.k_total, 0,
+                                                 Mux(short > self.max_chunk, self.max_chunk, short)))]
             with m.Case(_Phase.EMIT):
                 m.d.comb += self.i.ready.eq(~self.o.valid | self.o.ready)
             with m.Case(_Phase.EMIT_FLUSH):
@@ -302,10 +306,11 @@ class TopKUnit(wiring.Component):
                 m.d.sync += st.phase.eq(_Phase.HIST)
             with m.Case(Mode.THRESHOLD):
                 m.d.sync += [st.phase.eq(_Phase.EMIT), st.hi.eq(cmd.threshold),
-                             st.lo.eq(cmd.threshold), st.ties_left.eq(0), st.room.eq(cmd.limit)]
+                             st.lo.eq(cmd.threshold), st.ties_left.eq(0),
+                             st.room.eq(Mux(cmd.limit > self.max_chunk, self.max_chunk, cmd.limit))]
             with m.Case(Mode.BAND):
                 m.d.sync += [st.phase.eq(_Phase.COUNT), st.hi.eq(cmd.threshold),
-                             st.lo.eq(cmd.lo), st.room.eq(0xFFFFFFFF)]
+                             st.lo.eq(cmd.lo), st.room.eq(self.max_chunk)]
 
     def _scan(self, m, st, hist_sums, scanning_row):
         """Bins from the top down, two per cycle: the first bin where (#keys in higher bins)
@@ -354,10 +359,10 @@ class TopKUnit(wiring.Component):
         W = self.lanes
         LB = (W - 1).bit_length()
         with m.If(st.phase == _Phase.EMIT_SETUP):
-            # v_k = prefix: emit keys > v_k and ties (v_k - 1, v_k] up to k_left; no cap, so the
-            # count is the tie rule's alone (above + k_left = min(k, nonzeros))
+            # v_k = prefix: emit keys > v_k and ties (v_k - 1, v_k] up to k_left; no cap (room = C
+            # never binds), so the count is the tie rule's alone (above + k_left = min(k, nnz))
             m.d.sync += [st.hi.eq(st.prefix), st.lo.eq(st.prefix - 1), st.ties_left.eq(st.k_left),
-                         st.room.eq(0xFFFFFFFF), st.phase.eq(_Phase.EMIT)]
+                         st.room.eq(self.max_chunk), st.phase.eq(_Phase.EMIT)]
         advance = ~self.o.valid | self.o.ready
         a_valid, a_last, a_beat = Signal(), Signal(), Signal.like(beat)
         a_above = [Signal(name=f"above{l}") for l in range(W)]
@@ -404,7 +409,7 @@ class TopKUnit(wiring.Component):
                 m.d.sync += [out.index[j].eq(idx), out.value[j].eq(val)]
 
 
-class _Phase(enum.Enum, shape=3):
+class _Phase(enum.Enum, shape=4):
     IDLE = 0
     HIST = 1
     DRAIN = 2
@@ -413,6 +418,7 @@ class _Phase(enum.Enum, shape=3):
     EMIT_SETUP = 5
     EMIT = 6
     EMIT_FLUSH = 7
+    COUNT_DONE = 8
 
 
 class _State:
@@ -429,8 +435,8 @@ class _State:
         self.lo = Signal(KEY_BITS)
         self.k_total = Signal(32)
         self.k_left = Signal(CB + 1)
-        self.ties_left = Signal(32)
-        self.room = Signal(32)
+        self.ties_left = Signal(CB + 1)     # both at most C: never more than C pairs go out
+        self.room = Signal(CB + 1)
         self.acc = Signal(CB + 1)
         self.found = Signal()
         self.nonzero = Signal(CB + 1)
