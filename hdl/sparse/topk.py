@@ -19,7 +19,7 @@ Modes (``cmd.mode``), each equal to a golden selector of ``treenic.sparse.select
 ``EXACT`` (0) -- ``select.topk`` / ``radix_topk``: |v| descending, ties by ascending index,
     exactly min(k, nonzeros) pairs. Passes: 4 histogram passes over the 31-bit key
     (digits 30..24, 23..16, 15..8, 7..0; 256-bin histograms in block RAM, one per lane,
-    two bins per memory word), each followed by a 130-cycle scan (two bins per cycle, top
+    two bins per memory word), each followed by a 131-cycle scan (two bins per cycle, top
     down) that picks the digit holding the k-th largest key
     and clears the bins; then 1 emit pass: keys > v_k, plus keys == v_k in ascending index
     order until k are out.
@@ -31,8 +31,8 @@ Modes (``cmd.mode``), each equal to a golden selector of ``treenic.sparse.select
     binary search (``select._band_fill``).
 
 Every pass takes C/W cycles at full input rate, independent of k (the emit pass can be
-slowed only by output backpressure). EXACT total at full rate: 5 C/W + 4 * 132 + 3 cycles
-(measured exactly that for C = 256, W = 4: 851).
+slowed only by output backpressure). EXACT total at full rate: 5 C/W + 4 * 133 + 4 cycles
+(measured exactly that for C = 256, W = 4: 856).
 """
 import numpy as np
 from amaranth import Cat, Const, Module, Mux, Signal, unsigned
@@ -53,7 +53,7 @@ ROW_BINS = 2                                 # bins per histogram memory word (s
 ROWS = BINS // ROW_BINS
 assert ROW_BINS == 2, "the row address is digit[1:] and the bin select digit[0]"
 ROW_BITS = (ROWS - 1).bit_length()
-SCAN_CYCLES = ROWS + 2                       # read latency + the registered decision
+SCAN_CYCLES = ROWS + 3                       # read latency, registered sums, decision
 
 
 class Mode(enum.Enum, shape=2):
@@ -287,42 +287,56 @@ class TopKUnit(wiring.Component):
                 with m.If(accepted):
                     m.d.sync += st.acc.eq(st.acc + over)
                     with m.If(self.i.payload.last):
-                        total = st.acc + over
-                        m.d.sync += [st.phase.eq(_Phase.EMIT), st.pass_index.eq(1),
-                                     st.ties_left.eq(Mux(total < st.k_total, st.k_total - total, 0))]
+                        m.d.sync += st.phase.eq(_Phase.COUNT_DONE)
+            with m.Case(_Phase.COUNT_DONE):
+                # band keys allowed: k - #(key > hi), at least 0; at most C are ever taken
+                short = st.k_total - st.acc
+                m.d.sync += [st.phase.eq(_Phase.EMIT), st.pass_index.eq(1),
+                             st.ties_left.eq(Mux(st.acc >= st.k_total, 0,
+                                                 Mux(short > self.max_chunk, self.max_chunk, short)))]
             with m.Case(_Phase.EMIT):
                 m.d.comb += self.i.ready.eq(~self.o.valid | self.o.ready)
+            with m.Case(_Phase.EMIT_FLUSH):
+                pass                                    # stage A drains (see _emit)
 
     def _start(self, m, st, cmd):
         m.d.sync += [st.pass_index.eq(0), st.prefix.eq(0), st.nonzero.eq(0), st.nonfinite.eq(0),
-                     st.emitted.eq(0), st.acc.eq(0), st.sign.eq(cmd.sign), st.k_total.eq(cmd.k)]
+                     st.acc.eq(0), st.sign.eq(cmd.sign), st.k_total.eq(cmd.k)]
         with m.Switch(cmd.mode):
             with m.Case(Mode.EXACT):
                 m.d.sync += st.phase.eq(_Phase.HIST)
             with m.Case(Mode.THRESHOLD):
                 m.d.sync += [st.phase.eq(_Phase.EMIT), st.hi.eq(cmd.threshold),
-                             st.lo.eq(cmd.threshold), st.ties_left.eq(0), st.limit.eq(cmd.limit)]
+                             st.lo.eq(cmd.threshold), st.ties_left.eq(0),
+                             st.room.eq(Mux(cmd.limit > self.max_chunk, self.max_chunk, cmd.limit))]
             with m.Case(Mode.BAND):
                 m.d.sync += [st.phase.eq(_Phase.COUNT), st.hi.eq(cmd.threshold),
-                             st.lo.eq(cmd.lo), st.limit.eq(0xFFFFFFFF)]
+                             st.lo.eq(cmd.lo), st.room.eq(self.max_chunk)]
 
     def _scan(self, m, st, hist_sums, scanning_row):
         """Bins from the top down, two per cycle: the first bin where (#keys in higher bins)
-        + hist >= k_left holds the k-th largest key; keys in higher bins are all selected."""
+        + hist >= k_left holds the k-th largest key; keys in higher bins are all selected.
+        The lane sums of a row are registered before the decision (block RAM output ->
+        adder tree -> compare would not fit one 8 ns cycle)."""
+        s_valid, s_row = Signal(), Signal(ROW_BITS)
+        s_top, s_pair = Signal.like(hist_sums[1]), Signal(len(hist_sums[1]) + 1)
         m.d.sync += [st.scan_valid.eq(st.scan_addr < ROWS),
-                     scanning_row.eq(ROWS - 1 - st.scan_addr[:ROW_BITS])]
+                     scanning_row.eq(ROWS - 1 - st.scan_addr[:ROW_BITS]),
+                     s_valid.eq(st.scan_valid), s_row.eq(scanning_row), s_top.eq(hist_sums[1]),
+                     s_pair.eq(hist_sums[0] + hist_sums[1])]
         with m.If(st.scan_addr < ROWS):
             m.d.sync += st.scan_addr.eq(st.scan_addr + 1)
-        with m.If(st.scan_valid):
-            running = st.acc
-            for n, h in enumerate(reversed(range(ROW_BINS))):     # higher bin of the row first
-                cond = ~st.found & (running + hist_sums[h] >= st.k_left)
-                with (m.If(cond) if n == 0 else m.Elif(cond)):
-                    m.d.sync += [st.found.eq(1), st.k_left.eq(st.k_left - running),
-                                 st.digit.eq(Cat(Const(h, (ROW_BINS - 1).bit_length()), scanning_row))]
-                running = running + hist_sums[h]
+        with m.If(s_valid):
+            with m.If(~st.found & (st.acc + s_top >= st.k_left)):
+                m.d.sync += [st.found.eq(1), st.k_left.eq(st.k_left - st.acc),
+                             st.digit.eq(Cat(Const(1, 1), s_row))]
+            with m.Elif(~st.found & (st.acc + s_pair >= st.k_left)):
+                m.d.sync += [st.found.eq(1), st.k_left.eq(st.k_left - st.acc - s_top),
+                             st.digit.eq(Cat(Const(0, 1), s_row))]
             with m.Elif(~st.found):
-                m.d.sync += st.acc.eq(running)
+                m.d.sync += st.acc.eq(st.acc + s_pair)
+        with m.Elif(st.scan_valid):
+            pass
         with m.Elif(st.scan_addr == ROWS):
             # all bins read and cleared: fix the digit and start the next pass
             with m.Switch(st.pass_index):
@@ -336,51 +350,67 @@ class TopKUnit(wiring.Component):
                 m.d.sync += st.phase.eq(_Phase.HIST)
 
     def _emit(self, m, st, keys, beat, accepted):
-        """Compaction pass: lane l is taken when key > hi, or when lo < key <= hi (a tie of the
-        exact mode, a band key of BAND) and fewer than ties_left such keys came before it in
-        index order; the running total is cut at ``limit``. Taken lanes are packed into
-        output lanes 0..count-1 in index order."""
+        """Compaction pass, two stages. Stage A registers per lane ``above = key > hi`` and
+        ``band = lo < key <= hi`` (a tie of the exact mode, a band key of BAND). Stage B takes
+        lane l when it is above, or in the band with fewer than ties_left band lanes taken
+        before it in index order, while the running total stays below ``limit`` (``room``
+        counts down); taken lanes are packed into output lanes 0..count-1 in index order.
+        ties_left and room enter the per-lane logic only through W-saturated copies, so the
+        32-bit arithmetic is beside the compaction, not in series with it."""
         W = self.lanes
+        LB = (W - 1).bit_length()
         with m.If(st.phase == _Phase.EMIT_SETUP):
-            # v_k = prefix: emit keys > v_k and ties (v_k - 1, v_k] up to k_left, k in all
+            # v_k = prefix: emit keys > v_k and ties (v_k - 1, v_k] up to k_left; no cap (room = C
+            # never binds), so the count is the tie rule's alone (above + k_left = min(k, nnz))
             m.d.sync += [st.hi.eq(st.prefix), st.lo.eq(st.prefix - 1), st.ties_left.eq(st.k_left),
-                         st.limit.eq(st.k_total), st.phase.eq(_Phase.EMIT)]
-        emitting = st.phase == _Phase.EMIT
+                         st.room.eq(self.max_chunk), st.phase.eq(_Phase.EMIT)]
         advance = ~self.o.valid | self.o.ready
-        take, tie_used = [], 0
-        ran = 0
-        for l, key in enumerate(keys):
-            above = key > st.hi
-            band = (key > st.lo) & ~above & (key != 0)
-            tie = band & (tie_used < st.ties_left)
+        a_valid, a_last, a_beat = Signal(), Signal(), Signal.like(beat)
+        a_above = [Signal(name=f"above{l}") for l in range(W)]
+        a_band = [Signal(name=f"band{l}") for l in range(W)]
+        a_value = [Signal(32, name=f"a_value{l}") for l in range(W)]
+        with m.If(advance):
+            m.d.sync += [a_valid.eq((st.phase == _Phase.EMIT) & accepted),
+                         a_last.eq(self.i.payload.last), a_beat.eq(beat)]
+            for l, key in enumerate(keys):
+                m.d.sync += [a_above[l].eq(key > st.hi),
+                             a_band[l].eq((key > st.lo) & (key <= st.hi) & (key != 0)),
+                             a_value[l].eq(self.i.payload.value[l])]
+        with m.If((st.phase == _Phase.EMIT) & accepted & self.i.payload.last):
+            m.d.sync += st.phase.eq(_Phase.EMIT_FLUSH)
+        with m.If((st.phase == _Phase.EMIT_FLUSH) & advance):
+            m.d.sync += st.phase.eq(_Phase.IDLE)       # stage A's last beat moves out now
+        ties_cap, room_cap = Signal(range(W + 1)), Signal(range(W + 1))
+        m.d.comb += [ties_cap.eq(Mux(st.ties_left > W, W, st.ties_left)),
+                     room_cap.eq(Mux(st.room > W, W, st.room))]
+        take, tie_used, ran = [], 0, 0
+        for l in range(W):
+            tie = a_band[l] & (tie_used < ties_cap)
             sel = Signal(name=f"sel{l}")
-            m.d.comb += sel.eq((above | tie) & (st.emitted + ran < st.limit))
+            m.d.comb += sel.eq((a_above[l] | tie) & (ran < room_cap))
             take.append(sel)
-            tie_used = tie_used + tie
+            tie_used = tie_used + (tie & sel)
             ran = ran + sel
-        count = Signal(range(W + 1))
-        ties = Signal(range(W + 1))
+        count, ties = Signal(range(W + 1)), Signal(range(W + 1))
         m.d.comb += [count.eq(ran), ties.eq(tie_used)]
         out = self.o.payload
-        with m.If(emitting & accepted):
-            m.d.sync += [st.emitted.eq(st.emitted + count), st.ties_left.eq(st.ties_left - ties)]
-            with m.If(self.i.payload.last):
-                m.d.sync += st.phase.eq(_Phase.IDLE)
+        with m.If(a_valid & advance):
+            m.d.sync += [st.room.eq(st.room - count), st.ties_left.eq(st.ties_left - ties)]
         with m.If(advance):
-            m.d.sync += self.o.valid.eq(emitting & accepted & ((count != 0) | self.i.payload.last))
-            m.d.sync += [out.count.eq(count), out.last.eq(self.i.payload.last)]
+            m.d.sync += [self.o.valid.eq(a_valid & ((count != 0) | a_last)),
+                         out.count.eq(count), out.last.eq(a_last)]
             for j in range(W):
                 # output lane j = the taken input lane with j taken lanes before it
                 rank, idx, val = 0, Const(0, 32), Const(0, 32)
                 for l in range(W):
                     hit = take[l] & (rank == j)
-                    idx = Mux(hit, Cat(Const(l, (W - 1).bit_length()), beat)[:32], idx)
-                    val = Mux(hit, self.i.payload.value[l], val)
+                    idx = Mux(hit, Cat(Const(l, LB), a_beat)[:32], idx)
+                    val = Mux(hit, a_value[l], val)
                     rank = rank + take[l]
                 m.d.sync += [out.index[j].eq(idx), out.value[j].eq(val)]
 
 
-class _Phase(enum.Enum, shape=3):
+class _Phase(enum.Enum, shape=4):
     IDLE = 0
     HIST = 1
     DRAIN = 2
@@ -388,6 +418,8 @@ class _Phase(enum.Enum, shape=3):
     COUNT = 4
     EMIT_SETUP = 5
     EMIT = 6
+    EMIT_FLUSH = 7
+    COUNT_DONE = 8
 
 
 class _State:
@@ -403,11 +435,10 @@ class _State:
         self.hi = Signal(KEY_BITS)
         self.lo = Signal(KEY_BITS)
         self.k_total = Signal(32)
-        self.k_left = Signal(32)
-        self.ties_left = Signal(32)
-        self.limit = Signal(32)
-        self.emitted = Signal(32)
-        self.acc = Signal(32)
+        self.k_left = Signal(CB + 1)
+        self.ties_left = Signal(CB + 1)     # both at most C: never more than C pairs go out
+        self.room = Signal(CB + 1)
+        self.acc = Signal(CB + 1)
         self.found = Signal()
         self.nonzero = Signal(CB + 1)
         self.nonfinite = Signal()
