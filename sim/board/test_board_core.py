@@ -33,3 +33,9 @@ def board_bench(name, test_module, params=None, testcase=None, sim=None):
 
 def test_board_core_host_protocol():
     board_bench("board_core", "board_core_tb")
+
+
+def test_udp_driver_transport_through_loopback_bridge():
+    """The udp backend's BoardClient, in its own process, over a real UDP socket bridged
+    to the simulated board's RGMII pins (same build as the bench above)."""
+    board_bench("board_core", "board_bridge_tb")
