@@ -9,7 +9,7 @@ from treenic.algorithms import build
 from treenic.firmware.image import build_images
 from treenic.hdl.nic import NicParams
 from treenic.hdl.nic.fabric import Fabric
-from treenic.hdl.nic.host import image_writes, order_writes
+from treenic.hdl.nic.host import host_writes
 from treenic.schedule.execute import execute
 
 
@@ -22,8 +22,7 @@ def test_all_node_streams_allreduce_bit_exact_with_backpressure():
     rng = np.random.default_rng(7)
     bufs = rng.standard_normal((n, E)).astype(np.float32)
     imgs = build_images(sched, E)
-    ow = order_writes(params, imgs)
-    config = [image_writes(params, imgs[u]) + ow[u] for u in range(n)]
+    config = host_writes(params, imgs)          # the one loading path (no buffers yet)
     base = params.buf_addr(0)
     out = {}
 
