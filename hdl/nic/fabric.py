@@ -220,8 +220,9 @@ def _src_hash() -> str:
     from pathlib import Path
     h = hashlib.sha256()
     here = Path(__file__).resolve().parent
+    # every RTL source the NIC elaborates from (skid.py, fp32.py, link/, nic/)
     for f in sorted(list(here.glob("*.py")) + list((here.parent / "link").glob("*.py")) +
-                    [here.parent / "fp32.py"]):
+                    list(here.parent.glob("*.py"))):
         h.update(f.read_bytes())
     return h.hexdigest()
 
