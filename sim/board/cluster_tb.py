@@ -50,5 +50,7 @@ async def serve_cluster(dut):
     os.replace(tmp, p["addr_file"])
     while not stop():
         await Timer(20, unit="us")
+    for s in socks:
+        s.close()
     dut._log.info("cluster bridge stopped (%s)", "stop file" if os.path.exists(
         p["stop_file"]) else "idle")
