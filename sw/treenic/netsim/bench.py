@@ -44,7 +44,7 @@ def validation(records: dict | None = None) -> list[dict]:
         rec = records.get(r.name)
         if rec is None:
             continue
-        res = simulate(build(r.algorithm, r.topology), r.elements, rtl_timing(r))
+        res = simulate(r.schedule(), r.elements, rtl_timing(r))
         rtl = rec["cycles"]
         out.append({"run": r.name, "topology": r.topology, "algorithm": r.algorithm,
                     "elements": r.elements, "mode": r.mode, "rtl_cycles": rtl,

@@ -19,7 +19,6 @@ import sys
 
 import numpy as np
 
-from treenic.algorithms import build
 
 from . import rtl_runs
 from .bench import rtl_timing
@@ -43,8 +42,7 @@ def _cost(consts, cases):
 
 def fit(names) -> dict:
     rec = rtl_runs.load()
-    cases = [(rtl_runs.BY_NAME[n], rec[n], build(rtl_runs.BY_NAME[n].algorithm,
-                                                 rtl_runs.BY_NAME[n].topology)) for n in names]
+    cases = [(rtl_runs.BY_NAME[n], rec[n], rtl_runs.BY_NAME[n].schedule()) for n in names]
     best = None
     keys = list(GRID)
     for vals in itertools.product(*GRID.values()):

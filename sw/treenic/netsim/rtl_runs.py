@@ -42,24 +42,33 @@ class RtlRun:
     seed: int = 1
     #: 64 KiB runs take ~20 min to build on two shared cores
     slow: bool = False
+    #: MultiTree construction (``multitree.build``'s ``variant``): the records were measured
+    #: with Algorithm 1 as printed ("paper"), before "bound" became the default
+    variant: str | None = None
+
+    def schedule(self):
+        """The Schedule this run executes (the one compiler, with the run's variant)."""
+        from treenic.algorithms import build
+        return build(self.algorithm, self.topology,
+                     **({"variant": self.variant} if self.variant else {}))
 
 
 RUNS = [
     RtlRun("ring8_1000", "ring:8", "ring", 1000, latency=2, credits=8),
-    RtlRun("mesh2x2_1000", "mesh:2x2", "multitree", 1000, latency=3, credits=8),
-    RtlRun("torus4x4_1000", "torus:4x4", "multitree", 1000, latency=1, credits=8),
+    RtlRun("mesh2x2_1000", "mesh:2x2", "multitree", 1000, latency=3, credits=8, variant="paper"),
+    RtlRun("torus4x4_1000", "torus:4x4", "multitree", 1000, latency=1, credits=8, variant="paper"),
     RtlRun("mesh2x2_packet_1000", "mesh:2x2", "multitree", 1000, mode="packet", latency=2,
-           credits=8, packet_words=16),
-    RtlRun("torus4x4_64KiB", "torus:4x4", "multitree", 16384, slow=True),
+           credits=8, packet_words=16, variant="paper"),
+    RtlRun("torus4x4_64KiB", "torus:4x4", "multitree", 16384, slow=True, variant="paper"),
     # the sim/fabric benches (make sim SIM=verilator), random link stalls
     RtlRun("bench_ring8_stall40", "ring:8", "ring", 1000, latency=2, credits=8,
            packet_words=16, stall=40, seed=7, slow=True),
     RtlRun("bench_mesh2x2_stall60", "mesh:2x2", "multitree", 2000, latency=3, credits=8,
-           packet_words=16, stall=60, seed=7, slow=True),
+           packet_words=16, stall=60, seed=7, slow=True, variant="paper"),
     RtlRun("bench_torus4x4_stall30", "torus:4x4", "multitree", 1000, latency=1, credits=8,
-           packet_words=16, stall=30, seed=7, slow=True),
+           packet_words=16, stall=30, seed=7, slow=True, variant="paper"),
     RtlRun("bench_mesh2x2_packet_stall40", "mesh:2x2", "multitree", 2000, mode="packet",
-           latency=2, credits=8, packet_words=16, stall=40, seed=7, slow=True),
+           latency=2, credits=8, packet_words=16, stall=40, seed=7, slow=True, variant="paper"),
 ]
 BY_NAME = {r.name: r for r in RUNS}
 
@@ -77,11 +86,10 @@ def measure(run: RtlRun) -> dict:
     """Build and run ``run`` on the Verilated fabric; returns the record stored in the file."""
     import numpy as np
 
-    from treenic.algorithms import build
     from treenic.hdl.nic.fabric_sim import FabricSim
     from treenic.schedule.execute import execute
 
-    sched = build(run.algorithm, run.topology)
+    sched = run.schedule()
     params = nic_params(run, sched)
     t0 = time.time()
     fs = FabricSim(run.topology, sched, run.elements, mode=run.mode, latency=run.latency,
