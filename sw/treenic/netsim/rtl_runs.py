@@ -60,6 +60,7 @@ RUNS = [
     RtlRun("mesh2x2_packet_1000", "mesh:2x2", "multitree", 1000, mode="packet", latency=2,
            credits=8, packet_words=16, variant="paper"),
     RtlRun("torus4x4_64KiB", "torus:4x4", "multitree", 16384, slow=True, variant="paper"),
+    RtlRun("torus4x4_64KiB_bound", "torus:4x4", "multitree", 16384, slow=True),
     # the sim/fabric benches (make sim SIM=verilator), random link stalls
     RtlRun("bench_ring8_stall40", "ring:8", "ring", 1000, latency=2, credits=8,
            packet_words=16, stall=40, seed=7, slow=True),
