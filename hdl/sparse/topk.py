@@ -399,14 +399,20 @@ class TopKUnit(wiring.Component):
         with m.If(advance):
             m.d.sync += [self.o.valid.eq(a_valid & ((count != 0) | a_last)),
                          out.count.eq(count), out.last.eq(a_last)]
+            # output lane j = the taken input lane with j taken lanes before it; each lane's
+            # rank is one prefix count, shared by all output lanes
+            ranks, running = [], 0
+            for l in range(W):
+                rank = Signal(range(W + 1), name=f"rank{l}")
+                m.d.comb += rank.eq(running)
+                ranks.append(rank)
+                running = rank + take[l]
             for j in range(W):
-                # output lane j = the taken input lane with j taken lanes before it
-                rank, idx, val = 0, Const(0, 32), Const(0, 32)
-                for l in range(W):
-                    hit = take[l] & (rank == j)
+                idx, val = Const(0, 32), Const(0, 32)
+                for l in range(j, W):                  # lane l can only land at j <= l
+                    hit = take[l] & (ranks[l] == j)
                     idx = Mux(hit, Cat(Const(l, LB), a_beat)[:32], idx)
                     val = Mux(hit, a_value[l], val)
-                    rank = rank + take[l]
                 m.d.sync += [out.index[j].eq(idx), out.value[j].eq(val)]
 
 
