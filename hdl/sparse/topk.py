@@ -385,12 +385,17 @@ class TopKUnit(wiring.Component):
                      room_cap.eq(Mux(st.room > W, W, st.room))]
         take, tie_used, ran = [], 0, 0
         for l in range(W):
-            tie = a_band[l] & (tie_used < ties_cap)
+            # the running counts are Signals: as expressions, lane l's would hold lane l-1's
+            # twice (directly and through ``tie``), doubling the netlist per lane
+            tie = Signal(name=f"tie{l}")
             sel = Signal(name=f"sel{l}")
-            m.d.comb += sel.eq((a_above[l] | tie) & (ran < room_cap))
+            m.d.comb += [tie.eq(a_band[l] & (tie_used < ties_cap)),
+                         sel.eq((a_above[l] | tie) & (ran < room_cap))]
             take.append(sel)
-            tie_used = tie_used + (tie & sel)
-            ran = ran + sel
+            tie_next = Signal(range(W + 1), name=f"ties_upto{l}")
+            ran_next = Signal(range(W + 1), name=f"taken_upto{l}")
+            m.d.comb += [tie_next.eq(tie_used + (tie & sel)), ran_next.eq(ran + sel)]
+            tie_used, ran = tie_next, ran_next
         count, ties = Signal(range(W + 1)), Signal(range(W + 1))
         m.d.comb += [count.eq(ran), ties.eq(tie_used)]
         out = self.o.payload
