@@ -63,6 +63,7 @@ from ..link.packetiser import Packetiser
 from ..link.depacketiser import Depacketiser
 from .buffer import BankedBuffer, READ_LATENCY
 from .params import (ErrBit, ID_VALUE, NicParams, PortCounter, Reg)
+from .watchdog import Watchdog
 
 __all__ = ["Nic", "HostSignature", "HOST_READ_LATENCY"]
 
@@ -86,16 +87,21 @@ class HostSignature(wiring.Signature):
 
 class Nic(wiring.Component):
     """One NIC.  Ports: ``tx0..``/``rx0..`` links, ``host`` bus, ``start`` (same as CTRL
-    START, for a fabric-wide start), ``done``/``running``/``error`` status wires."""
+    START, for a fabric-wide start), ``done``/``running``/``error`` status wires; with
+    ``link_crc=True`` also ``link_crc`` (In, one bit per port: the port's link CRC checker
+    failed a sub-packet this cycle, see :mod:`treenic.hdl.link.crc`)."""
 
-    def __init__(self, params: NicParams | None = None):
+    def __init__(self, params: NicParams | None = None, *, link_crc: bool = False):
         self.p = p = params or NicParams()
+        self.has_link_crc = bool(link_crc)
         self.fmt = p.fmt
         members = {"host": Out(HostSignature(p.addr_bits)), "start": In(1),
                    "done": Out(1), "running": Out(1), "error": Out(1)}
         for i in range(p.ports):
             members[f"tx{i}"] = Out(LinkSignature(self.fmt))
             members[f"rx{i}"] = In(LinkSignature(self.fmt))
+        if self.has_link_crc:
+            members["link_crc"] = In(p.ports)
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -124,7 +130,7 @@ class Nic(wiring.Component):
         peer = [Signal(16, name=f"peer{i}") for i in range(P)]
         err_flags = Signal(len(ErrBit))
         err_count = Signal(32)
-        err_n = Signal(range(3 * P + 8))   # number of events last cycle (registered)
+        err_n = Signal(range(4 * P + 10))  # number of events last cycle (registered)
         cycles = Signal(32)
         ts = Signal(p.step_bits)
         hp = Signal(range(p.max_entries + 1))
@@ -194,6 +200,7 @@ class Nic(wiring.Component):
         tx_start = Signal(AB)
         tx_size = Signal(AB)
         tx_counters = []
+        tx_hdrs = []                      # (the watchdog names a stuck unit's flow / step)
         for i in range(P):
             pk = Packetiser(fmt, mode=p.mode, sub_words=p.sub_words,
                             packet_words=p.packet_words, credits=p.credits)
@@ -246,6 +253,7 @@ class Nic(wiring.Component):
             with m.If(clear):
                 m.d.sync += words.eq(0)
             tx_counters.append((pk.status.flits, pk.status.heads, words))
+            tx_hdrs.append(hdr)
 
         # ------------------------------------------------------------ RX units
         # Each port's receive unit decides on a fragment header in three registered
@@ -697,6 +705,14 @@ class Nic(wiring.Component):
                     m.d.sync += [hp.eq(hp + 1), head_w.eq(0), head_ok.eq(0), head_ok2.eq(0)]
         m.d.comb += [self.done.eq(done), self.running.eq(running)]
 
+        # ------------------------------------------------------------ fault detection
+        # (issue 19 items 12-13: the watchdog and the link-CRC counters; see watchdog.py)
+        wd_limit, wdog, crc_errs, ev_crc = self._fault_detection(
+            m, running=running, clear=clear, lk=lk, hp=hp, ts=ts, e=e, n_entries=n_entries,
+            tx_idle=tx_idle, tx_hdrs=tx_hdrs, expect_red=expect_red, red_done=red_done,
+            gat_done=gat_done, gport=gport, red_done_of=red_done_of,
+            gat_done_of=gat_done_of, exp_f=exp_f)
+
         # ------------------------------------------------------------ host bus
         rsel = Signal(2)
         m.d.sync += rsel.eq(region)
@@ -715,6 +731,8 @@ class Nic(wiring.Component):
                                                          p.max_entries + 1, host.wdata))
                             with m.If(host.wdata > p.max_entries):
                                 m.d.comb += ev_tindex.eq(1)
+                        with m.Case(Reg.WATCHDOG):
+                            m.d.sync += wd_limit.eq(host.wdata)
                         with m.Case(Reg.LOCKSTEP):
                             m.d.sync += lockstep.eq(host.wdata)
                         with m.Case(Reg.ELEMENTS):
@@ -771,7 +789,9 @@ class Nic(wiring.Component):
                    Reg.FLOWS: nflows, Reg.ERR_FLAGS: err_flags, Reg.ERR_COUNT: err_count,
                    Reg.CYCLES: cycles, Reg.TIMESTEP: ts, Reg.HEAD: hp,
                    Reg.PARAMS: P | (W << 4) | (ceil_log2(p.depth) << 8) | (p.max_entries << 16),
-                   **{Reg.PEER + i: peer[i] for i in range(P)}}]
+                   **{Reg.PEER + i: peer[i] for i in range(P)},
+                   Reg.WATCHDOG: wd_limit, Reg.WD_INFO: wdog.info,
+                   **{Reg.LINK_CRC + i: crc_errs[i] for i in range(P)}}]
         for i in range(P):
             fl, hd, wd = tx_counters[i]
             fr, rw, le, dr, bd = rx_counters[i]
@@ -816,7 +836,8 @@ class Nic(wiring.Component):
                ErrBit.FRAG_RANGE: [r[0] for r in rx_err],
                ErrBit.UNEXPECTED: [r[1] for r in rx_err],
                ErrBit.SEQUENCE: [r[2] for r in rx_err],
-               ErrBit.BANK_CONFLICT: [buf.conflict]}
+               ErrBit.BANK_CONFLICT: [buf.conflict],
+               ErrBit.WATCHDOG: [wdog.fire], ErrBit.LINK_CRC: ev_crc}
         # Every event is registered once before it is flagged, and the event count once
         # more before the 32-bit add (the events come out of deep logic: header checks,
         # the crossbar, host-bus decode).  A host read is decoded a cycle after ``re``
@@ -839,3 +860,50 @@ class Nic(wiring.Component):
             m.d.sync += [err_count.eq(err_count + err_n), err_flags.eq(err_flags | Cat(*flag_bits))]
         m.d.comb += self.error.eq(err_flags.any())
         return m
+
+    def _fault_detection(self, m, *, running, clear, lk, hp, ts, e, n_entries, tx_idle,
+                         tx_hdrs, expect_red, red_done, gat_done, gport, red_done_of,
+                         gat_done_of, exp_f):
+        """The watchdog (host limit, progress, what the NIC waits for) and the per-port
+        link-CRC failure counters.  Returns (limit register, watchdog, counters, events)."""
+        p = self.p
+        P, F = p.ports, p.max_nodes
+        m.submodules.watchdog = wd = Watchdog(p)
+        wd_limit = Signal(32)
+        # progress: a flit on any link (either way), the head retiring, the timestep
+        # moving, the lockstep counter running
+        hp_q, ts_q = Signal.like(hp), Signal.like(ts)
+        m.d.sync += [hp_q.eq(hp), ts_q.eq(ts)]
+        links = [getattr(self, f"tx{i}").valid for i in range(P)] + \
+                [getattr(self, f"rx{i}").valid for i in range(P)]
+        m.d.comb += [wd.running.eq(running), wd.clear.eq(clear), wd.limit.eq(wd_limit),
+                     wd.progress.eq(Cat(*links).any() | (hp != hp_q) | (ts != ts_q) |
+                                    (lk != 0)),
+                     wd.tx_busy.eq(~tx_idle), wd.timestep.eq(ts),
+                     wd.head_valid.eq(hp < n_entries), wd.head_gather.eq(e.op == GATHER),
+                     wd.head_flow.eq(e.flow), wd.head_step.eq(e.step)]
+        for i, h in enumerate(tx_hdrs):
+            m.d.comb += [wd.tx_flow[i].eq(h.flow), wd.tx_step[i].eq(h.step)]
+        gather_owed = Signal(P)
+        for q in range(P):
+            m.d.comb += gather_owed[q].eq((e.pport == q) & ~gat_done_of(e.flow))
+        with m.Switch(e.op):
+            with m.Case(REDUCE):
+                m.d.comb += wd.head_owed.eq(e.cports & ~red_done_of(e.flow))
+            with m.Case(GATHER):
+                m.d.comb += wd.head_owed.eq(Mux(e.pport == p.port_nil,
+                                                exp_f & ~red_done_of(e.flow), gather_owed))
+        for f in range(F):
+            for q in range(P):
+                m.d.comb += [wd.owed_red[f][q].eq(expect_red[f][q] & ~red_done[q][f]),
+                             wd.owed_gat[f][q].eq((gport[f] == q) & ~gat_done[q][f])]
+        crc_errs = [Signal(32, name=f"crc_errs{i}") for i in range(P)]
+        ev_crc = []
+        if self.has_link_crc:
+            for i in range(P):
+                with m.If(clear):
+                    m.d.sync += crc_errs[i].eq(0)
+                with m.Elif(self.link_crc[i]):
+                    m.d.sync += crc_errs[i].eq(crc_errs[i] + 1)
+            ev_crc = [self.link_crc[i] for i in range(P)]
+        return wd_limit, wd, crc_errs, ev_crc
