@@ -32,7 +32,7 @@ from amaranth.lib.wiring import In, Out
 from .crc import END_TYPES, CrcLinkSignature
 from .flit import FlitFormat
 
-__all__ = ["FaultMode", "FaultInjector"]
+__all__ = ["FaultMode", "FaultInjector", "apply_fault"]
 
 
 class FaultMode(enum.IntEnum):
@@ -42,6 +42,29 @@ class FaultMode(enum.IntEnum):
     DUP = 3
     STALL = 4
     KILL = 5
+
+
+def apply_fault(fmt: FlitFormat, beats, mode: int, *, at: int, mask: int = 0):
+    """Golden injector: the ``(flit, crc)`` beats delivered when the fault is armed just
+    before beat ``at`` leaves (timing aside; ``STALL`` delivers everything)."""
+    beats = list(beats)
+    ends = {int(t.value) for t in END_TYPES}
+    is_end = [((f >> fmt.width) & 7) in ends for f, _ in beats]
+    if at >= len(beats):
+        return beats
+    if mode == FaultMode.FLIP:
+        f, c = beats[at]
+        beats[at] = (f ^ (mask & ((1 << fmt.flit_bits) - 1)), c ^ (mask >> fmt.flit_bits))
+    elif mode == FaultMode.KILL:
+        beats = beats[:at]
+    elif mode in (FaultMode.DROP, FaultMode.DUP):
+        s = next((k for k in range(at, len(beats)) if k == 0 or is_end[k - 1]), None)
+        if s is None:
+            return beats
+        e = next(k for k in range(s, len(beats)) if is_end[k])
+        sp = beats[s:e + 1]
+        beats[s:e + 1] = [] if mode == FaultMode.DROP else sp + sp
+    return beats
 
 
 class FaultInjector(wiring.Component):
