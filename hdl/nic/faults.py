@@ -199,6 +199,28 @@ def campaign(runs: int, *, seed: int = 1, topology: str = "ring:4",
     return out
 
 
+def crc_overhead(cases=(("ring:8", "ring"), ("torus:4x4", "multitree")),
+                 elements: int = 1024, seed: int = 3) -> dict:
+    """Fault-free cycles of each case without and with the link CRC (same NIC build,
+    same buffers; both results checked bit for bit against the golden executor)."""
+    out = {}
+    for spec, alg in cases:
+        row = {}
+        for crc in (False, True):
+            fs = FabricSim(spec, alg, elements, crc=crc)
+            buf = np.random.default_rng(seed).standard_normal(
+                (fs.schedule.n, elements)).astype(np.float32)
+            res, cyc = fs.run(buf)
+            if not np.array_equal(res.view(np.uint32),
+                                  execute(fs.schedule, buf).view(np.uint32)):
+                raise FabricError(f"{spec} crc={crc}: result differs from the golden executor")
+            row["crc" if crc else "plain"] = int(cyc)
+        row["overhead_cycles"] = row["crc"] - row["plain"]
+        row["overhead"] = round(row["crc"] / row["plain"] - 1, 4)
+        out[f"{spec} {alg} {elements}"] = row
+    return out
+
+
 def _section_md(res: dict) -> str:
     f = res["fabric"]
     lines = [f"Fault campaign: {res['runs']} seeded runs on the Verilated fabric "
@@ -236,7 +258,13 @@ def main(argv=None) -> int:
     p.add_argument("--algorithm", default="multitree")
     p.add_argument("--elements", type=int, default=64)
     p.add_argument("--watchdog", type=int, default=None)
+    p.add_argument("--overhead", action="store_true",
+                   help="instead: fault-free cycles of ring:8 / torus:4x4 without and with "
+                        "the link CRC (four Verilator builds)")
     a = p.parse_args(argv)
+    if a.overhead:
+        print(json.dumps({"engine": "verilator", "crc_overhead": crc_overhead()}))
+        return 0
     try:
         res = campaign(a.runs, seed=a.seed, topology=a.topology, algorithm=a.algorithm,
                        elements=a.elements, watchdog=a.watchdog,
