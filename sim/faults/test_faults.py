@@ -8,7 +8,7 @@ import os
 import pytest
 
 from treenic.hdl import cosim
-from treenic.hdl.nic.faults import CLASSES, campaign
+from treenic.faults import CLASSES, campaign
 
 pytestmark = pytest.mark.skipif(not cosim.cosim_available(),
                                 reason="verilator / C++ compiler not on PATH")

@@ -30,7 +30,7 @@ SECTIONS = {
     "link": ("treenic.hdl.link.bench", "Link layer: message-based vs packet flow control"),
     "nic": ("treenic.hdl.nic.bench", "NIC fabric (Verilated RTL)"),
     "driver": ("treenic.driver.bench", "Host driver and torch backend"),
-    "faults": ("treenic.hdl.nic.faults", "Fault campaign: link CRC, watchdog (Verilated RTL)"),
+    "faults": ("treenic.faults", "Fault campaign: link CRC, watchdog (Verilated RTL)"),
 }
 
 
