@@ -64,6 +64,8 @@ class Campaign:
                  elements: int = 64, *, watchdog: int | None = None, verbose=False):
         if elements < 1 or elements > 4096:
             raise ValueError(f"elements must be 1..4096 for a campaign, got {elements}")
+        if watchdog is not None and not 1 <= watchdog < 1 << 32:
+            raise ValueError(f"watchdog must be 1..2**32-1 cycles, got {watchdog}")
         t0 = time.time()
         self.fs = FabricSim(topology, algorithm, elements, faults=True, watchdog=0,
                             verbose=verbose)
