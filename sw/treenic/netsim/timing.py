@@ -19,7 +19,7 @@ Verilated fabric (``treenic.netsim.rtl_runs``). Where each one comes from:
 * ``rx_done``: last flit out of the link's register stages to the receiver's arrival bit:
   the link FIFO, depacketiser (pop, check, commit), skid buffer, the three-stage header
   decision, buffer read (5), FP32 adder (7), write-back, per-flow arrival bit.
-* ``gate_lag``: the receive order gate (ARCHITECTURE §5): contributions to one flow are
+* ``gate_lag``: the receive order gate (docs/architecture.md §5): contributions to one flow are
   accumulated in (step, rx_port) order fragment by fragment, so when they arrive together
   each one is written back ``gate_lag`` cycles after the one before it (the previous
   fragment's write-back, then this fragment's header decision and adder pipeline).
