@@ -87,7 +87,7 @@ def run_amaranth_case(spec, alg, elements, mode, order, stall) -> dict:
     fab = Fabric(spec, params, latency=2, stall=stall, seed=3)
     bufs = np.random.default_rng(5).standard_normal((sched.n, elements)).astype(np.float32)
     imgs = build_images(sched, elements)
-    ow = order_writes(params, imgs) if order else [[] for _ in imgs]
+    ow = [order_writes(params, im) for im in imgs] if order else [[] for _ in imgs]
     recorder = _RecordNics()
     try:
         sim = Simulator(fab)

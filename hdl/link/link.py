@@ -10,6 +10,9 @@ The stall enable comes from a 16-bit Fibonacci LFSR (x^16 + x^14 + x^13 + x^11 +
 seedable): in a cycle where its low byte is below ``stall`` (0..256 out of 256) the link
 delivers nothing.  Flits are never lost while the sender honours credits and ``depth`` is
 at least the receiver's total buffer (all VCs); ``overflow`` (sticky) flags it otherwise.
+
+With ``crc_width`` > 0 the link also carries the CRC sideband of
+:class:`~treenic.hdl.link.crc.CrcLinkSignature` (delayed and buffered with its flit).
 """
 
 from amaranth.hdl import Module, Signal, Cat
@@ -36,10 +39,12 @@ class LinkChannel(wiring.Component):
         stall: stall probability in 1/256 (0 = never, 256 = always).
         seed: LFSR seed (non-zero after masking to 16 bits; 0 is replaced by 1).
         depth: elastic buffer depth in flits.
+        crc_width: width of the CRC sideband it carries with each flit (0: none; see
+            :class:`~treenic.hdl.link.crc.CrcLinkSignature`).
     """
 
     def __init__(self, fmt: FlitFormat | None = None, *, latency: int = 1, stall: int = 0,
-                 seed: int = 0xACE1, depth: int = 32):
+                 seed: int = 0xACE1, depth: int = 32, crc_width: int = 0):
         self.fmt = fmt = fmt or FlitFormat()
         if latency < 1:
             raise ValueError("latency must be >= 1")
@@ -47,9 +52,15 @@ class LinkChannel(wiring.Component):
             raise ValueError("stall must be in 0..256")
         self.latency, self.stall, self.depth = latency, stall, depth
         self.seed = (seed & 0xFFFF) or 1
+        self.crc_width = crc_width
+        if crc_width:
+            from .crc import CrcLinkSignature
+            sig = CrcLinkSignature(fmt, crc_width)
+        else:
+            sig = LinkSignature(fmt)
         super().__init__({
-            "i": In(LinkSignature(fmt)),
-            "o": Out(LinkSignature(fmt)),
+            "i": In(sig),
+            "o": Out(sig),
             "overflow": Out(1),
             "stalls": Out(32),
         })
@@ -58,12 +69,13 @@ class LinkChannel(wiring.Component):
         m = Module()
         fmt = self.fmt
         # forward pipeline
-        v, f = self.i.valid, self.i.flit.as_value()
+        # (the CRC sideband, if any, travels as the flit's top bits)
+        v, f = self.i.valid, Cat(self.i.flit.as_value(), self.i.crc if self.crc_width else [])
         for n in range(self.latency):
-            vn, fn = Signal(name=f"fv{n}"), Signal(fmt.flit.size, name=f"ff{n}")
+            vn, fn = Signal(name=f"fv{n}"), Signal(len(f), name=f"ff{n}")
             m.d.sync += [vn.eq(v), fn.eq(f)]
             v, f = vn, fn
-        m.submodules.q = q = fifo.SyncFIFO(width=fmt.flit.size, depth=self.depth)
+        m.submodules.q = q = fifo.SyncFIFO(width=len(f), depth=self.depth)
         m.d.comb += [q.w_data.eq(f), q.w_en.eq(v)]
         with m.If(v & ~q.w_rdy):
             m.d.sync += self.overflow.eq(1)
@@ -75,6 +87,8 @@ class LinkChannel(wiring.Component):
         m.d.sync += self.stalls.eq(self.stalls + stall)
         m.d.comb += [self.o.valid.eq(q.r_rdy & ~stall), self.o.flit.eq(q.r_data),
                      q.r_en.eq(~stall)]
+        if self.crc_width:
+            m.d.comb += self.o.crc.eq(q.r_data[fmt.flit.size:])
 
         # credit return pipeline
         c = self.o.credit

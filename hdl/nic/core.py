@@ -20,6 +20,7 @@ ports and in-NIC reduction, as a set of components joined here.
      │  BankedBuffer (gradient buffer, buffer.py): host reader/writer, RX         │
      │  read-modify-write, TX reads, arbitrated per bank                          │
      │  ErrorCollect: events of every unit ─► ERR_FLAGS, ERR_COUNT, error         │
+     │  Watchdog: no progress for WATCHDOG cycles ─► ERR WATCHDOG, WD_INFO        │
      └──────────────────────────────────────────────────────────────────────────┘
 
 What each component does and its cycle contract: ``docs/nic-components.md``; the
@@ -27,11 +28,11 @@ semantics are those of the golden model :mod:`treenic.hdl.nic.model`.
 """
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module
+from amaranth.hdl import Cat, Module, Signal
 from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
 
-from ..link.flit import LinkSignature
+from ..link.flit import LinkSignature, Op
 from .buffer import BankedBuffer
 from .errors import ErrorCollect
 from .flow_table import FlowTable
@@ -41,6 +42,7 @@ from .params import NicParams, PortCounter
 from .rx import RxUnit
 from .scan import TableScan
 from .tx import TxUnit
+from .watchdog import Watchdog
 
 __all__ = ["Nic", "HostSignature", "HOST_READ_LATENCY"]
 
@@ -52,6 +54,9 @@ class Nic(wiring.Component):
     ----------
     params : NicParams or None
         The build (default: ``NicParams()``).
+    link_crc : bool
+        The NIC's links have a CRC checker (:mod:`treenic.hdl.link.crc`): adds the
+        ``link_crc`` input (counted in LINK_CRC[p], flagged ERR LINK_CRC).
 
     Members
     -------
@@ -65,18 +70,27 @@ class Nic(wiring.Component):
         Same as CTRL START, for a fabric-wide start.
     done, running, error : ``Out(1)``
         Status wires.
+    link_crc : ``In(ports)``, only with ``link_crc=True``
+        Per port: its link CRC checker failed a sub-packet this cycle (the checker
+        rolled the fragment back; it is counted and flagged here).
     """
 
-    def __init__(self, params: NicParams | None = None):
+    def __init__(self, params: NicParams | None = None, *, link_crc: bool = False):
         if params is not None and not isinstance(params, NicParams):
             raise TypeError(f"params must be NicParams, not {type(params).__name__}")
+        if not isinstance(link_crc, bool):
+            raise TypeError(f"link_crc must be a bool, not {type(link_crc).__name__}")
         self.p = p = params or NicParams()
         self.fmt = p.fmt
-        super().__init__({
+        self.has_link_crc = link_crc
+        members = {
             "host": Out(HostSignature(p.addr_bits)), "start": In(1),
             "done": Out(1), "running": Out(1), "error": Out(1),
             "tx": Out(LinkSignature(self.fmt)).array(p.ports),
-            "rx": In(LinkSignature(self.fmt)).array(p.ports)})
+            "rx": In(LinkSignature(self.fmt)).array(p.ports)}
+        if link_crc:
+            members["link_crc"] = In(p.ports)
+        super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
@@ -127,6 +141,7 @@ class Nic(wiring.Component):
                      regs.timestep.eq(issue.timestep), regs.head.eq(issue.head),
                      regs.err_flags.eq(errors.err_flags), regs.err_count.eq(errors.err_count)]
         self._errors(m, errors, regs, issue, scan, rx_units, buf)
+        self._fault_detection(m, errors, regs, issue, flows, tx_units)
         return m
 
     def _memories(self, m, regs, issue):
@@ -197,3 +212,42 @@ class Nic(wiring.Component):
                      ev.bank_conflict.eq(buf.conflict),
                      errors.link_error.eq(Cat(*[rx.link_errors != 0 for rx in rx_units]).any()),
                      errors.clear.eq(regs.clear), self.error.eq(errors.error)]
+
+    def _fault_detection(self, m, errors, regs, issue, flows, tx_units):
+        """The watchdog (issue 19 item 13) and the per-port link-CRC failure counters
+        (item 12)."""
+        p = self.p
+        P, F = p.ports, p.max_nodes
+        m.submodules.watchdog = wd = Watchdog(params=p)
+        # progress: a flit on any link (either way), the head retiring, the timestep
+        # moving, the lockstep counter running
+        head_q, ts_q = Signal.like(issue.head), Signal.like(issue.timestep)
+        m.d.sync += [head_q.eq(issue.head), ts_q.eq(issue.timestep)]
+        links = Cat(*[tx.valid for tx in self.tx], *[rx.valid for rx in self.rx])
+        e, t = issue.row, flows.tables
+        m.d.comb += [wd.running.eq(issue.running), wd.clear.eq(regs.clear),
+                     wd.limit.eq(regs.watchdog), regs.wd_info.eq(wd.info),
+                     wd.progress.eq(links.any() | (issue.head != head_q) |
+                                    (issue.timestep != ts_q) | issue.lockstep_busy),
+                     wd.tx_busy.eq(~Cat(*[tx.idle for tx in tx_units])),
+                     wd.timestep.eq(issue.timestep),
+                     wd.head_valid.eq(issue.head < regs.entries),
+                     wd.head_gather.eq(e.op == Op.GATHER), wd.head_flow.eq(e.flow),
+                     wd.head_step.eq(e.step), wd.head_owed.eq(issue.head_owed),
+                     errors.events.watchdog.eq(wd.fire)]
+        for i, tx in enumerate(tx_units):
+            m.d.comb += [wd.tx_flow[i].eq(tx.msg_flow), wd.tx_step[i].eq(tx.msg_step)]
+        for f in range(F):
+            for q in range(P):
+                m.d.comb += [
+                    wd.owed_red[f][q].eq(t.expect[f][q] & ~issue.reduce_done[q][f]),
+                    wd.owed_gat[f][q].eq((t.gather_port[f] == q) & ~issue.gather_done[q][f])]
+        if not self.has_link_crc:
+            return
+        m.d.comb += errors.events.link_crc.eq(self.link_crc)
+        for i in range(P):
+            count = regs.link_crc[i]
+            with m.If(regs.clear):
+                m.d.sync += count.eq(0)
+            with m.Elif(self.link_crc[i]):
+                m.d.sync += count.eq(count + 1)

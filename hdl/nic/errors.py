@@ -23,7 +23,8 @@ def event_sources(params: NicParams) -> dict[ErrBit, int]:
     P = params.ports
     return {ErrBit.TABLE_INDEX: 1, ErrBit.HOST_RANGE: 1, ErrBit.BAD_OP: 1,
             ErrBit.ENTRY_RANGE: 1, ErrBit.FRAG_RANGE: P, ErrBit.UNEXPECTED: P,
-            ErrBit.SEQUENCE: P, ErrBit.LINK: 0, ErrBit.BANK_CONFLICT: 1}
+            ErrBit.SEQUENCE: P, ErrBit.LINK: 0, ErrBit.BANK_CONFLICT: 1,
+            ErrBit.WATCHDOG: 1, ErrBit.LINK_CRC: P}
 
 
 def error_collect_model(params: NicParams, trace):
@@ -65,7 +66,8 @@ class ErrorCollect(wiring.Component):
     -------
     events : ``In(EventLayout(params))``
         Events (pulses): a field per :class:`ErrBit` with event sources, named in lower
-        case, as wide as its sources (``frag_range``: one wire per port).
+        case, as wide as its sources (``frag_range``: one wire per port; ``watchdog``: the
+        watchdog fired; ``link_crc``: per port, its link CRC checker failed a sub-packet).
     link_error : ``In(1)``
         A level: some depacketiser counted an error (flags LINK, is not counted).
     clear : ``In(1)``
@@ -84,9 +86,9 @@ class ErrorCollect(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        P = self.params.ports
         clear = self.clear
-        err_n = Signal(range(3 * P + 8))   # number of events last cycle (registered)
+        # number of events last cycle (registered)
+        err_n = Signal(range(sum(event_sources(self.params).values()) + 1))
         ev_flat = []
         flag_bits = []
         for bit, n in event_sources(self.params).items():

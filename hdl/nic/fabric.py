@@ -9,6 +9,15 @@
                                                             the same multigraph edge)
       start ─► every NIC;  done = all NICs done;  cycles = start .. done
 
+With ``crc=True`` every link is ``tx ─► CrcAppender ─► LinkChannel ─► CrcChecker ─► rx``
+(:mod:`treenic.hdl.link.crc`; a checker's failures go to its NIC's ``link_crc`` input,
+counted in LINK_CRC[p] and flagged ERR LINK_CRC).  ``faults=True`` (implies ``crc``) adds
+a :class:`~treenic.hdl.link.inject.FaultInjector` after each appender, driven through the
+``fi_*`` ports (``fi_link`` picks the link, by index into :attr:`Fabric.plan`), a per-NIC
+``nic_reset``, and timestamps for campaigns: ``clock`` (free-running cycles since reset),
+``fault_at`` (clock when the first fault fired or a NIC was reset), ``error_at`` (clock
+when the first NIC error or link CRC failure appeared; 0 = none).
+
 Host access is streams so a testbench or the C++ stream pump of
 :mod:`treenic.hdl.cosim` can load images and buffers at one write per cycle:
 ``hw`` (node, addr, data) writes, ``hr`` (node, addr) read requests answered in order
@@ -18,7 +27,7 @@ on ``hrda`` (data[N]). Reads are pipelined (one request per cycle).
 """
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Signal
+from amaranth.hdl import Cat, Module, ResetInserter, Signal
 from amaranth.lib import data, fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
@@ -26,6 +35,8 @@ from amaranth.utils import ceil_log2
 from treenic import topology as topo_mod
 from treenic.topology import Topology, is_switch
 
+from ..link.crc import LINK_CRC, CrcAppender, CrcChecker
+from ..link.inject import FaultInjector
 from ..link.link import LinkChannel
 from .core import HOST_READ_LATENCY, Nic
 from .params import NicParams
@@ -51,7 +62,7 @@ def wiring_plan(topology: Topology) -> list[tuple[int, int, int, int]]:
 class Fabric(wiring.Component):
     def __init__(self, topology: Topology | str, params: NicParams | None = None, *,
                  latency: int = 1, stall: int = 0, seed: int = 1,
-                 nic_module: str | None = None):
+                 nic_module: str | None = None, crc: bool = False, faults: bool = False):
         self.topology = topo = topo_mod.parse(topology) if isinstance(topology, str) else topology
         if topo.max_ports() > (params or NicParams()).ports:
             raise ValueError(f"{topo.spec} needs {topo.max_ports()} ports")
@@ -59,6 +70,8 @@ class Fabric(wiring.Component):
         if topo.n > params.max_nodes:
             raise ValueError(f"{topo.spec} has {topo.n} nodes > max_nodes {params.max_nodes}")
         self.latency, self.stall, self.seed = latency, stall, seed
+        self.faults = bool(faults)
+        self.crc = bool(crc) or self.faults
         #: None: NICs elaborated inline; a name: NICs are Instance()s of that Verilog
         #: module (see :func:`nic_verilog`), converted once instead of N times.
         self.nic_module = nic_module
@@ -72,7 +85,7 @@ class Fabric(wiring.Component):
         self.hwa_layout = data.StructLayout({"en": N, "addr": data.ArrayLayout(AW, N),
                                              "data": data.ArrayLayout(32, N)})
         self.hra_layout = data.StructLayout({"en": N, "addr": data.ArrayLayout(AW, N)})
-        super().__init__({
+        members = {
             "hw": In(stream.Signature(self.hw_layout)),
             "hr": In(stream.Signature(self.hr_layout)),
             "hrd": Out(stream.Signature(32)),
@@ -80,34 +93,71 @@ class Fabric(wiring.Component):
             "hra": In(stream.Signature(self.hra_layout)),
             "hrda": Out(stream.Signature(data.ArrayLayout(32, N))),
             "start": In(1), "done": Out(1), "error": Out(1), "cycles": Out(32),
-        })
+            # any NIC RUNNING (a started fabric with none running and not done is stuck)
+            "running": Out(1),
+        }
+        if self.faults:
+            self.beat_bits = params.fmt.flit_bits + LINK_CRC.crc_width
+            members.update({
+                "fi_link": In(range(max(2, len(self.plan)))), "fi_mode": In(3),
+                "fi_mask": In(self.beat_bits), "fi_length": In(16), "fi_arm": In(1),
+                "fi_fired": Out(1), "fi_overflow": Out(1), "nic_reset": In(topo.n),
+                "clock": Out(32), "fault_at": Out(32), "error_at": Out(32)})
+        super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
         topo, p = self.topology, self.params
         nics = []
         for u in range(topo.n):
+            rst = self.nic_reset[u] if self.faults else None
             if self.nic_module is None:
-                nic = Nic(p)
-                m.submodules[f"nic{u}"] = nic
+                nic = Nic(p, link_crc=self.crc)
+                m.submodules[f"nic{u}"] = nic if rst is None else ResetInserter(rst)(nic)
             else:
-                nic = _NicPorts(p, u)
-                m.submodules[f"nic{u}"] = nic.instance(self.nic_module)
+                nic = _NicPorts(p, u, link_crc=self.crc)
+                m.submodules[f"nic{u}"] = nic.instance(self.nic_module, reset=rst)
             nics.append(nic)
             m.d.comb += nic.start.eq(self.start)
-        for (u, i, v, j) in self.plan:
+        injectors = []
+        for k, (u, i, v, j) in enumerate(self.plan):
             lk = LinkChannel(p.fmt, latency=self.latency, stall=self.stall,
                            seed=(self.seed * 7919 + 131 * (u * p.ports + i) + 1) & 0xFFFF,
-                           depth=max(8, p.credits))
+                           depth=max(8, p.credits),
+                           crc_width=LINK_CRC.crc_width if self.crc else 0)
             m.submodules[f"link_{u}_{i}"] = lk
-            wiring.connect(m, nics[u].tx[i], lk.i)
-            wiring.connect(m, lk.o, nics[v].rx[j])
+            if not self.crc:
+                wiring.connect(m, nics[u].tx[i], lk.i)
+                wiring.connect(m, lk.o, nics[v].rx[j])
+                continue
+            app, chk = CrcAppender(p.fmt), CrcChecker(p.fmt)
+            m.submodules[f"crcgen_{u}_{i}"], m.submodules[f"crcchk_{v}_{j}"] = app, chk
+            wiring.connect(m, nics[u].tx[i], app.i)
+            if self.faults:
+                inj = FaultInjector(p.fmt, crc_width=LINK_CRC.crc_width,
+                                    depth=2 * max(8, p.credits),
+                                    max_sub_flits=1 + p.sub_words // p.lanes + 1)
+                m.submodules[f"inject_{u}_{i}"] = inj
+                wiring.connect(m, app.o, inj.i)
+                wiring.connect(m, inj.o, lk.i)
+                m.d.comb += [inj.arm.eq(self.fi_arm & (self.fi_link == k)),
+                             inj.mode.eq(self.fi_mode), inj.mask.eq(self.fi_mask),
+                             inj.length.eq(self.fi_length)]
+                injectors.append(inj)
+            else:
+                wiring.connect(m, app.o, lk.i)
+            wiring.connect(m, lk.o, chk.i)
+            wiring.connect(m, chk.o, nics[v].rx[j])
+            m.d.comb += nics[v].link_crc[j].eq(chk.error)
+        if self.faults:
+            self._campaign_ports(m, nics, injectors)
 
         self._host_streams(m, nics)
 
         # status
         all_done = Cat(*[n.done for n in nics]).all()
-        m.d.comb += [self.done.eq(all_done), self.error.eq(Cat(*[n.error for n in nics]).any())]
+        m.d.comb += [self.done.eq(all_done), self.error.eq(Cat(*[n.error for n in nics]).any()),
+                     self.running.eq(Cat(*[n.running for n in nics]).any())]
         counting = Signal()
         with m.If(self.start):
             m.d.sync += [counting.eq(1), self.cycles.eq(0)]
@@ -169,21 +219,38 @@ class Fabric(wiring.Component):
                      self.hrda.payload.eq(resp_fifo.r_data[:32 * N]),
                      resp_fifo.r_en.eq(Mux_(head_wide, self.hrda.ready, self.hrd.ready))]
 
+    def _campaign_ports(self, m, nics, injectors):
+        """Fault-campaign outputs: any injector fired / overflowed, timestamps."""
+        m.d.comb += [self.fi_fired.eq(Cat(*[x.fired for x in injectors]).any()),
+                     self.fi_overflow.eq(Cat(*[x.overflow for x in injectors]).any())]
+        m.d.sync += self.clock.eq(self.clock + 1)
+        with m.If((self.fault_at == 0) & (self.fi_fired | self.nic_reset.any())):
+            m.d.sync += self.fault_at.eq(self.clock)
+        seen = Cat(*[n.error for n in nics]).any() | \
+            Cat(*[n.link_crc.any() for n in nics]).any()
+        with m.If((self.error_at == 0) & seen):
+            m.d.sync += self.error_at.eq(self.clock)
+
 
 class _NicPorts:
     """Signals standing in for a Nic's ports when the NIC is a Verilog Instance."""
 
-    def __init__(self, p: NicParams, u: int):
+    def __init__(self, p: NicParams, u: int, *, link_crc: bool = False):
         self.p = p
-        proto = Nic(p)
+        self.has_link_crc = link_crc
+        proto = Nic(p, link_crc=link_crc)
         proto._MustUse__silence = True          # only its signature is used
         self.sig = wiring.Signature(proto.signature.members).create(path=(f"n{u}",))
-        for name in ("host", "start", "done", "running", "error", "tx", "rx"):
+        for name in ("host", "start", "done", "running", "error", "tx", "rx") + \
+                (("link_crc",) if link_crc else ()):
             setattr(self, name, getattr(self.sig, name))
 
-    def instance(self, module: str):
+    def instance(self, module: str, reset=None):
         from amaranth.hdl import ClockSignal, Instance, ResetSignal
-        kw = {"i_clk": ClockSignal(), "i_rst": ResetSignal()}
+        kw = {"i_clk": ClockSignal(),
+              "i_rst": ResetSignal() if reset is None else ResetSignal() | reset}
+        if self.has_link_crc:
+            kw["i_link_crc"] = self.link_crc
         h = self.host
         kw.update({"i_host__addr": h.addr, "i_host__wdata": h.wdata, "i_host__we": h.we,
                    "i_host__re": h.re, "o_host__rdata": h.rdata, "i_start": self.start,
@@ -197,20 +264,21 @@ class _NicPorts:
         return Instance(module, **kw)
 
 
-def nic_verilog(params: NicParams, name: str = "treenic_nic") -> str:
+def nic_verilog(params: NicParams, name: str = "treenic_nic", *, link_crc: bool = False) -> str:
     """Verilog of one NIC (cached under build/cosim by parameters)."""
     import hashlib, os
     from dataclasses import asdict
     from pathlib import Path
     root = Path(os.environ.get("TREENIC_COSIM_BUILD") or
                 Path(__file__).resolve().parents[2] / "build" / "cosim")
-    key = hashlib.sha256(repr((asdict(params), name, _src_hash())).encode()).hexdigest()[:12]
+    key = hashlib.sha256(repr((asdict(params), name, _src_hash()) +
+                              ((True,) if link_crc else ())).encode()).hexdigest()[:12]
     f = root / f"nic-{key}.v"
     if not f.exists():
         from amaranth.back import verilog
         root.mkdir(parents=True, exist_ok=True)
         tmp = f.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(verilog.convert(Nic(params), name=name))
+        tmp.write_text(verilog.convert(Nic(params, link_crc=link_crc), name=name))
         os.replace(tmp, f)
     return f.read_text()
 
@@ -228,12 +296,13 @@ def _src_hash() -> str:
 
 
 def fabric_verilog(topology, params: NicParams, *, latency: int = 1, stall: int = 0,
-                   seed: int = 1, name: str = "fabric") -> str:
+                   seed: int = 1, name: str = "fabric", crc: bool = False,
+                   faults: bool = False) -> str:
     """Verilog of a fabric: one NIC module + the fabric top instantiating it N times."""
     from amaranth.back import verilog
-    nic = nic_verilog(params, name=f"{name}_nic")
+    nic = nic_verilog(params, name=f"{name}_nic", link_crc=crc or faults)
     fab = Fabric(topology, params, latency=latency, stall=stall, seed=seed,
-                 nic_module=f"{name}_nic")
+                 nic_module=f"{name}_nic", crc=crc, faults=faults)
     return nic + "\n" + verilog.convert(fab, name=name)
 
 

@@ -7,6 +7,13 @@ all-node host write stream (every NIC's host bus in parallel, one word per NIC p
 driven by the C++ stream pump in one call), pulses ``start``, clocks until every NIC is
 DONE, and reads the buffers back the same way (pipelined all-node reads):
 ``run(buffers) -> (result, cycles)``; :attr:`FabricSim.last_timing` splits the wall time.
+
+Every NIC's watchdog (:mod:`.watchdog`) is armed with ``watchdog`` cycles (default
+:func:`default_watchdog`): a NIC that waits that long for a contribution, gather data or
+a credit sets ERR WATCHDOG and :meth:`FabricSim.run` raises :class:`FabricError` naming
+the node, port, flow and step, at most 256 cycles later.  ``crc=True`` builds the links
+with the per-sub-packet CRC, ``faults=True`` adds the fault injectors (see
+:class:`~treenic.hdl.nic.fabric.Fabric`).
 """
 from __future__ import annotations
 
@@ -28,7 +35,14 @@ from .fabric import Fabric
 from .host import host_writes, params_for_images
 from .params import NicParams, PortCounter, Reg, Status
 
-__all__ = ["FabricSim", "FabricError"]
+__all__ = ["FabricSim", "FabricError", "default_watchdog"]
+
+
+def default_watchdog(elements: int) -> int:
+    """Default watchdog limit (cycles without progress): far above any legitimate wait of
+    a collective on ``elements`` per node (a whole buffer crosses a link in about
+    elements / lanes cycles), small enough to stop a hung run quickly."""
+    return (1 << 16) + 64 * max(1, int(elements))
 
 
 def _build_dir() -> Path:
@@ -52,12 +66,18 @@ class FabricSim:
         images: the compiler's :class:`~treenic.firmware.image.ImageSet` for ``elements``
             (default: compiled here, once); its link maps must be ``topology``'s.
         order: load the ORDER table (False: the NIC bounds unknown steps itself).
+        crc: per-sub-packet link CRC on every link (:mod:`treenic.hdl.link.crc`).
+        faults: also fault injectors, per-NIC resets and campaign timestamps (implies
+            ``crc``; see :class:`~treenic.hdl.nic.fabric.Fabric`).
+        watchdog: every NIC's WATCHDOG limit in cycles (None: :func:`default_watchdog`;
+            0: off).
     """
 
     def __init__(self, topology, algorithm="multitree", elements: int | None = 1024, *,
                  mode: str = "message", latency: int = 1, stall: int = 0, seed: int = 1,
                  params: NicParams | None = None, images: ImageSet | None = None,
-                 order: bool = True, verbose: bool = False):
+                 order: bool = True, verbose: bool = False, crc: bool = False,
+                 faults: bool = False, watchdog: int | None = None):
         from ..cosim import build_cosim
         self.topology = topo_mod.parse(topology) if isinstance(topology, str) else topology
         if algorithm is None and images is None:
@@ -82,18 +102,24 @@ class FabricSim:
         self.params = params or params_for_images(self.images, mode=mode)
         self.latency, self.stall, self.seed = latency, stall, seed
         self.order = order
+        self.crc, self.faults = bool(crc) or bool(faults), bool(faults)
+        self.watchdog = default_watchdog(self.elements) if watchdog is None else int(watchdog)
+        if not 0 <= self.watchdog < 1 << 32:
+            raise ValueError(f"watchdog must be 0..2**32-1 cycles, got {watchdog}")
         from .fabric import _src_hash, fabric_verilog
         key = hashlib.sha256(repr((self.topology.spec, asdict(self.params), latency, stall,
-                                   seed, _src_hash())).encode()).hexdigest()[:12]
+                                   seed, _src_hash()) + ((self.crc, self.faults)
+                                                         if self.crc else ())
+                                  ).encode()).hexdigest()[:12]
         vfile = _build_dir() / f"fabric-{key}.v"
         t0 = time.time()
         self.fabric = fab = Fabric(self.topology, self.params, latency=latency, stall=stall,
-                                   seed=seed)
+                                   seed=seed, crc=self.crc, faults=self.faults)
         fab._MustUse__silence = True            # layouts only; the Verilog comes from vfile
         if not vfile.exists():
             vfile.parent.mkdir(parents=True, exist_ok=True)
             text = fabric_verilog(self.topology, self.params, latency=latency, stall=stall,
-                                  seed=seed)
+                                  seed=seed, crc=self.crc, faults=self.faults)
             tmp = vfile.with_suffix(f".tmp{os.getpid()}")
             tmp.write_text(text)
             os.replace(tmp, vfile)
@@ -150,7 +176,7 @@ class FabricSim:
         return self.sim.run_streams(inputs={"hw": items}).cycles
 
     def _write_all(self, per_node) -> int:
-        n, nb, ab = self.schedule.n, self._nb, self._ab
+        n, nb, ab = self.nodes, self._nb, self._ab
         cols = [np.asarray(w, np.uint64).reshape(-1, 2) for w in per_node]
         rows = max((len(c) for c in cols), default=0)
         if rows == 0:
@@ -169,7 +195,7 @@ class FabricSim:
         """All-node reads (``hra`` -> ``hrda``): row i reads ``addrs[i]`` on every NIC (or
         ``addrs[i, u]`` on NIC u), one row per cycle, in one C++ stream-pump call. Returns
         ``(rows, N)`` uint32."""
-        n, ab = self.schedule.n, self._ab
+        n, ab = self.nodes, self._ab
         a = np.asarray(addrs, np.uint64)
         a = np.repeat(a[:, None], n, axis=1) if a.ndim == 1 else a
         rows = a.shape[0]
@@ -199,44 +225,60 @@ class FabricSim:
     def _host_writes(self, buf: np.ndarray) -> list[np.ndarray]:
         """Per node, every host-bus write of one all-reduce as an ``(k, 2)`` array of
         (address, data): image and ORDER table (built once), then the buffer (addresses
-        computed with numpy: ``NicParams.buf_addr`` costs ~0.2 ms a call)."""
+        computed with numpy: ``NicParams.buf_addr`` costs ~0.2 ms a call), and the
+        WATCHDOG limit."""
         p, n = self.params, self.nodes
         if self._config is None:    # the one loading path, without the buffer
             self._config = [np.asarray(w, np.uint64).reshape(-1, 2)
                             for w in host_writes(p, self.images, None, order=self.order)]
         addrs = p.buf_addr(0) | np.arange(buf.shape[1], dtype=np.uint64)
+        # (the limit may change between runs: the fault campaign sets it after a clean run)
+        wd = np.asarray([[p.reg_addr(Reg.WATCHDOG), self.watchdog]], np.uint64)
         return [np.concatenate([self._config[u], np.stack(
-            [addrs, buf[u].view(np.uint32).astype(np.uint64)], axis=1)]) for u in range(n)]
+            [addrs, buf[u].view(np.uint32).astype(np.uint64)], axis=1), wd])
+                for u in range(n)]
 
     # ---- one all-reduce ------------------------------------------------------------------
-    def run(self, buffers: np.ndarray, *, max_cycles: int = 50_000_000) -> tuple[np.ndarray, int]:
+    def run(self, buffers: np.ndarray, *, max_cycles: int = 50_000_000,
+            hook=None) -> tuple[np.ndarray, int]:
         """All-reduce ``buffers`` (N x E float32) on the RTL; returns (result, cycles).
 
         Host traffic (configuration, buffer load, buffer readback) goes through the
         fabric's host bus, each direction as one C++ stream-pump call over a write/read
-        list built with numpy; :attr:`last_timing` splits the wall time."""
+        list built with numpy; :attr:`last_timing` splits the wall time.  ``hook(self)``,
+        if given, is called right after START (it may step the model, e.g. to inject a
+        fault at a chosen cycle); ``max_cycles`` counts from START."""
         buf = np.asarray(buffers)
         n, E = self.nodes, self.elements
         if buf.shape != (n, E) or buf.dtype != np.float32:
             raise ValueError(f"buffers must be float32 of shape ({n}, {E}), got "
                              f"{buf.dtype} {buf.shape}")
         t0 = time.perf_counter()
+        p = self.params
         load_cycles = self.write_bulk(self._host_writes(buf))
         t1 = time.perf_counter()
         sim = self.sim
         sim["start"] = 1
         sim.step(1)
         sim["start"] = 0
+        c0 = sim.cycle
+        if hook is not None:
+            hook(self)
         chunk = 256
         while not sim["done"]:
             sim.step(chunk)
             if sim["error"]:
                 break
-            if sim.cycle > max_cycles:
+            if not sim["running"] and not sim["done"] and \
+                    sim.cycle - c0 > p.max_entries + 2 * chunk:
+                # past the table scan, nobody runs and not all are DONE: nothing will move
+                raise FabricError(f"fabric stuck: no NIC is running and not every NIC is "
+                                  f"DONE ({self.stuck_nodes()})")
+            if sim.cycle - c0 > max_cycles:
                 raise FabricError(f"fabric did not finish within {max_cycles} cycles")
         cycles = int(sim["cycles"])
         if sim["error"]:
-            raise FabricError(f"fabric reported errors: {self.errors()}")
+            raise FabricError(f"fabric reported errors: {self.diagnose()}")
         t2 = time.perf_counter()
         out = self.read_all(self.params.buf_addr(0) | np.arange(E, dtype=np.uint64)).T
         t3 = time.perf_counter()
@@ -249,6 +291,36 @@ class FabricSim:
 
     def errors(self) -> dict:
         return {u: self.read_regs(u, [Reg.ERR_FLAGS])[0] for u in range(self.nodes)}
+
+    def stuck_nodes(self) -> str:
+        """The nodes neither RUNNING nor DONE, with their STATUS words."""
+        bad = []
+        for u in range(self.nodes):
+            st = self.read_regs(u, [Reg.STATUS])[0]
+            if not st & (Status.RUNNING | Status.DONE):
+                bad.append(f"node {u} STATUS {st:#x}")
+        return ", ".join(bad) or "none"
+
+    def diagnose(self) -> str:
+        """One line per failing NIC: its error flags by name, what its watchdog waited for,
+        and its link-CRC failures per port."""
+        from .params import ErrBit
+        from .watchdog import describe_info
+        p, out = self.params, []
+        for u in range(self.nodes):
+            flags, info = self.read_regs(u, [Reg.ERR_FLAGS, Reg.WD_INFO])
+            if not flags:
+                continue
+            names = [b.name for b in ErrBit if flags >> b & 1]
+            msg = f"node {u}: {'|'.join(names)}"
+            if flags >> ErrBit.WATCHDOG & 1:
+                msg += f" ({describe_info(info)})"
+            if flags >> ErrBit.LINK_CRC & 1:
+                crc = self.read_regs(u, [Reg.LINK_CRC + i for i in range(p.ports)])
+                msg += " (link CRC failures per port: " + ", ".join(
+                    f"{i}: {c}" for i, c in enumerate(crc) if c) + ")"
+            out.append(msg)
+        return "; ".join(out) or "error line high, no NIC flags set"
 
     def counters(self) -> dict:
         """Per node: cycles, step log, per-port TX/RX counters (see params.Reg)."""

@@ -67,6 +67,12 @@ class HostRegs(wiring.Component):
     counters : ``In(32).array(ports, len(PortCounter))``
         Per-port counters (TX flits, heads, words; RX frags, words, link errors, dropped,
         bad).
+    watchdog : ``Out(32)``
+        The WATCHDOG register: cycles without progress before ERR WATCHDOG (0: off).
+    wd_info : ``In(32)``
+        What the watchdog waited for (WD_INFO, :func:`~.watchdog.decode_info`).
+    link_crc : ``In(32).array(ports)``
+        Per port: sub-packets its link CRC checker failed (LINK_CRC[p]).
     """
 
     def __init__(self, *, params: NicParams):
@@ -90,7 +96,8 @@ class HostRegs(wiring.Component):
             "running": In(1), "done": In(1), "scan_failed": In(1),
             "err_flags": In(len(ErrBit)), "err_count": In(32), "cycles": In(32),
             "timestep": In(p.step_bits), "head": In(E),
-            "counters": In(32).array(p.ports, len(PortCounter))})
+            "counters": In(32).array(p.ports, len(PortCounter)),
+            "watchdog": Out(32), "wd_info": In(32), "link_crc": In(32).array(p.ports)})
 
     def elaborate(self, platform):
         m = Module()
@@ -124,6 +131,8 @@ class HostRegs(wiring.Component):
                                                             p.max_entries + 1, host.wdata))
                             with m.If(host.wdata > p.max_entries):
                                 m.d.comb += self.ev_table_index.eq(1)
+                        with m.Case(Reg.WATCHDOG):
+                            m.d.sync += self.watchdog.eq(host.wdata)
                         with m.Case(Reg.LOCKSTEP):
                             m.d.sync += self.lockstep.eq(host.wdata)
                         with m.Case(Reg.ELEMENTS):
@@ -168,9 +177,12 @@ class HostRegs(wiring.Component):
                    Reg.ERR_FLAGS: self.err_flags, Reg.ERR_COUNT: self.err_count,
                    Reg.CYCLES: self.cycles, Reg.TIMESTEP: self.timestep, Reg.HEAD: self.head,
                    Reg.PARAMS: P | (W << 4) | (ceil_log2(p.depth) << 8) | (p.max_entries << 16),
-                   **{Reg.PEER + i: self.peer[i] for i in range(P)}}]
+                   **{Reg.PEER + i: self.peer[i] for i in range(P)},
+                   Reg.WATCHDOG: self.watchdog, Reg.WD_INFO: self.wd_info}]
         for i in range(P):
-            groups.append({p.port_counter_addr(i, k): self.counters[i][k] for k in PortCounter})
+            groups.append({**{p.port_counter_addr(i, k): self.counters[i][k]
+                              for k in PortCounter},
+                           Reg.LINK_CRC + i: self.link_crc[i]})
         return groups
 
     def _reads(self, m, region, off):

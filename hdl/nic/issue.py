@@ -72,6 +72,12 @@ class Issue(wiring.Component):
         CYCLES, TIMESTEP, HEAD registers.
     ev_table_index : ``Out(1)``
         START with ENTRIES beyond the table (pulse).
+    lockstep_busy : ``Out(1)``
+        The lockstep counter is running (progress, for the watchdog).
+    head_owed : ``Out(ports)``
+        The ports whose data the head entry still waits for: a REDUCE's child ports that
+        have not contributed, a GATHER's parent port (the root's: the expected
+        contributions) -- what the watchdog names.
     steplog_en, steplog_addr, steplog_data : ``Out``
         Step cycle log write: cycles spent in a finished timestep.
     """
@@ -92,7 +98,7 @@ class Issue(wiring.Component):
             "tx_idle": In(P), "tx_go": Out(P), "tx_desc": Out(TxDescriptor(params)),
             "running": Out(1), "done": Out(1), "scan_failed": Out(1),
             "cycles": Out(32), "timestep": Out(params.step_bits), "head": Out(E),
-            "ev_table_index": Out(1),
+            "ev_table_index": Out(1), "lockstep_busy": Out(1), "head_owed": Out(P),
             "steplog_en": Out(1), "steplog_addr": Out(params.step_bits),
             "steplog_data": Out(32)})
 
@@ -121,6 +127,7 @@ class Issue(wiring.Component):
         expect_f = Cat(*[Cat(*[x[q] for x in t.expect]).bit_select(e.flow, 1)
                          for q in range(P)])
         root_ok = (expect_f & ~self._reduce_done_of(e.flow)) == 0
+        self._head_owed(m, e, expect_f)
         m.d.sync += [hd["due"].eq(e.step <= self.timestep), hd["ports"].eq(send_ports),
                      hd["none"].eq((send_ports == 0) | (e.size == 0)),
                      hd["deps"].eq(Mux(e.op == REDUCE,
@@ -129,6 +136,19 @@ class Issue(wiring.Component):
                                            self._gather_done_of(e.flow)))),
                      hd["idle"].eq((send_ports & ~tx_idle_q) == 0)]
         return hd
+
+    def _head_owed(self, m, e, expect_f):
+        """``head_owed``: the same dependencies as the issue decision, per port."""
+        p = self.params
+        gather_owed = Cat(*[(e.pport == q) & ~self._gather_done_of(e.flow)
+                            for q in range(p.ports)])
+        with m.Switch(e.op):
+            with m.Case(REDUCE):
+                m.d.comb += self.head_owed.eq(e.cports & ~self._reduce_done_of(e.flow))
+            with m.Case(GATHER):
+                m.d.comb += self.head_owed.eq(Mux(e.pport == p.port_nil,
+                                                  expect_f & ~self._reduce_done_of(e.flow),
+                                                  gather_owed))
 
     def elaborate(self, platform):
         m = Module()
@@ -205,6 +225,7 @@ class Issue(wiring.Component):
                              head_ok2.eq(head_ok)]
                 with m.If(lk != 0):
                     m.d.sync += lk.eq(lk - 1)
+                    m.d.comb += self.lockstep_busy.eq(1)
                 advance = Signal()
                 with m.If(hp >= self.entries):
                     with m.If(tx_all_idle & rx_all_done):

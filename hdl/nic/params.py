@@ -20,12 +20,18 @@ Register map (host bus, 32-bit words; word address = region << (AW-2) | offset):
       0x0B TIMESTEP    RO  timestep counter
       0x0C HEAD        RO  head entry index
       0x0D PARAMS      RO  ports | lanes << 4 | log2(depth) << 8 | max_entries << 16
+      0x0E WATCHDOG    RW  cycles without progress while RUNNING before ERR WATCHDOG (0 off)
+      0x0F WD_INFO     RO  what the watchdog waited for: bit31 fired, [30:28] cause
+                           (1 contribution, 2 gather data, 3 credit), [27:24] port,
+                           [23:16] flow, [15:0] step (``watchdog.decode_info``)
       0x10+p PEER[p]   RW  node id of the peer on port p (packet-mode dest)
       0x20+8p+k        RO  per-port counters, k: 0 TX_FLITS, 1 TX_HEADS, 2 TX_WORDS
                            (payload words sent), 3 RX_FRAGS (fragments accepted),
                            4 RX_WORDS (payload words written), 5 RX_LINK_ERRS (depacketiser
                            error count, all causes), 6 RX_DROPPED (flits dropped by the
                            depacketiser), 7 RX_BAD (fragments rejected by the NIC checks)
+      0xF0+p LINK_CRC[p] RO sub-packets port p's link CRC checker failed (fabrics built
+                           with link CRC; else 0)
     region 1  schedule table: row i, word k at i * row_stride + k (write only)
     region 2  gradient buffer: element e (write while not RUNNING, read any time: the
               host is the banked buffer's highest-priority reader)
@@ -69,8 +75,11 @@ class Reg(enum.IntEnum):
     TIMESTEP = 0x0B
     HEAD = 0x0C
     PARAMS = 0x0D
+    WATCHDOG = 0x0E
+    WD_INFO = 0x0F
     PEER = 0x10
     PORT = 0x20
+    LINK_CRC = 0xF0
 
 
 class PortCounter(enum.IntEnum):
@@ -94,6 +103,8 @@ class ErrBit(enum.IntEnum):
     SEQUENCE = 6         # fragment offset does not continue the open message
     LINK = 7             # depacketiser error (unknown flow/op, seq, length, orphan, overflow)
     BANK_CONFLICT = 8    # two write-backs met in one buffer bank (internal; never expected)
+    WATCHDOG = 9         # no progress for WATCHDOG cycles while RUNNING (see WD_INFO)
+    LINK_CRC = 10        # a link CRC checker failed a sub-packet (it was not accumulated)
 
 
 class Ctrl(enum.IntEnum):

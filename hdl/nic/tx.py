@@ -70,6 +70,8 @@ class TxUnit(wiring.Component):
         Nothing loaded, in flight or queued, and the packetiser takes a header.
     flits, heads, words : ``Out(32)``
         Flits and head flits sent (the packetiser's), payload words issued.
+    msg_flow, msg_step : ``Out``
+        Flow and step of the message loaded last (the watchdog names a stuck unit's).
     """
 
     def __init__(self, *, params: NicParams, port: int):
@@ -83,7 +85,8 @@ class TxUnit(wiring.Component):
             "read": Out(BufferReadSignature(buffer_abits(params), params.lanes)),
             "go": In(1), "desc": In(TxDescriptor(params)),
             "peer": In(16), "node_id": In(16), "clear": In(1),
-            "idle": Out(1), "flits": Out(32), "heads": Out(32), "words": Out(32)})
+            "idle": Out(1), "flits": Out(32), "heads": Out(32), "words": Out(32),
+            "msg_flow": Out(params.flow_bits), "msg_step": Out(params.step_bits)})
 
     def elaborate(self, platform):
         m = Module()
@@ -137,5 +140,6 @@ class TxUnit(wiring.Component):
                          self.words.eq(self.words + d.size)]
         with m.If(self.clear):
             m.d.sync += self.words.eq(0)
-        m.d.comb += [self.flits.eq(pk.status.flits), self.heads.eq(pk.status.heads)]
+        m.d.comb += [self.flits.eq(pk.status.flits), self.heads.eq(pk.status.heads),
+                     self.msg_flow.eq(hdr.flow), self.msg_step.eq(hdr.step)]
         return m

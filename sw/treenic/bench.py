@@ -34,6 +34,7 @@ SECTIONS = {
     "netsim": ("treenic.netsim.bench", "Network timing model: RTL validation and scale"),
     "paper": ("treenic.netsim.paper", "MultiTree paper's studies under the network model"),
     "boards": ("treenic.boards.bench", "Boards: host link over UDP, bitstreams"),
+    "faults": ("treenic.faults", "Fault campaign: link CRC, watchdog (Verilated RTL)"),
 }
 
 

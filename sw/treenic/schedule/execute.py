@@ -14,9 +14,10 @@ import numpy as np
 
 from .ir import Op, Schedule, ScheduleError
 
-#: The one NaN of the numeric contract (docs/architecture.md §5): every NaN an addition produces — a
-#: NaN operand, or inf + (-inf) — is the quiet NaN 0x7FC00000 (sign 0, payload dropped), as
-#: the RTL adder emits it (``treenic.hdl.fp32.CANONICAL_NAN``; a test checks they agree).
+#: The one NaN of the numeric contract (docs/architecture.md §5): every NaN an addition
+#: produces — a NaN operand, or inf + (-inf) — is the quiet NaN 0x7FC00000 (sign 0, payload
+#: dropped), as the RTL adder emits it (``treenic.hdl.fp32.CANONICAL_NAN``; a test checks
+#: they agree).
 #: numpy keeps NaN payloads and gives 0xFFC00000 for inf - inf on x86, so results are
 #: canonicalised after every addition here, and after the collective in other backends.
 CANONICAL_NAN = 0x7FC00000
