@@ -4,12 +4,12 @@ link ports wired per a direct topology.
 
 ::
 
-    b0_rgmii ─ BoardCore 0 ─ tx i ─► LinkModel ─► rx j ─ BoardCore 1 ─ b1_rgmii   ...
+    b0_rgmii ─ BoardCore 0 ─ tx i ─► LinkChannel ─► rx j ─ BoardCore 1 ─ b1_rgmii   ...
 
 The link ports are wired flit for flit through the link model the RTL fabric uses
-(:class:`treenic.hdl.link.link.LinkModel`, ``latency`` register stages): the PMOD and
+(:class:`treenic.hdl.link.link.LinkChannel`, ``latency`` register stages): the PMOD and
 flits-in-Ethernet link PHYs are not built yet, so nothing here simulates a cable.  Every
-report of a simulated cluster says ``links: "LinkModel (no link PHY)"``.
+report of a simulated cluster says ``links: "LinkChannel (no link PHY)"``.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from amaranth.lib.wiring import Out
 
 from treenic import topology as topo_mod
 from treenic.hdl.host.liteeth import RgmiiSignature
-from treenic.hdl.link.link import LinkModel
+from treenic.hdl.link.link import LinkChannel
 from treenic.hdl.nic import NicParams
 from treenic.hdl.nic.fabric import wiring_plan
 
@@ -27,7 +27,7 @@ from .core import BoardCore
 
 __all__ = ["BoardCluster", "CLUSTER_LINKS"]
 
-CLUSTER_LINKS = "LinkModel (no link PHY)"
+CLUSTER_LINKS = "LinkChannel (no link PHY)"
 
 
 class BoardCluster(wiring.Component):
@@ -71,14 +71,14 @@ class BoardCluster(wiring.Component):
             boards.append(b)
         used = set()
         for (u, i, v, j) in self.plan:
-            lk = LinkModel(p.fmt, latency=self.latency, stall=0, seed=1 + u * p.ports + i,
+            lk = LinkChannel(p.fmt, latency=self.latency, stall=0, seed=1 + u * p.ports + i,
                            depth=max(8, p.credits))
             m.submodules[f"link_{u}_{i}"] = lk
-            wiring.connect(m, getattr(boards[u], f"tx{i}"), lk.i)
-            wiring.connect(m, lk.o, getattr(boards[v], f"rx{j}"))
+            wiring.connect(m, boards[u].tx[i], lk.i)
+            wiring.connect(m, lk.o, boards[v].rx[j])
             used.add((u, i))
         for u, b in enumerate(boards):                # unused ports: idle, no credits
             for i in range(p.ports):
                 if (u, i) not in used:
-                    m.d.comb += getattr(b, f"rx{i}").valid.eq(0)
+                    m.d.comb += b.rx[i].valid.eq(0)
         return m

@@ -73,9 +73,8 @@ class BoardCore(wiring.Component):
                    "error": Out(1), "host_accepted": Out(32), "host_dropped": Out(32)}
         if links == "ports":               # the NIC's link ports, wired by the caller
             from treenic.hdl.link.flit import LinkSignature
-            for i in range(params.ports):
-                members[f"tx{i}"] = Out(LinkSignature(params.fmt))
-                members[f"rx{i}"] = In(LinkSignature(params.fmt))
+            members["tx"] = Out(LinkSignature(params.fmt)).array(params.ports)
+            members["rx"] = In(LinkSignature(params.fmt)).array(params.ports)
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -92,10 +91,10 @@ class BoardCore(wiring.Component):
         if platform is None:
             wiring.connect(m, eth.rgmii, wiring.flipped(self.rgmii))
         for i in range(p.ports):
-            tx, rx = getattr(nic, f"tx{i}"), getattr(nic, f"rx{i}")
+            tx, rx = nic.tx[i], nic.rx[i]
             if self.links == "ports":
-                wiring.connect(m, tx, wiring.flipped(getattr(self, f"tx{i}")))
-                wiring.connect(m, wiring.flipped(getattr(self, f"rx{i}")), rx)
+                wiring.connect(m, tx, wiring.flipped(self.tx[i]))
+                wiring.connect(m, wiring.flipped(self.rx[i]), rx)
             else:                          # loopback plugs until the link PHYs exist
                 wiring.connect(m, tx, rx)
         m.d.comb += [nic.start.eq(0), self.running.eq(nic.running), self.done.eq(nic.done),
