@@ -21,8 +21,8 @@ SIMULATOR = "verilator (treenic.hdl.cosim, VPI-free C++ stream pump)"
 CHUNKS = (4096, 65536)
 DENSITIES = (0.01, 0.10)
 LANES = (2, 8, 16)
-#: TREENIC_SPARSE_LANES=2,8 restricts the top-k lane counts (the W = 16 unit's elaboration is
-#: slow, see docs/sparse-units.md); the JSON lists the lane counts actually measured
+#: TREENIC_SPARSE_LANES=2,8 restricts the top-k lane counts (each width is its own Verilator
+#: build); the JSON lists the lane counts actually measured
 LANES_ENV = "TREENIC_SPARSE_LANES"
 
 
