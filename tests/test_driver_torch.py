@@ -74,6 +74,13 @@ def _world(rank, world, endpoint):
                     out[(name, "bad_dtype")] = None
                 except DriverError as e:
                     out[(name, "bad_dtype")] = str(e)
+                # an integer tensor on rank 3 only: the same, naming rank 3 and int64
+                try:
+                    comm.allreduce(torch.zeros(10, dtype=torch.int64 if rank == 3
+                                               else torch.float32))
+                    out[(name, "int_dtype")] = None
+                except DriverError as e:
+                    out[(name, "int_dtype")] = str(e)
             comm.close()
     for piece in (7, 1 << 18):                      # tiny pieces: overlap is exercised
         for executor in ("pipelined", "stepwise"):
@@ -146,6 +153,8 @@ def test_bad_dtype_on_one_rank_reported_on_every_rank(world_results, backend):
     for r in range(WORLD):
         msg = world_results[r][(backend, "bad_dtype")]
         assert msg is not None and "rank 2" in msg and "float64" in msg, msg
+        msg = world_results[r][(backend, "int_dtype")]
+        assert msg is not None and "rank 3" in msg and "int64" in msg, msg
 
 
 def test_counters(world_results):

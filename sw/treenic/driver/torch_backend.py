@@ -169,10 +169,10 @@ class TorchBackend:
 
     # ---- dense ------------------------------------------------------------------------------
     def dense(self, tensor, seq):
+        if self.verify:     # first, so a bad tensor on one rank fails every rank, naming it
+            self._check_sizes(tensor, "all-reduce")
         if not tensor.is_floating_point():
             raise DriverError(f"allreduce needs a floating-point tensor, got {tensor.dtype}")
-        if self.verify:
-            self._check_sizes(tensor, "all-reduce")
         flat = tensor.view(-1) if tensor.is_contiguous() else tensor.reshape(-1).clone()
         msgs, sent, recv = self._plan(flat.numel(), flat.device)
         if self.executor == "pipelined":
@@ -285,10 +285,10 @@ class TorchBackend:
         if scheme != "topka":
             raise DriverError(f"backend 'torch' runs sparse scheme 'topka' natively; "
                               f"{scheme!r} runs on the 'model' and 'rtl' backends (NIC-side)")
-        if tensor.dtype != torch.float32:
-            raise DriverError(f"sparse all-reduce needs float32, got {tensor.dtype}")
         if self.verify:
             self._check_sizes(tensor, "sparse all-reduce")
+        if tensor.dtype != torch.float32:
+            raise DriverError(f"sparse all-reduce needs float32, got {tensor.dtype}")
         flat = tensor.reshape(-1)
         # acc = g + R (R = 0 at first: -0.0 + 0.0 = +0.0, as the golden models compute)
         acc = flat + (0.0 if residual is None else residual.reshape(-1))
@@ -322,12 +322,15 @@ class TorchBackend:
 
 
 
-_DTYPE_NAMES = {1: "float32", 2: "float64", 3: "float16", 4: "bfloat16"}
+_DTYPE_NAMES = {1: "float32", 2: "float64", 3: "float16", 4: "bfloat16", 5: "int64",
+                6: "int32", 7: "int16", 8: "int8", 9: "uint8", 10: "bool"}
 
 
 def _dtype_code(dtype) -> int:
     import torch
-    return {torch.float32: 1, torch.float64: 2, torch.float16: 3, torch.bfloat16: 4}.get(dtype, 0)
+    return {torch.float32: 1, torch.float64: 2, torch.float16: 3, torch.bfloat16: 4,
+            torch.int64: 5, torch.int32: 6, torch.int16: 7, torch.int8: 8, torch.uint8: 9,
+            torch.bool: 10}.get(dtype, 0)
 
 
 def _topk_indices(acc, k: int):
