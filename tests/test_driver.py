@@ -3,12 +3,12 @@ in-process model fabric, RTL engine error path, failure behaviour (timeouts, kil
 import os
 import signal
 import socket
-import threading
 import time
 import zlib
 
 import numpy as np
 import pytest
+import rank_threads
 
 from treenic import algorithms
 from treenic.driver import (DriverError, FabricDisconnected, FabricError, FabricTimeout,
@@ -42,20 +42,7 @@ def server():
 
 
 def run_threads(fn, world=WORLD, timeout=30.0):
-    out, errs = [None] * world, [None] * world
-
-    def wrap(r):
-        try:
-            out[r] = fn(r)
-        except BaseException as e:
-            errs[r] = e
-    ts = [threading.Thread(target=wrap, args=(r,), daemon=True) for r in range(world)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(timeout)
-        assert not t.is_alive(), "rank thread hung"
-    return out, errs
+    return rank_threads.run_threads(fn, world, timeout)
 
 
 def grads(seed, n, world=WORLD, edge=True):

@@ -9,6 +9,7 @@ import zlib
 
 import numpy as np
 import pytest
+import rank_threads
 
 from treenic import algorithms
 from treenic.driver import FabricError, open_nic, schedule_image
@@ -55,20 +56,7 @@ def hello_payload(server, rank, world=WORLD):
 
 
 def run_threads(fn, world=WORLD, timeout=30.0):
-    out, errs = [None] * world, [None] * world
-
-    def wrap(r):
-        try:
-            out[r] = fn(r)
-        except BaseException as e:
-            errs[r] = e
-    ts = [threading.Thread(target=wrap, args=(r,), daemon=True) for r in range(world)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(timeout)
-        assert not t.is_alive(), "rank thread hung"
-    return out, errs
+    return rank_threads.run_threads(fn, world, timeout)
 
 
 # ---- defect 1: unbounded frame buffering ---------------------------------------------------

@@ -4,10 +4,10 @@ executor and in every backend (model, rtl fabric server with the golden engine, 
 the Verilated RTL engine when TREENIC_RTL_TESTS=1). Inputs carry NaNs with payloads and both
 signs, +-inf (so inf - inf and inf + inf occur), signed zeros and subnormals."""
 import os
-import threading
 
 import numpy as np
 import pytest
+import rank_threads
 
 from treenic import algorithms
 from treenic.driver import LocalFabric, open_nic, rtl_unavailable_reason
@@ -78,18 +78,7 @@ def test_golden_executor_and_replay_canonicalise(alg, topo):
 
 
 def _threads(fn, world):
-    out, errs = [None] * world, [None] * world
-
-    def wrap(r):
-        try:
-            out[r] = fn(r)
-        except BaseException as e:
-            errs[r] = e
-    ts = [threading.Thread(target=wrap, args=(r,), daemon=True) for r in range(world)]
-    for t in ts:
-        t.start()
-    for t in ts:
-        t.join(60)
+    out, errs = rank_threads.run_threads(fn, world, timeout=60)
     assert errs == [None] * world, errs
     return out
 
