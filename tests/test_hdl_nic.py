@@ -13,7 +13,8 @@ from treenic.hdl.nic import ErrBit, Nic, NicParams, Reg, Status, ID_VALUE
 from treenic.hdl.nic.core import HOST_READ_LATENCY
 from treenic.hdl.nic.fabric import Fabric, wiring_plan
 from treenic.hdl.nic.host import (NicImageError, buffer_writes, host_writes, image_writes,
-                                  order_writes, params_for_images, sim_read_buffers)
+                                  order_writes, params_for_images, sim_load_and_start,
+                                  sim_read_buffers)
 from treenic.hdl.nic.model import expected_port_counters, ideal_cycles, port_messages
 from treenic.schedule.execute import execute
 from treenic.topology import parse
@@ -233,17 +234,7 @@ def _fabric_run(spec, alg, E, mode="message", order=True, stall=0):
     out = {}
 
     async def tb(ctx):
-        for u in range(sched.n):
-            for a, v in writes[u]:
-                ctx.set(fab.hw.valid, 1)
-                ctx.set(fab.hw.payload.node, u)
-                ctx.set(fab.hw.payload.addr, a)
-                ctx.set(fab.hw.payload.data, v)
-                await ctx.tick()
-        ctx.set(fab.hw.valid, 0)
-        ctx.set(fab.start, 1)
-        await ctx.tick()
-        ctx.set(fab.start, 0)
+        await sim_load_and_start(ctx, fab, writes)
         for _ in range(5000):
             await ctx.tick()
             if ctx.get(fab.done):

@@ -77,8 +77,7 @@ def run_amaranth_case(spec, alg, elements, mode, order, stall) -> dict:
     from treenic.firmware.image import build_images
     from treenic.hdl.nic import NicParams
     from treenic.hdl.nic.fabric import Fabric
-    from treenic.hdl.nic.host import (buffer_writes, image_writes, order_writes,
-                                      sim_read_buffers)
+    from treenic.hdl.nic.host import host_writes, sim_load_and_start, sim_read_buffers
     from treenic.schedule.execute import execute
     sched = build(alg, spec)
     params = NicParams(ports=sched.topology.max_ports(), depth=32, max_nodes=4,
@@ -87,7 +86,6 @@ def run_amaranth_case(spec, alg, elements, mode, order, stall) -> dict:
     fab = Fabric(spec, params, latency=2, stall=stall, seed=3)
     bufs = np.random.default_rng(5).standard_normal((sched.n, elements)).astype(np.float32)
     imgs = build_images(sched, elements)
-    ow = [order_writes(params, im) for im in imgs] if order else [[] for _ in imgs]
     recorder = _RecordNics()
     try:
         sim = Simulator(fab)
@@ -99,17 +97,7 @@ def run_amaranth_case(spec, alg, elements, mode, order, stall) -> dict:
     trace = hashlib.sha256()
 
     async def tb(ctx):
-        for u in range(sched.n):
-            for a, v in image_writes(params, imgs[u]) + ow[u] + buffer_writes(params, bufs[u]):
-                ctx.set(fab.hw.valid, 1)
-                ctx.set(fab.hw.payload.node, u)
-                ctx.set(fab.hw.payload.addr, a)
-                ctx.set(fab.hw.payload.data, v)
-                await ctx.tick()
-        ctx.set(fab.hw.valid, 0)
-        ctx.set(fab.start, 1)
-        await ctx.tick()
-        ctx.set(fab.start, 0)
+        await sim_load_and_start(ctx, fab, host_writes(params, imgs, bufs, order=order))
         for _ in range(20000):
             await ctx.tick()
             trace.update(repr([(ctx.get(tx.valid), ctx.get(tx.flit.as_value()),

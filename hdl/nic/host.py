@@ -139,6 +139,23 @@ def buffer_writes(params: NicParams, values: np.ndarray) -> list[tuple[int, int]
     return [(params.buf_addr(e), int(b)) for e, b in enumerate(bits)]
 
 
+async def sim_load_and_start(ctx, fabric, writes) -> None:
+    """Amaranth-simulator testbench helper: every node's host writes (``writes``: per node a
+    list of (address, value), e.g. from :func:`host_writes`) through the fabric's ``hw``
+    stream, one write per cycle, then one ``start`` pulse."""
+    for u, node_writes in enumerate(writes):
+        for a, v in node_writes:
+            ctx.set(fabric.hw.valid, 1)
+            ctx.set(fabric.hw.payload.node, u)
+            ctx.set(fabric.hw.payload.addr, a)
+            ctx.set(fabric.hw.payload.data, v)
+            await ctx.tick()
+    ctx.set(fabric.hw.valid, 0)
+    ctx.set(fabric.start, 1)
+    await ctx.tick()
+    ctx.set(fabric.start, 0)
+
+
 async def sim_read_buffers(ctx, fabric, params: NicParams, nodes: int, elements: int) -> np.ndarray:
     """Amaranth-simulator testbench helper: read every node's gradient buffer back through
     the fabric's host read stream (``hr`` requests, ``hrd`` data), one word at a time.

@@ -13,7 +13,8 @@ from amaranth.sim import Simulator
 from treenic.algorithms import build
 from treenic.firmware.image import compile_images
 from treenic.hdl.nic.fabric import Fabric
-from treenic.hdl.nic.host import host_writes, params_for_images, sim_read_buffers
+from treenic.hdl.nic.host import (host_writes, params_for_images, sim_load_and_start,
+                                  sim_read_buffers)
 from treenic.hdl.nic.model import ideal_cycles
 from treenic.schedule.execute import execute
 
@@ -30,17 +31,7 @@ def main(spec, alg, E, check=False):
     sim.add_clock(1e-8)
 
     async def tb(ctx):
-        for u in range(sched.n):
-            for a, v in writes[u]:
-                ctx.set(fab.hw.valid, 1)
-                ctx.set(fab.hw.payload.node, u)
-                ctx.set(fab.hw.payload.addr, a)
-                ctx.set(fab.hw.payload.data, v)
-                await ctx.tick()
-        ctx.set(fab.hw.valid, 0)
-        ctx.set(fab.start, 1)
-        await ctx.tick()
-        ctx.set(fab.start, 0)
+        await sim_load_and_start(ctx, fab, writes)
         while not ctx.get(fab.done):
             await ctx.tick()
         out["cycles"] = ctx.get(fab.cycles)
