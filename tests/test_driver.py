@@ -8,7 +8,8 @@ import zlib
 
 import numpy as np
 import pytest
-import rank_threads
+import driver_helpers
+from driver_helpers import expect_error, req
 
 from treenic import algorithms
 from treenic.driver import (DriverError, FabricDisconnected, FabricError, FabricTimeout,
@@ -42,7 +43,7 @@ def server():
 
 
 def run_threads(fn, world=WORLD, timeout=30.0):
-    return rank_threads.run_threads(fn, world, timeout)
+    return driver_helpers.run_threads(fn, world, timeout)
 
 
 def grads(seed, n, world=WORLD, edge=True):
@@ -129,19 +130,6 @@ def test_server_sparse_matches_model_and_keeps_residual(server, schedules):
 def raw_conn(server):
     s = socket.create_connection(server.address, timeout=5)
     return s
-
-
-def req(sock, msg, payload=b"", version=P.PROTOCOL_VERSION):
-    sock.sendall(P.encode(msg, payload, 1, version=version))
-    return P.read_frame(sock)
-
-
-def expect_error(reply, code):
-    msg, _, _, payload = reply
-    assert msg == P.Msg.ERROR, f"expected ERROR {code.name}, got {msg:#x}"
-    got, text = P.decode_error(payload)
-    assert got == code, (got, text)
-    return text
 
 
 def hello(server, sock, rank, world=WORLD, version=P.PROTOCOL_VERSION):

@@ -9,7 +9,8 @@ import zlib
 
 import numpy as np
 import pytest
-import rank_threads
+import driver_helpers
+from driver_helpers import expect_error, req
 
 from treenic import algorithms
 from treenic.driver import FabricError, open_nic, schedule_image
@@ -37,26 +38,13 @@ def conn(server, timeout=5.0):
     return socket.create_connection(server.address, timeout=timeout)
 
 
-def req(sock, msg, payload=b""):
-    sock.sendall(P.encode(msg, payload, 1))
-    return P.read_frame(sock)
-
-
-def expect_error(reply, code):
-    msg, _, _, payload = reply
-    assert msg == P.Msg.ERROR, f"expected ERROR {code.name}, got {msg:#x}"
-    got, text = P.decode_error(payload)
-    assert got == code, (got, text)
-    return text
-
-
 def hello_payload(server, rank, world=WORLD):
     return P.HELLO.pack(P.PROTOCOL_VERSION, rank, world, 0,
                         bytes.fromhex(server.secret)) + b"test"
 
 
 def run_threads(fn, world=WORLD, timeout=30.0):
-    return rank_threads.run_threads(fn, world, timeout)
+    return driver_helpers.run_threads(fn, world, timeout)
 
 
 # ---- defect 1: unbounded frame buffering ---------------------------------------------------

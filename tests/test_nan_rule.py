@@ -7,7 +7,7 @@ import os
 
 import numpy as np
 import pytest
-import rank_threads
+import driver_helpers
 
 from treenic import algorithms
 from treenic.driver import LocalFabric, open_nic, rtl_unavailable_reason
@@ -78,7 +78,7 @@ def test_golden_executor_and_replay_canonicalise(alg, topo):
 
 
 def _threads(fn, world):
-    out, errs = rank_threads.run_threads(fn, world, timeout=60)
+    out, errs = driver_helpers.run_threads(fn, world, timeout=60)
     assert errs == [None] * world, errs
     return out
 

@@ -1,0 +1,39 @@
+"""Helpers shared by the driver tests: one function per rank in threads (the in-process
+world), one raw host-protocol request, and the check of an ERROR reply."""
+import threading
+
+from treenic.driver import protocol as P
+
+
+def run_threads(fn, world, timeout=30.0):
+    """``fn(rank)`` on ``world`` threads; returns (results, exceptions), one per rank, and
+    fails the test if a rank is still running after ``timeout`` seconds."""
+    out, errs = [None] * world, [None] * world
+
+    def wrap(r):
+        try:
+            out[r] = fn(r)
+        except BaseException as e:
+            errs[r] = e
+    ts = [threading.Thread(target=wrap, args=(r,), daemon=True) for r in range(world)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(timeout)
+        assert not t.is_alive(), "rank thread hung"
+    return out, errs
+
+
+def req(sock, msg, payload=b"", version=P.PROTOCOL_VERSION):
+    """Send one host-protocol frame (tag 1) and return the reply frame."""
+    sock.sendall(P.encode(msg, payload, 1, version=version))
+    return P.read_frame(sock)
+
+
+def expect_error(reply, code):
+    """Assert ``reply`` is an ERROR with ``code``; returns its text."""
+    msg, _, _, payload = reply
+    assert msg == P.Msg.ERROR, f"expected ERROR {code.name}, got {msg:#x}"
+    got, text = P.decode_error(payload)
+    assert got == code, (got, text)
+    return text
