@@ -335,10 +335,9 @@ class TopKUnit(wiring.Component):
                              st.digit.eq(Cat(Const(0, 1), s_row))]
             with m.Elif(~st.found):
                 m.d.sync += st.acc.eq(st.acc + s_pair)
-        with m.Elif(st.scan_valid):
-            pass
-        with m.Elif(st.scan_addr == ROWS):
-            # all bins read and cleared: fix the digit and start the next pass
+        with m.Elif(~st.scan_valid & (st.scan_addr == ROWS)):
+            # once the last row's sum has left the register stage (``s_valid``) and no row
+            # is in flight: all bins read and cleared; fix the digit, start the next pass
             with m.Switch(st.pass_index):
                 for p, shift in enumerate(DIGIT_SHIFTS):
                     with m.Case(p):

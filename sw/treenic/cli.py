@@ -282,15 +282,17 @@ def cmd_train(args) -> int:
 
 def cmd_demo(args) -> int:
     check_elements(args.elements, topology_arg(DEFAULT_TOPOLOGY).n)
-    train = _optional("treenic.train")
-    if train is not None and not args.schedules_only:
+    train = None if args.schedules_only else _optional("treenic.train")
+    if train is not None:
         check_train_args(args)
     rows = compare_rows(DEFAULT_TOPOLOGY, args.elements, 0)
     print_compare(rows, DEFAULT_TOPOLOGY, args.elements)
-    train = _optional("treenic.train")
-    if train is not None and not args.schedules_only:
-        return train.main(args)
-    return 0
+    if train is None:
+        if not args.schedules_only:     # no torch: say so, never skip the training silently
+            print("NOTICE: treenic.train could not be imported (torch missing?); the demo "
+                  "ran the schedule comparison only", file=sys.stderr)
+        return 0
+    return train.main(args)
 
 
 class _Parser(argparse.ArgumentParser):

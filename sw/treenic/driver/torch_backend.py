@@ -317,7 +317,7 @@ class TorchBackend:
                 "transport": self.dist.get_backend(self.group), "executor": self.executor}
 
     def close(self):
-        pass
+        """Nothing to release: the process group belongs to the caller."""
 
 
 
