@@ -62,11 +62,16 @@ def run_sparse_model(scheme: str, accs: np.ndarray, density: float, seed: int):
 
 
 class GoldenEngine:
+    """The golden executor. Loaded from an image set (the fabric server), ``schedule`` is
+    the one the set's rows describe (:func:`treenic.firmware.image.decode_schedule`), so
+    the golden engine runs what the RTL's tables hold."""
     name = "golden"
     description = "golden executor (treenic.schedule.execute) + treenic.sparse golden models"
 
-    def __init__(self, schedule: Schedule):
+    def __init__(self, schedule: Schedule, images=None):
         self.schedule = schedule
+        #: the loaded :class:`~treenic.firmware.image.ImageSet` (None: in-process fabric)
+        self.images = images
 
     def run(self, buffers: np.ndarray):
         return execute(self.schedule, buffers), None
@@ -79,12 +84,15 @@ class RTLEngine:
     """The Verilated NIC fabric (:data:`RTL_MODULE`, ``FabricSim``): N NIC cores wired by
     link models, loaded with the firmware images of the schedule, run to DONE; cycles are the
     fabric's ``start .. done`` counter. One Verilated build per buffer size (cached on disk
-    under ``build/cosim``), so the first collective of a new size pays the build."""
+    under ``build/cosim``), so the first collective of a new size pays the build. Given
+    ``images`` (the fabric server: the image set a rank loaded), the fabric loads exactly
+    those images and runs their element count only."""
 
     name = "rtl"
 
-    def __init__(self, schedule: Schedule):
+    def __init__(self, schedule: Schedule, images=None):
         self.schedule = schedule
+        self.images = images
         if not schedule.topology.is_direct:
             raise RTLFabricUnavailable(f"RTL fabric engine unavailable: the RTL fabric wires "
                                        f"direct networks only; {schedule.topology.spec} has "
@@ -115,9 +123,14 @@ class RTLEngine:
     def prepare(self, elements: int):
         """Build (or load from the cache) the fabric for ``elements`` per node."""
         sim = self._sims.get(elements)
+        if sim is None and self.images is not None and elements != self.images.elements:
+            raise FabricError(f"the loaded image set is for {self.images.elements} elements, "
+                              f"not {elements}", code="SIZE_MISMATCH")
         if sim is None:
             try:
-                sim = self._cls(self.schedule.topology, self.schedule, elements)
+                sim = (self._cls(self.schedule.topology, self.schedule, elements)
+                       if self.images is None else
+                       self._cls(self.schedule.topology, None, None, images=self.images))
             except Exception as e:
                 text = str(e).strip()
                 lines = text.splitlines()
@@ -143,11 +156,13 @@ class RTLEngine:
                           f"scheme {scheme!r} needs the golden engine")
 
 
-def make_engine(name: str, schedule: Schedule):
+def make_engine(name: str, schedule: Schedule, images=None):
+    """Engine ``name`` for ``schedule``; with ``images`` (an ImageSet whose rows describe
+    ``schedule``) the engine runs that image set."""
     if name == "golden":
-        return GoldenEngine(schedule)
+        return GoldenEngine(schedule, images)
     if name == "rtl":
-        return RTLEngine(schedule)
+        return RTLEngine(schedule, images)
     raise DriverError(f"unknown fabric engine {name!r}; known: {', '.join(ENGINES)}")
 
 
@@ -318,13 +333,8 @@ class Rendezvous:
 
     def _run(self, seq: int, rec: _Record) -> None:
         reqs = [rec.requests[r] for r in range(self.world)]
-        ids = [q.config[0] if q.config else None for q in reqs]
-        if len(set(ids)) != 1:
-            desc = ", ".join(f"rank {r}: {'none' if i is None else f'{i:#010x}'}"
-                             for r, i in enumerate(ids))
-            rec.error = FabricError(f"collective #{seq}: ranks loaded different "
-                                    f"configurations ({desc})", code="CONFIG_MISMATCH")
-            return
+        # sizes first: ranks of different element counts also loaded different image sets,
+        # and the size is what the user must fix
         sigs = [q.signature() for q in reqs]
         if len(set(sigs)) != 1:
             desc = "; ".join(f"rank {r}: {s[0]} {s[1]} elements"
@@ -332,6 +342,13 @@ class Rendezvous:
                              for r, s in enumerate(sigs))
             rec.error = FabricError(f"collective #{seq}: ranks disagree ({desc})",
                                     code="SIZE_MISMATCH")
+            return
+        ids = [q.config[0] if q.config else None for q in reqs]
+        if len(set(ids)) != 1:
+            desc = ", ".join(f"rank {r}: {'none' if i is None else f'{i:#010x}'}"
+                             for r, i in enumerate(ids))
+            rec.error = FabricError(f"collective #{seq}: ranks loaded different "
+                                    f"configurations ({desc})", code="CONFIG_MISMATCH")
             return
         _, schedule, engine = reqs[0].config or (None, self.schedule, self.engine)
         try:
