@@ -52,10 +52,13 @@ Messages (request → reply; payload layouts as :mod:`struct` formats)
     reply ``<IQ`` sequence, count. At most 4 collectives may be written and not yet started
     per rank (``SEQUENCE`` beyond that); a sequence number is written once.
 ``START`` 0x04 → ``COMPLETE`` 0x84
-    request ``<IBBHdQ`` sequence, mode (0: dense schedule, 1: sparse), reserved, name length
-    ``n``, density (float64, sparse only), seed (sparse only) + ``n`` bytes UTF-8 sparse
-    scheme name (``treenic.sparse`` registry). The NIC starts once all ranks have written
-    and started collective ``sequence``; the reply is sent when it finished.
+    request ``<IBBHdQ`` sequence, mode (0: dense schedule, 1: sparse), sparse options
+    (:func:`pack_sparse_options`: bit 0 residual 0 local / 1 global, bit 1 flow assignment
+    0 contiguous / 1 hash, other bits 0; 0 for dense and for schemes without options), name
+    length ``n``, density (float64, sparse only), seed (sparse only) + ``n`` bytes UTF-8
+    sparse scheme name (``treenic.sparse`` registry). The NIC starts once all ranks have
+    written and started collective ``sequence`` with the same parameters; the reply is sent
+    when it finished. A sparse scheme the fabric's engine does not run is ``ENGINE``.
     reply ``<IIQQQ`` sequence, steps, cycles (:data:`CYCLES_UNKNOWN` when the engine does
     not model time), bytes this NIC sent on its links, bytes it received on its links.
 ``READ_BUFFER`` 0x05 → ``BUFFER_DATA`` 0x85
@@ -88,7 +91,7 @@ too) and every later one until the rank connects again; an orderly ``BYE`` abort
 it then closes. Security model, limits and guarantees: ``docs/driver-protocol.md``.
 
 Versioning: the version byte changes whenever a layout changes (2: HELLO carries the job
-secret; ABORT). A server answers a frame of
+secret; ABORT; 3: START's third byte carries the sparse options, reserved before). A server answers a frame of
 another version with ``ERROR VERSION_MISMATCH`` (payload names both versions) in *its own*
 framing, which every version keeps (magic, version, type at the same offsets).
 """
@@ -103,7 +106,7 @@ import zlib
 from enum import IntEnum
 
 MAGIC = b"TNIC"
-PROTOCOL_VERSION = 2             # 2: HELLO carries the job secret; ABORT
+PROTOCOL_VERSION = 3             # 2: HELLO carries the job secret; ABORT; 3: sparse options
 HEADER = struct.Struct("<4sBBHII")
 CRC = struct.Struct("<I")
 MAX_PAYLOAD = 1 << 30            # 1 GiB: 256 M float32 elements per buffer
@@ -123,6 +126,8 @@ BUF_RESIDUAL = 1
 MODE_DENSE = 0
 MODE_SPARSE = 1
 IMAGE_SCHEDULE_JSON = 1
+#: START's sparse options byte: (option, value that sets the bit) per bit, bit 0 first
+SPARSE_OPTION_BITS = (("residual", "global"), ("flow_assignment", "hash"))
 ENGINE_IDS = {"golden": 0, "rtl": 1}
 
 
@@ -188,6 +193,22 @@ STATUS_REPLY = struct.Struct("<IIQQQQQQ")
 ERROR = struct.Struct("<HH")
 ABORT = struct.Struct("<I")               # sequence + UTF-8 reason
 MAX_ABORT_REASON = 1024
+
+
+def pack_sparse_options(options: dict) -> int:
+    """START's sparse options byte of validated options (missing: the default, bit 0)."""
+    return sum(1 << bit for bit, (key, value) in enumerate(SPARSE_OPTION_BITS)
+               if options.get(key) == value)
+
+
+def unpack_sparse_options(byte: int) -> dict | None:
+    """The options a START byte names (every option, defaults included); None when a bit
+    outside :data:`SPARSE_OPTION_BITS` is set."""
+    if byte >> len(SPARSE_OPTION_BITS):
+        return None
+    from .fabric import SPARSE_OPTIONS
+    return {key: (value if byte >> bit & 1 else SPARSE_OPTIONS[key][0])
+            for bit, (key, value) in enumerate(SPARSE_OPTION_BITS)}
 
 
 #: Job secret: 32 random bytes, written as 64 hex digits outside the protocol.
