@@ -103,6 +103,7 @@ def measure(run: RtlRun) -> dict:
         raise RuntimeError(f"{run.name}: RTL result differs from the golden executor")
     cnt = fs.counters()
     return {"cycles": int(cycles), "bit_exact": True,
+            "lfsr_steps_at_start": fs.last_timing["lfsr_steps_at_start"],
             "step_cycles_node0": [int(c) for c in cnt[0]["step_cycles"]],
             "verilator_build_s": round(build_s, 1), "commit": _commit()}
 
