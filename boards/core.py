@@ -10,10 +10,16 @@ Board tops (``boards/ecpix5.py``) add clocks, resets, LEDs and the link pins; th
 whole-board simulation elaborates this component without a platform and drives its
 clocks and RGMII pins from the bench.
 
-Links: the PMOD / flits-in-Ethernet link PHYs are not built yet.  Until they are, each
-port's transmit side is looped back into its own receive side (a loopback plug), so the
-complete NIC -- packetisers, depacketisers, RX/TX units, buffer -- is in the bitstream and
-its area and Fmax are the real ones.  ``links="loopback"`` names this in every report.
+Links (``links``):
+
+* ``"serial"`` (the ECPIX-5 board): each NIC port goes through a
+  :class:`~treenic.hdl.link.serial.SerialLinkPort` (link CRC + source-synchronous serial
+  PHY) to ``lanes_tx[i]`` / ``lanes_rx[i]``; the board top puts them on PMOD pins through
+  DDR buffers, port ``i``'s receive lanes are clocked by domain ``link<i>_rx`` (the
+  peer's forwarded clock).
+* ``"ports"``: the NIC's ``tx<i>``/``rx<i>`` become members, wired by the caller.
+* ``"loopback"``: each port's transmit side looped into its own receive side (a
+  loopback plug; the complete NIC is still in the bitstream).
 """
 from __future__ import annotations
 
@@ -31,8 +37,10 @@ __all__ = ["BoardCore", "STATUS_REGS", "LINKS", "MAX_WORDS"]
 
 #: registers a STATUS request returns, in order (then the engine's counters)
 STATUS_REGS = (Reg.STATUS, Reg.CYCLES, Reg.ERR_FLAGS, Reg.ERR_COUNT, Reg.TIMESTEP)
-#: how the NIC's link ports are wired on the boards built so far
-LINKS = "loopback"
+#: how the NIC's link ports are wired on the ECPIX-5 board
+LINKS = "serial"
+#: data lanes per direction of a serial (PMOD) link
+SERIAL_LANES = 3
 #: largest READ/WRITE per datagram: 1 KiB of data, 1044-byte UDP payload (under one MTU)
 MAX_WORDS = 256
 
@@ -48,9 +56,7 @@ class BoardCore(wiring.Component):
     verilog : Path
         The generated ``liteeth_core.v``.
     links : str
-        ``"loopback"`` (each NIC port's TX into its own RX: the boards built so far) or
-        ``"ports"`` (the NIC's ``tx<i>``/``rx<i>`` become members, wired by the caller:
-        the multi-board simulation).
+        ``"serial"``, ``"ports"`` or ``"loopback"`` (see the module docstring).
 
     Members
     -------
@@ -60,14 +66,20 @@ class BoardCore(wiring.Component):
         The NIC's status wires.
     host_accepted, host_dropped : Out(32)
         Host-protocol requests executed / malformed datagrams dropped.
+    lanes_tx, lanes_rx : Out/In(2 * SERIAL_LANES).array(ports)
+        (``links="serial"``) each port's serial lanes, 2 bits per lane per cycle.
+    links_up : Out(ports)
+        (``links="serial"``) trained links.
+    link_fault : Out(1)
+        (``links="serial"``) sticky: a dropped word, a link CRC error or an overflow.
     """
 
     def __init__(self, *, params: NicParams, verilog, port: int = UDP_PORT,
-                 links: str = LINKS):
+                 links: str = "loopback"):
         if not isinstance(params, NicParams):
             raise TypeError("params must be a NicParams")
-        if links not in ("loopback", "ports"):
-            raise ValueError(f"links must be 'loopback' or 'ports', not {links!r}")
+        if links not in ("serial", "loopback", "ports"):
+            raise ValueError(f"links must be 'serial', 'loopback' or 'ports', not {links!r}")
         self.params, self.verilog, self.port, self.links = params, verilog, port, links
         members = {"rgmii": Out(RgmiiSignature()), "running": Out(1), "done": Out(1),
                    "error": Out(1), "host_accepted": Out(32), "host_dropped": Out(32)}
@@ -75,6 +87,13 @@ class BoardCore(wiring.Component):
             from treenic.hdl.link.flit import LinkSignature
             members["tx"] = Out(LinkSignature(params.fmt)).array(params.ports)
             members["rx"] = In(LinkSignature(params.fmt)).array(params.ports)
+        if links == "serial":
+            from treenic.hdl.link.serial import SerialFraming
+            self.framing = SerialFraming(params.fmt, lanes=SERIAL_LANES)
+            members["lanes_tx"] = Out(2 * SERIAL_LANES).array(params.ports)
+            members["lanes_rx"] = In(2 * SERIAL_LANES).array(params.ports)
+            members["links_up"] = Out(params.ports)
+            members["link_fault"] = Out(1)
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -95,12 +114,26 @@ class BoardCore(wiring.Component):
             if self.links == "ports":
                 wiring.connect(m, tx, wiring.flipped(self.tx[i]))
                 wiring.connect(m, wiring.flipped(self.rx[i]), rx)
-            else:                          # loopback plugs until the link PHYs exist
+            elif self.links == "serial":
+                self._serial_port(m, i, tx, rx)
+            else:                          # loopback plug
                 wiring.connect(m, tx, rx)
         m.d.comb += [nic.start.eq(0), self.running.eq(nic.running), self.done.eq(nic.done),
                      self.error.eq(nic.error), self.host_accepted.eq(eng.accepted),
                      self.host_dropped.eq(eng.dropped)]
         return m
+
+    def _serial_port(self, m, i, tx, rx):
+        from treenic.hdl.link.serial import SerialLinkPort
+        p = self.params
+        port = m.submodules[f"link{i}"] = SerialLinkPort(
+            self.framing, rx_domain=f"link{i}_rx", tx_depth=max(8, p.credits * p.fmt.vcs))
+        wiring.connect(m, tx, port.tx)
+        wiring.connect(m, port.rx, rx)
+        m.d.comb += [self.lanes_tx[i].eq(port.tx_lanes), port.rx_lanes.eq(self.lanes_rx[i]),
+                     self.links_up[i].eq(port.up)]
+        with m.If((port.frame_errors != 0) | (port.crc_errors != 0) | port.overflow):
+            m.d.sync += self.link_fault.eq(1)
 
 
 def heartbeat(m, domain: str, hz: float, clock_hz: float) -> Signal:

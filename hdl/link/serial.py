@@ -55,7 +55,8 @@ from .crc import LINK_CRC, CrcLinkSignature
 from .flit import FlitFormat
 from .link import lfsr16_next
 
-__all__ = ["SerialFraming", "SerialLinkPhy", "HEADER_DATA", "HEADER_TRAIN", "LOCK_FRAMES"]
+__all__ = ["SerialFraming", "SerialLinkPhy", "SerialLinkPort", "HEADER_DATA", "HEADER_TRAIN",
+           "LOCK_FRAMES"]
 
 HEADER_DATA = 0b01
 HEADER_TRAIN = 0b10
@@ -465,3 +466,60 @@ class SerialLinkPhy(wiring.Component):
                 m.d.sync += sr.eq(sr[2:])
             m.d.comb += self.tx_lanes[2 * k:2 * k + 2].eq(sr[:2])
         assert f["valid"] == (0, 1)
+
+
+class SerialLinkPort(wiring.Component):
+    """A NIC port's link over the serial PHY, behind the NIC's own link interface::
+
+        Nic.tx[i] ─► CrcAppender ─► SerialLinkPhy ─► tx_lanes      (to the cable)
+        Nic.rx[i] ◄─ CrcChecker  ◄─ SerialLinkPhy ◄─ rx_lanes      (from the cable)
+
+    Parameters
+    ----------
+    framing : SerialFraming
+        Lane geometry (the flit format is ``framing.fmt``).
+    rx_domain : str
+        Clock domain of ``rx_lanes`` (the peer's forwarded clock).
+    tx_depth : int
+        TX FIFO depth (at least the peer's receive buffer).
+
+    Members
+    -------
+    tx : In(LinkSignature(fmt))
+        From the NIC port's packetiser side (``Nic.tx[i]``).
+    rx : Out(LinkSignature(fmt))
+        To the NIC port's depacketiser side (``Nic.rx[i]``).
+    tx_lanes, rx_lanes, up, lane_locked, frame_errors, overflow
+        As :class:`SerialLinkPhy`.
+    crc_errors : Out(16)
+        Sub-packets that failed the link CRC (:class:`~treenic.hdl.link.crc.CrcChecker`).
+    """
+
+    def __init__(self, framing: SerialFraming, *, rx_domain: str = "link_rx",
+                 tx_depth: int = 32):
+        from .flit import LinkSignature
+        self.phy = SerialLinkPhy(framing, rx_domain=rx_domain, tx_depth=tx_depth)
+        self.framing = framing
+        n = framing.lanes
+        super().__init__({"tx": In(LinkSignature(framing.fmt)),
+                          "rx": Out(LinkSignature(framing.fmt)),
+                          "tx_lanes": Out(2 * n), "rx_lanes": In(2 * n), "up": Out(1),
+                          "lane_locked": Out(n), "frame_errors": Out(16),
+                          "overflow": Out(1), "crc_errors": Out(16)})
+
+    def elaborate(self, platform):
+        from .crc import CrcAppender, CrcChecker
+        m = Module()
+        fmt = self.framing.fmt
+        m.submodules.phy = phy = self.phy
+        m.submodules.append = app = CrcAppender(fmt)
+        m.submodules.check = chk = CrcChecker(fmt)
+        wiring.connect(m, wiring.flipped(self.tx), app.i)
+        wiring.connect(m, app.o, phy.i)
+        wiring.connect(m, phy.o, chk.i)
+        wiring.connect(m, chk.o, wiring.flipped(self.rx))
+        m.d.comb += [self.tx_lanes.eq(phy.tx_lanes), phy.rx_lanes.eq(self.rx_lanes),
+                     self.up.eq(phy.up), self.lane_locked.eq(phy.lane_locked),
+                     self.frame_errors.eq(phy.frame_errors), self.overflow.eq(phy.overflow),
+                     self.crc_errors.eq(chk.errors)]
+        return m
