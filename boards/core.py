@@ -17,6 +17,9 @@ Links (``links``):
   PHY) to ``lanes_tx[i]`` / ``lanes_rx[i]``; the board top puts them on PMOD pins through
   DDR buffers, port ``i``'s receive lanes are clocked by domain ``link<i>_rx`` (the
   peer's forwarded clock).
+* ``"ethernet"`` (the Colorlight board): each NIC port is a UDP datagram link to one
+  port of one peer board (:class:`~treenic.hdl.link.ethernet.DatagramLinks`, link CRC
+  around it) through a second LiteEth core on the board's second RGMII port.
 * ``"ports"``: the NIC's ``tx<i>``/``rx<i>`` become members, wired by the caller.
 * ``"loopback"``: each port's transmit side looped into its own receive side (a
   loopback plug; the complete NIC is still in the bitstream).
@@ -56,7 +59,11 @@ class BoardCore(wiring.Component):
     verilog : Path
         The generated ``liteeth_core.v``.
     links : str
-        ``"serial"``, ``"ports"`` or ``"loopback"`` (see the module docstring).
+        ``"serial"``, ``"ethernet"``, ``"ports"`` or ``"loopback"`` (module docstring).
+    peers : list of (str, int)
+        (``links="ethernet"``) per NIC port: the peer board's link IPv4 address and port.
+    link_verilog : Path
+        (``links="ethernet"``) the link network's LiteEth core (module ``liteeth_link``).
 
     Members
     -------
@@ -71,15 +78,22 @@ class BoardCore(wiring.Component):
     links_up : Out(ports)
         (``links="serial"``) trained links.
     link_fault : Out(1)
-        (``links="serial"``) sticky: a dropped word, a link CRC error or an overflow.
+        (``links="serial"``/``"ethernet"``) sticky: a dropped word or datagram, a link CRC
+        error or an overflow.
     """
 
     def __init__(self, *, params: NicParams, verilog, port: int = UDP_PORT,
-                 links: str = "loopback"):
+                 links: str = "loopback", peers=None, link_verilog=None):
         if not isinstance(params, NicParams):
             raise TypeError("params must be a NicParams")
-        if links not in ("serial", "loopback", "ports"):
-            raise ValueError(f"links must be 'serial', 'loopback' or 'ports', not {links!r}")
+        if links not in ("serial", "ethernet", "loopback", "ports"):
+            raise ValueError(f"links must be 'serial', 'ethernet', 'loopback' or 'ports', "
+                             f"not {links!r}")
+        if links == "ethernet" and (peers is None or len(peers) != params.ports or
+                                    link_verilog is None):
+            raise ValueError(f"links='ethernet' needs one peer per NIC port "
+                             f"({params.ports}) and link_verilog")
+        self.peers, self.link_verilog = peers, link_verilog
         self.params, self.verilog, self.port, self.links = params, verilog, port, links
         members = {"rgmii": Out(RgmiiSignature()), "running": Out(1), "done": Out(1),
                    "error": Out(1), "host_accepted": Out(32), "host_dropped": Out(32)}
@@ -94,6 +108,9 @@ class BoardCore(wiring.Component):
             members["lanes_rx"] = In(2 * SERIAL_LANES).array(params.ports)
             members["links_up"] = Out(params.ports)
             members["link_fault"] = Out(1)
+        if links == "ethernet":
+            members["link_fault"] = Out(1)
+            members["links_dropped"] = Out(16)
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -109,7 +126,9 @@ class BoardCore(wiring.Component):
         wiring.connect(m, eng.host, nic.host)
         if platform is None:
             wiring.connect(m, eth.rgmii, wiring.flipped(self.rgmii))
-        for i in range(p.ports):
+        if self.links == "ethernet":
+            self._ethernet_links(m, nic)
+        for i in range(p.ports if self.links != "ethernet" else 0):
             tx, rx = nic.tx[i], nic.rx[i]
             if self.links == "ports":
                 wiring.connect(m, tx, wiring.flipped(self.tx[i]))
@@ -122,6 +141,30 @@ class BoardCore(wiring.Component):
                      self.error.eq(nic.error), self.host_accepted.eq(eng.accepted),
                      self.host_dropped.eq(eng.dropped)]
         return m
+
+    def _ethernet_links(self, m, nic):
+        from treenic.hdl.link.crc import CrcAppender, CrcChecker
+        from treenic.hdl.link.ethernet import LINK_UDP_PORT, DatagramLinks
+        p = self.params
+        links = m.submodules.links = DatagramLinks(
+            p.fmt, peers=self.peers, tx_depth=max(32, p.credits * p.fmt.vcs))
+        net = m.submodules.link_eth = LiteEthHost(verilog=self.link_verilog,
+                                                  port=LINK_UDP_PORT, module="liteeth_link",
+                                                  resource=1)
+        wiring.connect(m, links.tx, net.tx)
+        wiring.connect(m, net.rx, links.rx)
+        fault = links.overflow | (links.dropped != 0)
+        for i in range(p.ports):
+            app = m.submodules[f"crc_append{i}"] = CrcAppender(p.fmt)
+            chk = m.submodules[f"crc_check{i}"] = CrcChecker(p.fmt)
+            wiring.connect(m, nic.tx[i], app.i)
+            wiring.connect(m, app.o, links.i[i])
+            wiring.connect(m, links.o[i], chk.i)
+            wiring.connect(m, chk.o, nic.rx[i])
+            fault = fault | (chk.errors != 0)
+        m.d.comb += self.links_dropped.eq(links.dropped)
+        with m.If(fault):
+            m.d.sync += self.link_fault.eq(1)
 
     def _serial_port(self, m, i, tx, rx):
         from treenic.hdl.link.serial import SerialLinkPort
