@@ -77,13 +77,15 @@ def default_topology(world: int) -> str:
     return f"ring:{world}"
 
 
-def schedule_for(algorithm, topology, world: int) -> Schedule:
+def schedule_for(algorithm, topology, world: int, **options) -> Schedule:
+    """``algorithm`` (a ready Schedule, or a registry name compiled on ``topology`` with the
+    builder's ``options``, e.g. ``variant=``) checked against the world size."""
     if isinstance(algorithm, Schedule):
         schedule = algorithm
     else:
         topo = topology if isinstance(topology, Topology) else \
             parse(topology or default_topology(world))
-        schedule = algorithms.build(algorithm, topo)
+        schedule = algorithms.build(algorithm, topo, **options)
     if schedule.n != world:
         raise DriverError(f"schedule {schedule.algorithm} on {schedule.topology.spec} has "
                           f"{schedule.n} nodes but the world has {world} ranks")
