@@ -86,8 +86,12 @@ class SparseEngine(wiring.Component):
     host_i : In(stream.Signature(HOST_IN))
     host_o : Out(stream.Signature(HOST_OUT))
     tx, rx : link ports (``Out``/``In`` ``LinkSignature(fmt)`` arrays)
+    start : In(1)
+        Same as a host START (a fabric-wide start).
     busy : Out(1)
         The program runs.
+    finals : Out(range(chunks * slot + 1))
+        Final pairs held (what a DUMP streams after the residual).
     cycles : Out(32)
         Cycles of the last run (START to END).
     malformed : Out(16)
@@ -113,7 +117,8 @@ class SparseEngine(wiring.Component):
         super().__init__({
             "host_i": In(stream.Signature(HOST_IN)), "host_o": Out(stream.Signature(HOST_OUT)),
             "tx": Out(LinkSignature(fmt)).array(ports), "rx": In(LinkSignature(fmt)).array(ports),
-            "busy": Out(1), "cycles": Out(32), "malformed": Out(16)})
+            "start": In(1), "busy": Out(1), "cycles": Out(32), "malformed": Out(16),
+            "finals": Out(range(chunks * slot + 1))})
 
     def elaborate(self, platform):
         from .sparse_datapath import build_engine

@@ -49,9 +49,12 @@ class SparseFabric(wiring.Component):
     -------
     host_i : In(stream.Signature(HOST_IN)).array(P)
     host_o : Out(stream.Signature(HOST_OUT)).array(P)
+    start : In(1)
+        Starts every engine in the same cycle.
     busy : Out(P)
     cycles : Out(32).array(P)
     malformed : Out(16).array(P)
+    finals : Out(32).array(P)
     """
 
     def __init__(self, program: SparseProgram, *, lanes: int = 2, latency: int = 1,
@@ -64,8 +67,8 @@ class SparseFabric(wiring.Component):
         P = len(program.rows)
         super().__init__({"host_i": In(stream.Signature(HOST_IN)).array(P),
                           "host_o": Out(stream.Signature(HOST_OUT)).array(P),
-                          "busy": Out(P), "cycles": Out(32).array(P),
-                          "malformed": Out(16).array(P)})
+                          "start": In(1), "busy": Out(P), "cycles": Out(32).array(P),
+                          "malformed": Out(16).array(P), "finals": Out(32).array(P)})
 
     def elaborate(self, platform):
         m = Module()
@@ -76,6 +79,7 @@ class SparseFabric(wiring.Component):
             wiring.connect(m, wiring.flipped(self.host_i[u]), eng.host_i)
             wiring.connect(m, eng.host_o, wiring.flipped(self.host_o[u]))
             m.d.comb += [self.busy[u].eq(eng.busy), self.cycles[u].eq(eng.cycles),
+                         eng.start.eq(self.start), self.finals[u].eq(eng.finals),
                          self.malformed[u].eq(eng.malformed)]
             nodes.append(eng)
         for n, (u, pu, v, pv) in enumerate(wiring_plan(self.topology)):

@@ -31,6 +31,7 @@ def sequencer(m, c, head):
                  c.dump_r.addr.eq(j)]
     with m.If(e.busy):
         m.d.sync += e.cycles.eq(e.cycles + 1)
+    m.d.comb += e.finals.eq(sum(c.counts[i] for i in range(e.chunks)))
     rx = c.rx_flit
     rx_pair_idx, rx_pair_val = rx.data[:32], rx.data[32:]
     fits = (rx_pair_idx >= row.lo) & (rx_pair_idx - row.lo < row.n) & (n_pairs < row.k)
@@ -144,6 +145,9 @@ def _head_ok(c, rx, row):
 
 def _idle(m, c, h, pc, j, chunk, dump_n):
     e = c.e
+    with m.If(e.start):
+        m.d.sync += [pc.eq(0), e.cycles.eq(0)]
+        m.next = "WAIT"
     with m.Switch(h.payload.kind):
         with m.Case(HostKind.GRAD):
             m.d.comb += [c.sc_valid.eq(h.valid), c.sc_index.eq(h.payload.addr),
