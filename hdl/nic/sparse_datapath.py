@@ -95,6 +95,7 @@ def _links(m, c):
     c.tx_ok = Signal()
     m.d.comb += c.tx_ok.eq(Array(cr != 0 for cr in credits)[port])
     c.tx_fire = c.tx_req & c.tx_ok
+    m.d.sync += e.flits.eq(e.flits + c.tx_fire)
     for p in range(e.ports):
         tx, rx = e.tx[p], e.rx[p]
         sending = c.tx_fire & (port == p)

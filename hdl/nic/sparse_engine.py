@@ -88,6 +88,8 @@ class SparseEngine(wiring.Component):
     tx, rx : link ports (``Out``/``In`` ``LinkSignature(fmt)`` arrays)
     start : In(1)
         Same as a host START (a fabric-wide start).
+    flits : Out(32)
+        Flits sent on all links since reset (64 data bits each).
     busy : Out(1)
         The program runs.
     finals : Out(range(chunks * slot + 1))
@@ -117,7 +119,7 @@ class SparseEngine(wiring.Component):
         super().__init__({
             "host_i": In(stream.Signature(HOST_IN)), "host_o": Out(stream.Signature(HOST_OUT)),
             "tx": Out(LinkSignature(fmt)).array(ports), "rx": In(LinkSignature(fmt)).array(ports),
-            "start": In(1), "busy": Out(1), "cycles": Out(32), "malformed": Out(16),
+            "start": In(1), "busy": Out(1), "flits": Out(32), "cycles": Out(32), "malformed": Out(16),
             "finals": Out(range(chunks * slot + 1))})
 
     def elaborate(self, platform):

@@ -55,6 +55,7 @@ class SparseFabric(wiring.Component):
     cycles : Out(32).array(P)
     malformed : Out(16).array(P)
     finals : Out(32).array(P)
+    flits : Out(32).array(P)
     """
 
     def __init__(self, program: SparseProgram, *, lanes: int = 2, latency: int = 1,
@@ -68,7 +69,8 @@ class SparseFabric(wiring.Component):
         super().__init__({"host_i": In(stream.Signature(HOST_IN)).array(P),
                           "host_o": Out(stream.Signature(HOST_OUT)).array(P),
                           "start": In(1), "busy": Out(P), "cycles": Out(32).array(P),
-                          "malformed": Out(16).array(P), "finals": Out(32).array(P)})
+                          "malformed": Out(16).array(P), "finals": Out(32).array(P),
+                          "flits": Out(32).array(P)})
 
     def elaborate(self, platform):
         m = Module()
@@ -80,6 +82,7 @@ class SparseFabric(wiring.Component):
             wiring.connect(m, eng.host_o, wiring.flipped(self.host_o[u]))
             m.d.comb += [self.busy[u].eq(eng.busy), self.cycles[u].eq(eng.cycles),
                          eng.start.eq(self.start), self.finals[u].eq(eng.finals),
+                         self.flits[u].eq(eng.flits),
                          self.malformed[u].eq(eng.malformed)]
             nodes.append(eng)
         for n, (u, pu, v, pv) in enumerate(wiring_plan(self.topology)):

@@ -83,6 +83,8 @@ class SparseProgram:
     ports: int
     kb: list[int] = field(default_factory=list)
     link_pairs: int = 0    # pair flits every link carries together at full budgets
+    ideal_cycles: int = 0  # sum over steps of the most-loaded directed link's flits at
+    #                        full budgets (head + kb pairs + tail per message)
 
 
 def _port_map(topology) -> dict[tuple[int, int], int]:
@@ -115,7 +117,7 @@ def compile_sparse(model) -> SparseProgram:
         return pack_row(op=op, step=step, chunk=c, port=p, lo=off[c], n=off[c + 1] - off[c],
                         k=kb[c])
 
-    link_pairs = 0
+    link_pairs, ideal = 0, 0
     phases = [(SparseOp.SEND, SparseOp.RECV, plan.reduce, 1),
               (SparseOp.GSEND, SparseOp.GRECV, plan.gather, len(plan.reduce) + 1)]
     for send_op, recv_op, steps, first in phases:
@@ -123,6 +125,10 @@ def compile_sparse(model) -> SparseProgram:
             for c, r in enumerate(plan.roots):
                 rows[r].append(row(SparseOp.ROOT, 0, c))
         for s, trans in enumerate(steps, start=first):
+            load: dict[tuple[int, int], int] = {}
+            for src, dst, c in trans:
+                load[(src, dst)] = load.get((src, dst), 0) + int(kb[c]) + 2
+            ideal += max(load.values(), default=0)
             for src, dst, c in trans:
                 rows[src].append(row(send_op, s, c, port[(src, dst)]))
                 link_pairs += int(kb[c])
@@ -135,4 +141,4 @@ def compile_sparse(model) -> SparseProgram:
     ports = max(p.index for u in topo.nodes for p in topo.ports(u)) + 1
     return SparseProgram(topo.spec, model.elements, rows, sched.num_chunks,
                          int(np.diff(off).max()), int(kb.max()), max(rx.values(), default=1),
-                         ports, [int(k) for k in kb], link_pairs)
+                         ports, [int(k) for k in kb], link_pairs, ideal)
