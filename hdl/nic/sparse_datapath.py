@@ -25,7 +25,8 @@ def build_engine(e) -> Module:
     c = _Ctx()
     c.e = e
     m.submodules.scatter = c.scatter = ScatterAccumulate(depth=e.depth)
-    m.submodules.topk = c.topk = TopKUnit(lanes=e.lanes, max_chunk=e.chunk_beats * e.lanes)
+    m.submodules.topk = c.topk = TopKUnit(lanes=e.lanes, max_chunk=e.chunk_beats * e.lanes,
+                                          scan_bins=e.scan_bins)
     m.submodules.narrow = c.narrow = PairNarrower(lanes=e.lanes)
     m.d.comb += [c.narrow.i.valid.eq(c.topk.o.valid), c.narrow.i.payload.eq(c.topk.o.payload),
                  c.topk.o.ready.eq(c.narrow.i.ready)]

@@ -68,6 +68,8 @@ class SparseEngine(wiring.Component):
         Buffer words (power of two) -- the node's elements fit.
     lanes : int
         W, top-k lanes (read ports the feeder uses on the buffer).
+    scan_bins : int
+        Top-k histogram bins scanned a cycle (:class:`~treenic.hdl.sparse.topk.TopKUnit`).
     max_flow : int
         Largest flow (top-k chunk), elements.
     chunks : int
@@ -101,7 +103,8 @@ class SparseEngine(wiring.Component):
     """
 
     def __init__(self, *, ports: int, depth: int, lanes: int, max_flow: int, chunks: int,
-                 slot: int, rows: int, rx_depth: int, fmt: FlitFormat | None = None):
+                 slot: int, rows: int, rx_depth: int, scan_bins: int = 16,
+                 fmt: FlitFormat | None = None):
         for name, v, lo in (("ports", ports, 1), ("depth", depth, 2), ("max_flow", max_flow, 1),
                             ("chunks", chunks, 1), ("slot", slot, 1), ("rows", rows, 1),
                             ("rx_depth", rx_depth, 2)):
@@ -115,7 +118,7 @@ class SparseEngine(wiring.Component):
         self.ports, self.depth, self.lanes = ports, depth, lanes
         self.chunk_beats = -(-max_flow // lanes)
         self.max_flow, self.chunks, self.slot = max_flow, chunks, slot
-        self.rows, self.rx_depth = rows, rx_depth
+        self.rows, self.rx_depth, self.scan_bins = rows, rx_depth, scan_bins
         super().__init__({
             "host_i": In(stream.Signature(HOST_IN)), "host_o": Out(stream.Signature(HOST_OUT)),
             "tx": Out(LinkSignature(fmt)).array(ports), "rx": In(LinkSignature(fmt)).array(ports),
