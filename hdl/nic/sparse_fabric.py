@@ -101,6 +101,8 @@ def load_words(prog: SparseProgram, node: int, grads: np.ndarray) -> list[int]:
     def word(kind, addr, value):
         return kind | (addr << 2) | (value << 26)
     g = np.asarray(grads, np.float32).view(np.uint32)
+    if prog.perm is not None:
+        g = g[np.asarray(prog.perm)]          # hash flows: the buffer is in flow order
     out = [word(HostKind.PROG, a, r) for a, r in enumerate(prog.rows[node])]
     out += [word(HostKind.GRAD, i, int(v)) for i, v in enumerate(g)]
     return out
@@ -114,14 +116,21 @@ def dump_word(elements: int) -> int:
     return HostKind.DUMP | (elements << 26)
 
 
-def decode_dump(words, elements: int) -> tuple[np.ndarray, np.ndarray]:
+def decode_dump(words, elements: int, perm=None) -> tuple[np.ndarray, np.ndarray]:
     """(residual, result) float32 vectors from a node's dump words (``HOST_OUT`` packed):
-    the first ``elements`` words are part[0:elements], the rest the final pairs."""
-    w = np.asarray(words, dtype=object)
-    res = np.array([int(x) >> 32 & 0xFFFFFFFF for x in w[:elements]], np.uint32)
+    the first ``elements`` words are part[0:elements], the rest the final pairs; ``perm``
+    maps buffer positions back to element indices (hash flows)."""
+    w = [int(x) for x in words]
+    res = np.array([x >> 32 & 0xFFFFFFFF for x in w[:elements]], np.uint32)
+    pos = np.array([x & 0xFFFFFFFF for x in w[elements:]], np.int64)
+    val = np.array([x >> 32 & 0xFFFFFFFF for x in w[elements:]], np.uint32)
     out = np.zeros(elements, np.uint32)
-    for x in w[elements:]:
-        out[int(x) & 0xFFFFFFFF] = int(x) >> 32 & 0xFFFFFFFF
+    if perm is not None:
+        p = np.asarray(perm)
+        res_p, res = res, np.empty_like(res)
+        res[p] = res_p
+        pos = p[pos]
+    out[pos] = val
     return res.view(np.float32), out.view(np.float32)
 
 
@@ -185,7 +194,7 @@ def _collect(out, prog, iterations):
         res, resid, cyc = np.zeros((P, N), np.float32), np.zeros((P, N), np.float32), 0
         for i, u, words, cycles in out:
             if i == it:
-                resid[u], res[u] = decode_dump(words, N)
+                resid[u], res[u] = decode_dump(words, N, prog.perm)
                 cyc = max(cyc, cycles)
         runs.append((res, resid, cyc))
     return runs

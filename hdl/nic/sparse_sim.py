@@ -43,15 +43,20 @@ class SparseFabricSim:
         elements: float32 elements per node.
         density: top-k density (budget per flow ``max(1, floor(density * |flow|))``).
         lanes: top-k lanes W.
-        stall, latency, seed: link channels (stall probability /256), golden seed.
+        stall, latency, seed: link channels (stall probability /256), golden seed (also
+            the hash seed of ``flow_assignment="hash"``).
+        flow_assignment: ``"contiguous"`` or ``"hash"`` (Zen's h0 from the golden's
+            ``partition_of``, applied by the host as the buffer order).
     """
 
     def __init__(self, topology: str, elements: int, density: float, *, lanes: int = 16,
-                 stall: int = 0, latency: int = 1, seed: int = 0, verbose: bool = False):
+                 stall: int = 0, latency: int = 1, seed: int = 0,
+                 flow_assignment: str = "contiguous", verbose: bool = False):
         from treenic.hdl.cosim import build_cosim
         from treenic.topology import parse
         P = parse(topology).n
-        self.golden = MultiTreeSparse(P, elements, density, seed=seed, topology=topology)
+        self.golden = MultiTreeSparse(P, elements, density, seed=seed, topology=topology,
+                                      flow_assignment=flow_assignment)
         self.program = prog = compile_sparse(self.golden)
         self.P, self.N = P, elements
         fabric = SparseFabric(prog, lanes=lanes, stall=stall, latency=latency, seed=seed + 1)
@@ -94,7 +99,7 @@ class SparseFabricSim:
         for u in range(P):
             w = out.outputs[f"host_o__{u}"]
             words = [int(a) | int(b) << 32 | int(c) << 64 for a, b, c in w[:-1, :3]]
-            resid[u], res[u] = decode_dump(words, N)
+            resid[u], res[u] = decode_dump(words, N, self.program.perm)
         bad = sum(sim[f"malformed__{u}"] for u in range(P))
         return SparseRun(res, resid, int(cycles), int(bad), 8 * int(flits))
 
@@ -112,12 +117,14 @@ class SparseFabricSim:
 
 def sparse_allreduce_report(topology: str, elements: int, density: float, *,
                             iterations: int = 3, seed: int = 0, lanes: int = 16,
-                            stall: int = 0, dense: bool = True) -> dict:
+                            stall: int = 0, dense: bool = True,
+                            flow_assignment: str = "contiguous") -> dict:
     """MultiTree-Sparse on the Verilated sparse fabric for ``iterations`` error-feedback
     iterations (random gradients from ``seed``), each compared with the golden; with
     ``dense``, the dense MultiTree all-reduce of the first iteration's gradients on the
     Verilated dense NIC fabric (:class:`~.fabric_sim.FabricSim`) for comparison."""
-    sim = SparseFabricSim(topology, elements, density, lanes=lanes, stall=stall, seed=seed)
+    sim = SparseFabricSim(topology, elements, density, lanes=lanes, stall=stall, seed=seed,
+                          flow_assignment=flow_assignment)
     rng = np.random.default_rng(seed)
     grads = [rng.standard_normal((sim.P, elements)).astype(np.float32)
              for _ in range(iterations)]
@@ -125,7 +132,7 @@ def sparse_allreduce_report(topology: str, elements: int, density: float, *,
     prog = sim.program
     rep = {"algorithm": "multitree-sparse", "topology": prog.topology, "nodes": sim.P,
            "elements": elements, "density": density, "iterations": iterations,
-           "flow_assignment": "contiguous", "residual": "local", "lanes": lanes,
+           "flow_assignment": flow_assignment, "residual": "local", "lanes": lanes,
            "link_stall": stall, "engine": ENGINE_NAME,
            "bit_exact": all(r.bit_exact for r in runs),
            "bit_exact_per_iteration": [r.bit_exact for r in runs],

@@ -14,8 +14,10 @@ def _grads(rng, P, N, iterations):
             for _ in range(iterations)]
 
 
-def check_fabric(topology, P, N, density, *, iterations=3, stall=64, lanes=2, seed=0):
-    golden = MultiTreeSparse(P, N, density, seed=seed, topology=topology)
+def check_fabric(topology, P, N, density, *, iterations=3, stall=64, lanes=2, seed=0,
+                 flow_assignment="contiguous"):
+    golden = MultiTreeSparse(P, N, density, seed=seed, topology=topology,
+                             flow_assignment=flow_assignment)
     prog = compile_sparse(golden)
     grads = _grads(np.random.default_rng(seed), P, N, iterations)
     runs = run_amaranth(SparseFabric(prog, lanes=lanes, stall=stall, seed=seed + 1), grads)
@@ -31,3 +33,8 @@ def check_fabric(topology, P, N, density, *, iterations=3, stall=64, lanes=2, se
 
 def test_ring4_three_iterations_with_stalls():
     check_fabric("ring:4", 4, 64, 0.25)
+
+
+def test_ring3_hash_flows_uneven_sizes():
+    """A non-power-of-two node count and element count, Zen's hash flows (uneven flows)."""
+    check_fabric("ring:3", 3, 45, 0.2, flow_assignment="hash", seed=3, iterations=2)

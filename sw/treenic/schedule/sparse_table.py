@@ -83,6 +83,7 @@ class SparseProgram:
     ports: int
     kb: list[int] = field(default_factory=list)
     link_pairs: int = 0    # pair flits every link carries together at full budgets
+    perm: list[int] | None = None   # hash flows: buffer position -> element index
     ideal_cycles: int = 0  # sum over steps of the most-loaded directed link's flits at
     #                        full budgets (head + kb pairs + tail per message)
 
@@ -99,10 +100,12 @@ def _port_map(topology) -> dict[tuple[int, int], int]:
 
 
 def compile_sparse(model) -> SparseProgram:
-    """The sparse program of a built ``MultiTreeSparse`` model (contiguous flows)."""
+    """The sparse program of a built ``MultiTreeSparse`` model. Hash flows (Zen's h0) are
+    the golden's own permuted space: buffer position j holds element ``perm[j]``, so every
+    flow is contiguous in the buffer and ascending positions are ascending indices."""
     plan, sched = model.plan, model.schedule
-    if model.options["flow_assignment"] != "contiguous" and model.perm is None:
-        raise SparseTableError("flow assignment must be contiguous or hash")
+    if model.options["residual"] != "local":
+        raise SparseTableError("the sparse engine keeps residual='local' only")
     topo = sched.topology
     port = _port_map(topo)
     off, kb = model.offsets, model.kb
@@ -139,6 +142,7 @@ def compile_sparse(model) -> SparseProgram:
     for r in rows:
         r.append(pack_row(op=SparseOp.END))
     ports = max(p.index for u in topo.nodes for p in topo.ports(u)) + 1
+    perm = None if model.perm is None else [int(i) for i in model.perm]
     return SparseProgram(topo.spec, model.elements, rows, sched.num_chunks,
                          int(np.diff(off).max()), int(kb.max()), max(rx.values(), default=1),
-                         ports, [int(k) for k in kb], link_pairs, ideal)
+                         ports, [int(k) for k in kb], link_pairs, perm, ideal)
