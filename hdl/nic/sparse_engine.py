@@ -51,9 +51,10 @@ class HostKind:
     PROG = 1     # addr = row, data = row (sparse_table layout)
     START = 2    # run the program
     DUMP = 3     # data = elements: stream part[0:elements], every final pair, an end word
+    CLEAR = 4    # data = elements: part[0:elements] = +0 (adds each word's negation: exact)
 
 
-HOST_IN = data.StructLayout({"kind": 2, "addr": 24, "data": 96})
+HOST_IN = data.StructLayout({"kind": 3, "addr": 24, "data": 96})
 HOST_OUT = data.StructLayout({"index": 32, "value": 32, "final": 1, "end": 1})
 
 

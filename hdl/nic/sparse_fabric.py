@@ -99,7 +99,7 @@ class SparseFabric(wiring.Component):
 def load_words(prog: SparseProgram, node: int, grads: np.ndarray) -> list[int]:
     """Host words that load node's program and add its gradient (``HOST_IN`` packed)."""
     def word(kind, addr, value):
-        return kind | (addr << 2) | (value << 26)
+        return kind | (addr << 3) | (value << 27)
     g = np.asarray(grads, np.float32).view(np.uint32)
     if prog.perm is not None:
         g = g[np.asarray(prog.perm)]          # hash flows: the buffer is in flow order
@@ -113,7 +113,11 @@ def start_word() -> int:
 
 
 def dump_word(elements: int) -> int:
-    return HostKind.DUMP | (elements << 26)
+    return HostKind.DUMP | (elements << 27)
+
+
+def clear_word(elements: int) -> int:
+    return HostKind.CLEAR | (elements << 27)
 
 
 def decode_dump(words, elements: int, perm=None) -> tuple[np.ndarray, np.ndarray]:

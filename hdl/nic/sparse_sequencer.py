@@ -104,6 +104,13 @@ def sequencer(m, c, head):
         with m.State("NEXT"):
             m.d.sync += pc.eq(pc + 1)
             m.next = "FETCH"
+        with m.State("CLEAR_WAIT"):
+            with m.If(c.pending == 0):
+                m.next = "CLEAR_ADDR"
+        with m.State("CLEAR_ADDR"):
+            m.next = "CLEAR"
+        with m.State("CLEAR"):
+            _clear(m, c, j, dump_n)
         with m.State("DUMP_WAIT"):
             with m.If(c.pending == 0):
                 m.next = "DUMP_ADDR"
@@ -165,6 +172,11 @@ def _idle(m, c, h, pc, j, chunk, dump_n):
             with m.If(h.valid):
                 m.d.sync += [j.eq(0), chunk.eq(0), dump_n.eq(h.payload.data[:24])]
                 m.next = "DUMP_WAIT"
+        with m.Case(HostKind.CLEAR):
+            m.d.comb += h.ready.eq(1)
+            with m.If(h.valid):
+                m.d.sync += [j.eq(0), dump_n.eq(h.payload.data[:24])]
+                m.next = "CLEAR_WAIT"
 
 
 def _dispatch(m, c):
@@ -248,5 +260,17 @@ def _dump_residual(m, c, j, chunk, dump_n):
     with m.Else():
         m.d.comb += [e.host_o.valid.eq(1), e.host_o.payload.index.eq(j),
                      e.host_o.payload.value.eq(c.dump_r.data)]
+        with m.If(fire):
+            m.d.sync += j.eq(j + 1)
+
+
+def _clear(m, c, j, dump_n):
+    """part[j] += -part[j] for j < dump_n: +0 exactly, through the one adder path."""
+    fire = c.sc_valid & c.scatter.i.ready
+    m.d.comb += c.dump_r.addr.eq(Mux(fire, j + 1, j))
+    with m.If(j == dump_n):
+        m.next = "IDLE"
+    with m.Else():
+        m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(j), c.sc_value.eq(c.dump_r.data ^ SIGN)]
         with m.If(fire):
             m.d.sync += j.eq(j + 1)

@@ -7,7 +7,8 @@ from amaranth.sim import Simulator
 
 from treenic.hdl.link.flit import FlitFormat, FlitType, Op
 from treenic.hdl.nic.sparse_engine import SparseEngine
-from treenic.hdl.nic.sparse_fabric import decode_dump, dump_word, load_words, start_word
+from treenic.hdl.nic.sparse_fabric import (clear_word, decode_dump, dump_word, load_words,
+                                           start_word)
 from treenic.schedule.sparse_table import SparseOp, SparseProgram, pack_row
 from treenic.sparse.select import topk
 
@@ -20,7 +21,7 @@ def _engine():
                         rx_depth=32, scan_bins=16, fmt=FMT)
 
 
-def _run(rows, grads, flits=()):
+def _run(rows, grads, flits=(), clear=False):
     """Load, feed ``flits`` on rx[0], run, dump; returns (residual, result, malformed)."""
     eng = _engine()
     prog = SparseProgram("ring:2", N, [rows], 1, N, 8, 32, 1)
@@ -34,6 +35,10 @@ def _run(rows, grads, flits=()):
         ctx.set(eng.host_i.valid, 0)
         await ctx.tick().until(eng.busy == 1)
         await ctx.tick().until(eng.busy == 0)
+        for w in [clear_word(N)] if clear else []:
+            ctx.set(eng.host_i.payload.as_value(), w)
+            ctx.set(eng.host_i.valid, 1)
+            await ctx.tick().until(eng.host_i.ready)
         ctx.set(eng.host_i.payload.as_value(), dump_word(N))
         ctx.set(eng.host_i.valid, 1)
         await ctx.tick().until(eng.host_i.ready)
@@ -116,3 +121,12 @@ def test_wrong_head_drops_the_message():
     resid, _, bad = _run(rows, g, _message(5, 0, [(1, 1.0), (2, 2.0)]))   # wrong step
     assert np.array_equal(resid.view(np.uint32), g.view(np.uint32))
     assert bad == 3                              # the head and its two pairs
+
+
+def test_clear_zeroes_the_residual():
+    g = _grads(4)
+    g[3] = np.float32(-0.0)
+    resid, out, bad = _run([pack_row(op=SparseOp.ROOT, lo=0, n=N, k=3),
+                            pack_row(op=SparseOp.END)], g, clear=True)
+    assert np.array_equal(resid.view(np.uint32), np.zeros(N, np.uint32))   # all +0
+    assert np.count_nonzero(out) == 3 and bad == 0

@@ -88,14 +88,13 @@ class SparseProgram:
     #                        full budgets (head + kb pairs + tail per message)
 
 
-def _port_map(topology) -> dict[tuple[int, int], int]:
+def _port_map(topology) -> dict[tuple[int, int], tuple[int, int]]:
+    """(u, v) -> (u's port, v's port) of the link u -> v the program uses (the first one
+    where a pair of nodes has several, as torus:2xN's wrap-around)."""
     from treenic.hdl.nic.fabric import wiring_plan
     out = {}
     for u, pu, v, pv in wiring_plan(topology):
-        if (u, v) in out:
-            raise SparseTableError(f"{topology.spec}: two links {u}->{v}; the sparse "
-                                   f"program names a neighbour by one port")
-        out[(u, v)] = pu
+        out.setdefault((u, v), (pu, pv))
     return out
 
 
@@ -133,10 +132,10 @@ def compile_sparse(model) -> SparseProgram:
                 load[(src, dst)] = load.get((src, dst), 0) + int(kb[c]) + 2
             ideal += max(load.values(), default=0)
             for src, dst, c in trans:
-                rows[src].append(row(send_op, s, c, port[(src, dst)]))
+                rows[src].append(row(send_op, s, c, port[(src, dst)][0]))
                 link_pairs += int(kb[c])
             for src, dst, c in trans:
-                q = port[(dst, src)]
+                q = port[(src, dst)][1]
                 rows[dst].append(row(recv_op, s, c, q))
                 rx[(dst, q)] = rx.get((dst, q), 0) + int(kb[c]) + 2
     for r in rows:
