@@ -166,3 +166,37 @@ def dense_report(topology: str, buffers: np.ndarray) -> dict:
             "dense_bit_exact": bool(np.array_equal(np.asarray(out).view(np.uint32),
                                                    np.asarray(want).view(np.uint32))),
             "dense_engine": "Verilated NIC fabric (treenic.hdl.nic.fabric_sim)"}
+
+
+class StatelessSparse:
+    """The fabric server's view (``RTLEngine.run_sparse``): every call is one fresh
+    all-reduce of the given accumulators (the driver keeps error feedback on the host), so
+    the NICs' residual buffers are cleared (CLEAR, exact +0) before the accumulators are
+    added. Cached per (elements, density, seed): one Verilated build per size."""
+
+    def __init__(self, topology: str, *, lanes: int = 16):
+        self.topology, self.lanes = topology, lanes
+        self._sims: dict = {}
+
+    def run(self, accs: np.ndarray, density: float, seed: int):
+        """MultiTree-Sparse of ``accs`` (P × N) on the RTL; returns the
+        :class:`~treenic.sparse.base.SparseResult` the golden model returns for the same
+        call (result, residuals from the RTL; traffic log and info from the program)."""
+        from treenic.sparse.base import SparseResult
+        from .sparse_fabric import clear_word
+        accs = np.ascontiguousarray(accs, np.float32)
+        key = (accs.shape[1], float(density), int(seed))
+        sim = self._sims.get(key)
+        if sim is None:
+            sim = self._sims[key] = SparseFabricSim(self.topology, accs.shape[1], density,
+                                                    lanes=self.lanes, seed=seed)
+        elif sim.loaded:
+            sim.sim.run_streams(inputs={f"host_i__{u}": [clear_word(sim.N)]
+                                        for u in range(sim.P)})
+        r = sim.run(accs)
+        golden = MultiTreeSparse(sim.P, sim.N, density, seed=seed, topology=self.topology)
+        want = golden.step(accs)          # for the traffic log only; values come from the RTL
+        info = dict(want.info, engine=ENGINE_NAME, cycles=r.cycles, link_bytes=r.link_bytes,
+                    malformed=r.malformed)
+        return SparseResult("multitree-sparse", r.results, r.residuals, want.sent,
+                            want.received, info), r.cycles

@@ -13,7 +13,9 @@ A *fabric engine* simulates the N NICs and their links for one loaded schedule::
   (same contract as above). When that module, Verilator or a C++ compiler is missing, the
   topology has switches, or the build fails, the constructor / :meth:`RTLEngine.prepare`
   raises :class:`~treenic.driver.errors.RTLFabricUnavailable` with the reason; nothing
-  fakes it. Sparse schemes are not in the RTL yet (``run_sparse`` raises).
+  fakes it. ``run_sparse`` runs the schemes the RTL implements (:data:`RTL_SPARSE`:
+  MultiTree-Sparse on the Verilated sparse NIC fabric, :mod:`treenic.hdl.nic.sparse_sim`,
+  on the schedule's topology); any other scheme raises (no golden fallback).
 
 :class:`Rendezvous` matches the k-th collective of every rank (by sequence number), checks
 that all ranks asked for the same thing (mode, element count, sparse parameters), runs the
@@ -38,6 +40,8 @@ from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailabl
 RTL_MODULE = "treenic.hdl.nic.fabric_sim"
 
 ENGINES = ("golden", "rtl")
+#: sparse schemes the RTL engine runs (docs/sparse-nic.md)
+RTL_SPARSE = ("multitree-sparse",)
 #: How often a rank waiting in a collective checks that its own connection is still open.
 POLL_SECONDS = 0.1
 
@@ -110,6 +114,7 @@ class RTLEngine:
             raise RTLFabricUnavailable(f"RTL fabric engine unavailable: cannot build the "
                                        f"Verilated fabric ({why})")
         self._sims: dict[int, object] = {}
+        self._sparse = None
         self.description = f"Verilated NIC fabric ({RTL_MODULE}.FabricSim)"
 
     def prepare(self, elements: int):
@@ -139,8 +144,20 @@ class RTLEngine:
         return out, (None if cycles is None else int(cycles))
 
     def run_sparse(self, scheme, accs, density, seed):
-        raise FabricError(f"the RTL fabric ({RTL_MODULE}) runs dense schedules only; sparse "
-                          f"scheme {scheme!r} needs the golden engine")
+        """MultiTree-Sparse of ``accs`` on the Verilated sparse NIC fabric of the schedule's
+        topology (results and residuals from the RTL); ``info["engine"]`` names it."""
+        if scheme not in RTL_SPARSE:
+            raise FabricError(f"the RTL fabric implements sparse scheme(s) "
+                              f"{', '.join(RTL_SPARSE)} only; {scheme!r} is not in the RTL "
+                              f"(use the golden engine for it)")
+        if self._sparse is None:
+            from ..hdl.nic.sparse_sim import StatelessSparse
+            self._sparse = StatelessSparse(self.schedule.topology.spec)
+        try:
+            res, _ = self._sparse.run(accs, density, seed)
+        except (ValueError, TimeoutError) as e:
+            raise FabricError(f"RTL sparse fabric: {e}") from None
+        return res
 
 
 def make_engine(name: str, schedule: Schedule):
