@@ -24,7 +24,8 @@ def run(out_dir: Path, quick: bool = False) -> dict:
                                      ("torus:4x4", 16384, (0.01, 0.05, 0.10)))
     rows, dense = [], None
     for d in densities:
-        r = sparse_allreduce_report(topology, elements, d, iterations=3, dense=dense is None)
+        r = sparse_allreduce_report(topology, elements, d, iterations=3, dense=dense is None,
+                                    size_density=max(densities))
         if dense is None:
             dense = {k: r[k] for k in ("dense_cycles", "dense_link_bytes", "dense_bit_exact",
                                        "dense_engine")}
