@@ -304,10 +304,9 @@ def cmd_train(args) -> int:
 
 def cmd_demo(args) -> int:
     t0 = time.perf_counter()
-    try:
-        return _demo(args)
-    finally:
-        print(f"demo time: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    rc = _demo(args)                  # a bad argument: its one-line error only
+    print(f"demo time: {time.perf_counter() - t0:.1f} s")
+    return rc
 
 
 def _demo(args) -> int:
