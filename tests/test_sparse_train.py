@@ -133,13 +133,11 @@ def test_options_reach_the_model_over_the_server(server, options):
 
 def test_server_refuses_bad_option_bits_and_unserved_scheme(server, monkeypatch):
     sched = algorithms.build("multitree", "ring:4")
-    image = json.dumps(sched.to_json(), sort_keys=True, separators=(",", ":")).encode()
     with socket.create_connection(server.address, timeout=5) as s:
         hello = P.HELLO.pack(P.PROTOCOL_VERSION, 0, WORLD, 0, bytes.fromhex(server.secret))
         assert driver_helpers.req(s, P.Msg.HELLO, hello)[0] == P.Msg.HELLO_ACK
-        import zlib
-        load = P.LOAD_CONFIG.pack(P.IMAGE_SCHEDULE_JSON, zlib.crc32(image)) + image
-        assert driver_helpers.req(s, P.Msg.LOAD_CONFIG, load)[0] == P.Msg.CONFIG_ACK
+        reply = driver_helpers.load(s, driver_helpers.image_set(sched))
+        assert reply[0] == P.Msg.CONFIG_ACK
         data = np.zeros(8, "<f4").tobytes()
         wr = P.BUFFER.pack(1, P.DTYPE_FLOAT32, P.BUF_GRADIENT, 0, 8) + data
         assert driver_helpers.req(s, P.Msg.WRITE_BUFFER, wr)[0] == P.Msg.WRITE_ACK

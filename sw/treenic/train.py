@@ -48,7 +48,9 @@ def _train_one(rank, world, cfg, fabric):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from .ddp import TreenicHookState, treenic_hook
+    from .algorithms import variant_options
     from .driver import open_nic
+    from .driver.core import schedule_for
 
     xtr, ytr, xte, yte = _load_data(cfg["seed"])
     xtr, ytr = torch.from_numpy(xtr[rank::world]), torch.from_numpy(ytr[rank::world])
@@ -65,7 +67,9 @@ def _train_one(rank, world, cfg, fabric):
         opts = dict(fabric, timeout=timeout) if cfg["backend"] == "rtl" else {}
         if cfg["backend"] == "udp":         # boards: addresses + driver options
             opts = dict(fabric)
-        comm = open_nic(cfg["backend"], rank, world, cfg["topology"], cfg["algorithm"], **opts)
+        schedule = schedule_for(cfg["algorithm"], cfg["topology"], world,
+                                **variant_options(cfg["algorithm"], cfg["variant"]))
+        comm = open_nic(cfg["backend"], rank, world, algorithm=schedule, **opts)
         sparse = cfg["density"] is not None
         corrected = sparse and cfg["momentum_correction"]
         state = TreenicHookState(comm, scheme=cfg["scheme"] if sparse else None,
@@ -133,7 +137,10 @@ def _train_one(rank, world, cfg, fabric):
                    host_bytes_sent=c.host_bytes_sent, cycles=c.cycles,
                    dense_bytes=state.dense_bytes, sparse_bytes=state.sparse_bytes,
                    dense_calls=state.dense_calls, sparse_calls=state.sparse_calls,
-                   **_engines(comm.status()))
+                   **_engines(comm.status()),
+                   # what the workers really ran (e.g. which --variant built it)
+                   schedule={"steps": comm.schedule.steps,
+                             "construction": comm.schedule.meta.get("construction")})
         comm.close()
     return out
 
@@ -168,7 +175,7 @@ SPARSE_DEFAULTS = dict(momentum_correction=True, momentum_masking=True, clip_nor
 def _config(backend="rtl", algorithm="multitree", topology=None, density=None, workers=4,
             epochs=8, scheme="topka", warmup_iters=20, lr=0.05, batch_size=16, hidden=64,
             seed=0, timeout=30.0, progress=True, engine="rtl", label=None, boards=None,
-            simulated_boards=False, sparse_fallback=False, **sparse):
+            simulated_boards=False, sparse_fallback=False, variant=None, **sparse):
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     if density is not None and not 0.0 < float(density) <= 1.0:
@@ -177,13 +184,14 @@ def _config(backend="rtl", algorithm="multitree", topology=None, density=None, w
     if unknown:
         raise ValueError(f"unknown sparse training option(s) {', '.join(sorted(unknown))}")
     topology = topology or f"ring:{workers}"
-    return dict(backend=backend, algorithm=algorithm, topology=topology,
+    return dict(backend=backend, algorithm=algorithm, variant=variant, topology=topology,
                 density=float(density) if density else None, workers=workers, epochs=epochs,
                 scheme=scheme, warmup_iters=warmup_iters, lr=lr, batch_size=batch_size,
                 hidden=hidden, seed=seed, timeout=timeout, progress=progress, engine=engine,
                 boards=boards, simulated_boards=simulated_boards,
                 sparse_fallback=bool(sparse_fallback), **{**SPARSE_DEFAULTS, **sparse},
-                label=label or f"{backend}/{algorithm}" + (f"/{scheme}@{density}"
+                label=label or f"{backend}/{algorithm}" + (f"[{variant}]" if variant else "")
+                + (f"/{scheme}@{density}"
                                                            if density else ""))
 
 
@@ -193,6 +201,7 @@ def run_many(configs: list[dict], *, timeout: float = 600.0, log=print) -> list[
     from .driver.launch import run_world
     from .driver.server import ServerProcess
     from .driver.core import schedule_for
+    from .algorithms import variant_options
 
     workers = configs[0]["workers"]
     if any(c["workers"] != workers for c in configs):
@@ -207,7 +216,8 @@ def run_many(configs: list[dict], *, timeout: float = 600.0, log=print) -> list[
                 # build (or load from build/cosim) the fabric for the model's one DDP bucket
                 h = c["hidden"]
                 elements = 64 * h + h + h * 10 + 10
-                sched = schedule_for(c["algorithm"], c["topology"], workers)
+                sched = schedule_for(c["algorithm"], c["topology"], workers,
+                                     **variant_options(c["algorithm"], c["variant"]))
                 reason = rtl_unavailable_reason(sched, elements=elements)
                 if reason is None:
                     # one cycle-accurate collective, timed, so the user knows what is coming
@@ -299,8 +309,8 @@ def _summarise(cfg, ranks, wall):
     import numpy as np
     r0 = ranks[0]
     s = {k: cfg[k] for k in ("backend", "requested_backend", "fallback", "algorithm",
-                             "topology", "workers", "density", "epochs", "warmup_iters",
-                             "label", "lr", "seed")}
+                             "variant", "topology", "workers", "density", "epochs",
+                             "warmup_iters", "label", "lr", "seed")}
     s["requested_engine"] = cfg["requested_engine"]
     s["server_engine"] = cfg["engine"] if cfg["backend"] == "rtl" else None
     s["scheme"] = cfg["scheme"] if cfg["density"] else None
@@ -321,6 +331,7 @@ def _summarise(cfg, ranks, wall):
         # "engine": what ran the sparse steps of a sparse run, the dense ones of a dense run
         s["dense_engine"], s["sparse_engine"] = r0["dense_engine"], r0["sparse_engine"]
         s["engine"] = r0["sparse_engine"] if r0["sparse_calls"] else r0["dense_engine"]
+        s["schedule"] = r0["schedule"]
         s["bytes_sent_per_worker"] = [int(r["bytes_sent"]) for r in ranks]
         s["dense_bytes_per_worker"] = [int(r["dense_bytes"]) for r in ranks]
         s["sparse_bytes_per_worker"] = [int(r["sparse_bytes"]) for r in ranks]
@@ -370,7 +381,7 @@ def run(backend="rtl", algorithm="multitree", topology=None, density=None, worke
         epochs=8, *, scheme="topka", warmup_iters=20, lr=0.05, batch_size=16, seed=0,
         engine="rtl", compare_dense=True, out_dir="build/demo", progress=True,
         log=print, boards=None, simulated_boards=False, sparse_fallback=False,
-        **sparse) -> dict:
+        variant=None, **sparse) -> dict:
     """Train, print per-epoch loss/accuracy and traffic, save a plot; returns the summary.
 
     With ``density`` and ``compare_dense`` a dense run of the same backend is trained in the
@@ -379,12 +390,12 @@ def run(backend="rtl", algorithm="multitree", topology=None, density=None, worke
     cfg = _config(backend, algorithm, topology, density, workers, epochs, scheme,
                   warmup_iters, lr, batch_size, seed=seed, progress=progress, engine=engine,
                   boards=boards, simulated_boards=simulated_boards,
-                  sparse_fallback=sparse_fallback, **sparse)
+                  sparse_fallback=sparse_fallback, variant=variant, **sparse)
     cfgs = [cfg]
     if density and compare_dense:
         cfgs.append(_config(backend, algorithm, topology, None, workers, epochs, scheme,
                             warmup_iters, lr, batch_size, seed=seed, progress=progress,
-                            engine=engine))
+                            engine=engine, variant=variant))
     # one world per config: the dense run may use the RTL engine while the sparse run needs
     # the golden one (a fabric server runs one engine)
     summaries = [run_many([c], log=log)[0] for c in cfgs]
@@ -396,7 +407,7 @@ def run(backend="rtl", algorithm="multitree", topology=None, density=None, worke
             "final_accuracy", "final_loss", "bytes_sent_per_worker", "bytes_per_dense_call",
             "losses", "accuracies", "engine", "label")}
     path = plot(summaries, Path(out_dir) / f"train_{main_s['backend']}_{algorithm}"
-                f"{'_sparse' if density else ''}.png")
+                f"{'_' + variant if variant else ''}{'_sparse' if density else ''}.png")
     main_s["plot"] = str(path)
     for s in summaries:
         engines = (f"dense steps: {s['dense_engine']}; sparse steps: {s['sparse_engine']}"
@@ -418,6 +429,8 @@ def run(backend="rtl", algorithm="multitree", topology=None, density=None, worke
 def add_arguments(parser) -> None:
     parser.add_argument("--backend", choices=BACKENDS, default="rtl")
     parser.add_argument("--algorithm", default="multitree")
+    from .cli import add_variant_argument
+    add_variant_argument(parser)
     parser.add_argument("--topology", default=None, help="default ring:<workers>")
     parser.add_argument("--density", type=float, default=None,
                         help="sparse all-reduce at this density after the warm-up")
@@ -468,6 +481,7 @@ def main(args) -> int:
             boards=getattr(args, "boards", None), lr=args.lr, seed=args.seed,
             simulated_boards=getattr(args, "simulated_boards", False),
             sparse_fallback=args.sparse_fallback,
+            variant=getattr(args, "variant", None),
             **{k: getattr(args, k) for k in SPARSE_DEFAULTS})
     if args.json:
         print(json.dumps(s, indent=1, default=float))

@@ -93,16 +93,20 @@ class NICClient:
             raise FabricError(f"rank {self.rank}: malformed reply to {what}: {e}") from None
 
     # ---- operations -----------------------------------------------------------------------
-    def load_config(self, image: bytes):
-        crc = zlib.crc32(image)
-        (cid, nodes, steps, chunks), _ = self._request(
-            P.Msg.LOAD_CONFIG, P.LOAD_CONFIG.pack(P.IMAGE_SCHEDULE_JSON, crc) + image,
-            what="LOAD_CONFIG", layout=P.CONFIG_ACK, exact=True)
+    def load_config(self, image_set: bytes, what: str = "LOAD_CONFIG"):
+        """Load the configuration image set (:meth:`treenic.firmware.image.ImageSet.to_bytes`)
+        into this rank's NIC; returns ``(config id, steps, elements)``. The id is the
+        CRC-32 of ``image_set``; the fabric must acknowledge it for this world. ``what`` names
+        the request in errors (e.g. the collective that needed it)."""
+        crc = zlib.crc32(image_set)
+        (cid, nodes, steps, elements), _ = self._request(
+            P.Msg.LOAD_CONFIG, P.LOAD_CONFIG.pack(P.IMAGE_SET, crc) + image_set,
+            what=what, layout=P.CONFIG_ACK, exact=True)
         if cid != crc or nodes != self.world:
             raise FabricError(f"rank {self.rank}: the fabric acknowledged config "
                               f"{cid:#010x} for {nodes} nodes, but this rank loaded "
                               f"{crc:#010x} for {self.world}", code="CONFIG_MISMATCH")
-        return cid
+        return cid, steps, elements
 
     def collective(self, seq: int, data: np.ndarray, *, sparse: tuple | None = None):
         """Run collective ``seq`` on ``data`` ((E,) float32). ``sparse`` = (scheme, density,

@@ -77,13 +77,15 @@ def default_topology(world: int) -> str:
     return f"ring:{world}"
 
 
-def schedule_for(algorithm, topology, world: int) -> Schedule:
+def schedule_for(algorithm, topology, world: int, **options) -> Schedule:
+    """``algorithm`` (a ready Schedule, or a registry name compiled on ``topology`` with the
+    builder's ``options``, e.g. ``variant=``) checked against the world size."""
     if isinstance(algorithm, Schedule):
         schedule = algorithm
     else:
         topo = topology if isinstance(topology, Topology) else \
             parse(topology or default_topology(world))
-        schedule = algorithms.build(algorithm, topo)
+        schedule = algorithms.build(algorithm, topo, **options)
     if schedule.n != world:
         raise DriverError(f"schedule {schedule.algorithm} on {schedule.topology.spec} has "
                           f"{schedule.n} nodes but the world has {world} ranks")
@@ -91,7 +93,9 @@ def schedule_for(algorithm, topology, world: int) -> Schedule:
 
 
 def schedule_image(schedule: Schedule) -> bytes:
-    """The configuration image sent with LOAD_CONFIG (kind 1: treenic-schedule JSON)."""
+    """The schedule's canonical JSON: what the in-process backends (``model``, ``torch``)
+    compare across ranks; their config id is its CRC-32. The ``rtl`` backend sends the
+    fabric the compiler's image set instead (:class:`_RTLBackend`)."""
     return json.dumps(schedule.to_json(), sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -176,8 +180,9 @@ class Communicator:
         of the configuration image). Every rank must load the same schedule."""
         schedule = schedule_for(schedule, topology, self.world)
         image = schedule_image(schedule)
-        self.config_id = zlib.crc32(image)
-        self._impl.load(schedule, image)
+        loaded = self._impl.load(schedule, image)
+        # the rtl backend's id is the loaded image set's (0 until its first collective)
+        self.config_id = zlib.crc32(image) if loaded is None else loaded
         self.schedule = schedule
         return self.config_id
 
@@ -412,7 +417,23 @@ class _RTLBackend:
         self._last_cycles = None
 
     def load(self, schedule, image):
-        self.client.load_config(image)
+        """Nothing is sent yet: an image set is for one element count, so each collective
+        loads the set for its own count when that changed (:meth:`_configure`). Returns the
+        config id now loaded (0: none)."""
+        self.schedule = schedule
+        self._loaded_elements = None
+        return 0
+
+    def _configure(self, elements: int, seq: int) -> None:
+        """Compile the image set for ``elements`` (once per count) and load it before
+        collective ``seq``; the config id is the CRC-32 of the bytes sent."""
+        if self._loaded_elements == elements:
+            return
+        from ..firmware.image import compile_images
+        image_set = compile_images(None, self.schedule, elements).to_bytes()
+        self.comm.config_id, _, _ = self.client.load_config(
+            image_set, what=f"collective #{seq} step LOAD_CONFIG")
+        self._loaded_elements = elements
 
     def _account(self):
         c = self.comm.counters
@@ -421,6 +442,7 @@ class _RTLBackend:
 
     def dense(self, tensor, seq):
         data, _ = _to_numpy(tensor)
+        self._configure(data.shape[0], seq)
         result, _, info = self.client.collective(seq, data)
         _write_back(tensor, result)
         if info["cycles"] is not None:
@@ -432,6 +454,7 @@ class _RTLBackend:
     def sparse(self, tensor, residual, scheme, density, seed, seq, options=None):
         data, _ = _to_numpy(tensor)
         acc = data.copy() if residual is None else data + _to_numpy(residual)[0]
+        self._configure(acc.shape[0], seq)
         result, new_res, info = self.client.collective(seq, acc,
                                                        sparse=(scheme, density, seed, options))
         if info["cycles"] is not None:

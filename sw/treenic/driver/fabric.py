@@ -87,10 +87,26 @@ def check_sparse_request(scheme: str, options: dict | None, schedule: Schedule |
                               + ", ".join(f"{k}={v!r}" for k, v in odd.items())
                               + f" (only {', '.join(SCHEMES_WITH_OPTIONS)} has)")
         return {}
-    if schedule is not None and schedule.algorithm != "multitree":
+    if schedule is not None and not runs_multitree_trees(schedule):
         raise DriverError(f"sparse scheme {scheme!r} runs on the MultiTree schedule's trees; "
-                          f"the loaded schedule is {schedule.algorithm!r}")
+                          f"the loaded schedule is {schedule.algorithm!r}"
+                          + (" and not the MultiTree schedule of its topology"
+                             if schedule.algorithm == "image-set" else ""))
     return {k: options.get(k, vals[0]) for k, vals in SPARSE_OPTIONS.items()}
+
+
+def runs_multitree_trees(schedule: Schedule) -> bool:
+    """True when ``schedule`` is the MultiTree schedule MultiTree-Sparse builds for its
+    topology. A schedule decoded from an image set has no algorithm name, so its transfers
+    are compared with that build (once; the answer is kept in ``schedule.meta``)."""
+    if schedule.algorithm == "multitree":
+        return True
+    if "multitree_sparse_trees" not in schedule.meta:
+        from ..sparse.multitree_sparse import build_schedule
+        ref = build_schedule(schedule.n, schedule.topology.spec)
+        schedule.meta["multitree_sparse_trees"] = (
+            [t.to_json() for t in ref.transfers] == [t.to_json() for t in schedule.transfers])
+    return schedule.meta["multitree_sparse_trees"]
 
 
 def run_sparse_model(scheme: str, accs: np.ndarray, density: float, seed: int,
@@ -109,14 +125,19 @@ def run_sparse_model(scheme: str, accs: np.ndarray, density: float, seed: int,
 
 
 class GoldenEngine:
+    """The golden executor. Loaded from an image set (the fabric server), ``schedule`` is
+    the one the set's rows describe (:func:`treenic.firmware.image.decode_schedule`), so
+    the golden engine runs what the RTL's tables hold."""
     name = "golden"
     description = "golden executor (treenic.schedule.execute) + treenic.sparse golden models"
     #: what ran each kind of collective (results and JSON name it)
     dense_description = "golden executor (treenic.schedule.execute)"
     sparse_description = "golden (treenic.sparse models)"
 
-    def __init__(self, schedule: Schedule):
+    def __init__(self, schedule: Schedule, images=None):
         self.schedule = schedule
+        #: the loaded :class:`~treenic.firmware.image.ImageSet` (None: in-process fabric)
+        self.images = images
 
     def sparse_unsupported(self, scheme: str) -> str | None:
         """None: :meth:`run_sparse` runs ``scheme``; else why not."""
@@ -134,7 +155,9 @@ class RTLEngine:
     """The Verilated NIC fabric (:data:`RTL_MODULE`, ``FabricSim``): N NIC cores wired by
     link models, loaded with the firmware images of the schedule, run to DONE; cycles are the
     fabric's ``start .. done`` counter. One Verilated build per buffer size (cached on disk
-    under ``build/cosim``), so the first collective of a new size pays the build."""
+    under ``build/cosim``), so the first collective of a new size pays the build. Given
+    ``images`` (the fabric server: the image set a rank loaded), the fabric loads exactly
+    those images and runs their element count only."""
 
     name = "rtl"
     #: Sparse schemes :meth:`run_sparse` runs on the Verilated fabric. Empty until the NIC's
@@ -142,8 +165,9 @@ class RTLEngine:
     #: (never handed to the golden models behind the caller's back).
     SPARSE_SCHEMES: tuple = ()
 
-    def __init__(self, schedule: Schedule):
+    def __init__(self, schedule: Schedule, images=None):
         self.schedule = schedule
+        self.images = images
         if not schedule.topology.is_direct:
             raise RTLFabricUnavailable(f"RTL fabric engine unavailable: the RTL fabric wires "
                                        f"direct networks only; {schedule.topology.spec} has "
@@ -179,9 +203,14 @@ class RTLEngine:
     def prepare(self, elements: int):
         """Build (or load from the cache) the fabric for ``elements`` per node."""
         sim = self._sims.get(elements)
+        if sim is None and self.images is not None and elements != self.images.elements:
+            raise FabricError(f"the loaded image set is for {self.images.elements} elements, "
+                              f"not {elements}", code="SIZE_MISMATCH")
         if sim is None:
             try:
-                sim = self._cls(self.schedule.topology, self.schedule, elements)
+                sim = (self._cls(self.schedule.topology, self.schedule, elements)
+                       if self.images is None else
+                       self._cls(self.schedule.topology, None, None, images=self.images))
             except Exception as e:
                 text = str(e).strip()
                 lines = text.splitlines()
@@ -218,11 +247,13 @@ def rtl_sparse_unsupported(scheme: str) -> str | None:
             "golden fallback explicitly")
 
 
-def make_engine(name: str, schedule: Schedule):
+def make_engine(name: str, schedule: Schedule, images=None):
+    """Engine ``name`` for ``schedule``; with ``images`` (an ImageSet whose rows describe
+    ``schedule``) the engine runs that image set."""
     if name == "golden":
-        return GoldenEngine(schedule)
+        return GoldenEngine(schedule, images)
     if name == "rtl":
-        return RTLEngine(schedule)
+        return RTLEngine(schedule, images)
     raise DriverError(f"unknown fabric engine {name!r}; known: {', '.join(ENGINES)}")
 
 
@@ -395,13 +426,8 @@ class Rendezvous:
 
     def _run(self, seq: int, rec: _Record) -> None:
         reqs = [rec.requests[r] for r in range(self.world)]
-        ids = [q.config[0] if q.config else None for q in reqs]
-        if len(set(ids)) != 1:
-            desc = ", ".join(f"rank {r}: {'none' if i is None else f'{i:#010x}'}"
-                             for r, i in enumerate(ids))
-            rec.error = FabricError(f"collective #{seq}: ranks loaded different "
-                                    f"configurations ({desc})", code="CONFIG_MISMATCH")
-            return
+        # sizes first: ranks of different element counts also loaded different image sets,
+        # and the size is what the user must fix
         sigs = [q.signature() for q in reqs]
         if len(set(sigs)) != 1:
             desc = "; ".join(f"rank {r}: {s[0]} {s[1]} elements"
@@ -410,6 +436,13 @@ class Rendezvous:
                              for r, s in enumerate(sigs))
             rec.error = FabricError(f"collective #{seq}: ranks disagree ({desc})",
                                     code="SIZE_MISMATCH")
+            return
+        ids = [q.config[0] if q.config else None for q in reqs]
+        if len(set(ids)) != 1:
+            desc = ", ".join(f"rank {r}: {'none' if i is None else f'{i:#010x}'}"
+                             for r, i in enumerate(ids))
+            rec.error = FabricError(f"collective #{seq}: ranks loaded different "
+                                    f"configurations ({desc})", code="CONFIG_MISMATCH")
             return
         _, schedule, engine = reqs[0].config or (None, self.schedule, self.engine)
         try:

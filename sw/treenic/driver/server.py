@@ -30,7 +30,7 @@ import zlib
 import numpy as np
 
 from . import protocol as P
-from .config import ConfigRejected, parse_image
+from .config import ConfigRejected, parse_image_set
 from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailable
 from .fabric import (RTL_MODULE, SCHEMES_WITH_OPTIONS, SPARSE_OPTIONS, GoldenEngine, Request,
                      Rendezvous, check_sparse_request, make_engine)
@@ -307,27 +307,29 @@ class FabricServer:
 
     def _load_config(self, ctx, payload):
         (kind, crc), image = P.unpack(P.LOAD_CONFIG, payload, "LOAD_CONFIG", exact=False)
-        if kind != P.IMAGE_SCHEDULE_JSON:
-            raise _Reply(P.ErrorCode.BAD_CONFIG, f"unknown config image kind {kind}")
+        if kind != P.IMAGE_SET:
+            raise _Reply(P.ErrorCode.BAD_CONFIG, f"unknown config image kind {kind}: protocol "
+                         f"version {P.PROTOCOL_VERSION} loads image sets (kind {P.IMAGE_SET})")
         if zlib.crc32(image) != crc:
             raise _Reply(P.ErrorCode.BAD_CONFIG, f"config image CRC-32 {zlib.crc32(image):#010x}"
                                                  f" != declared {crc:#010x}")
         config = self._config(crc, image)
         ctx["config"] = config
-        schedule = config[1]
+        _, schedule, engine = config
         return P.Msg.CONFIG_ACK, P.CONFIG_ACK.pack(crc, schedule.n, schedule.steps,
-                                                   schedule.num_chunks)
+                                                   engine.images.elements)
 
     def _config(self, crc: int, image: bytes) -> tuple:
-        """``(config id, schedule, engine)`` of an image: cached, or parsed, bounded, checked
-        and built under build_lock only — HELLO and the other ranks never wait for a build."""
+        """``(config id, schedule, engine)`` of an image set: cached, or decoded, bounded,
+        checked and built under build_lock only -- HELLO and the other ranks never wait for
+        a build. ``schedule`` is the one the set's rows describe (link bytes, steps)."""
         with self.build_lock:
             cached = self.configs.get(crc)
             if cached is not None and cached[0] == image:
                 return (crc,) + cached[1:]
             try:
-                schedule = parse_image(image, self.nodes)
-                engine = make_engine(self.engine_name, schedule)
+                images, schedule = parse_image_set(image, self.nodes)
+                engine = make_engine(self.engine_name, schedule, images)
             except ConfigRejected as e:
                 raise _Reply(P.ErrorCode.BAD_CONFIG, str(e)) from None
             except RTLFabricUnavailable as e:
@@ -386,6 +388,8 @@ class FabricServer:
         if seq not in ctx["staged"]:
             raise _Reply(P.ErrorCode.SEQUENCE, f"START of collective #{seq} without its "
                                                "WRITE_BUFFER")
+        if mode == P.MODE_DENSE:
+            _check_config_elements(ctx, seq)
         data = ctx["staged"].pop(seq)
         rank = ctx["rank"]
         if mode == P.MODE_DENSE:
@@ -480,6 +484,16 @@ class FabricServer:
         return P.Msg.STATUS_REPLY, P.STATUS_REPLY.pack(
             1 if busy else 0, config_id, nic["collectives"], nic["host_rx"],
             nic["host_tx"], nic["link_tx"], nic["link_rx"], nic["cycles"])
+
+
+def _check_config_elements(ctx, seq: int) -> None:
+    """A dense collective runs the loaded image set, which is for one element count."""
+    cid, _, engine = ctx["config"]
+    count, want = ctx["staged"][seq].shape[0], engine.images.elements
+    if count != want:
+        raise _Reply(P.ErrorCode.SIZE_MISMATCH,
+                     f"collective #{seq} has {count} elements, the loaded image set "
+                     f"{cid:#010x} is for {want}: load the image set for {count} first")
 
 
 def _peer_open(conn: socket.socket) -> bool:
