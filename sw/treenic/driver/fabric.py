@@ -139,8 +139,8 @@ class GoldenEngine:
         #: the loaded :class:`~treenic.firmware.image.ImageSet` (None: in-process fabric)
         self.images = images
 
-    def sparse_unsupported(self, scheme: str) -> str | None:
-        """None: :meth:`run_sparse` runs ``scheme``; else why not."""
+    def sparse_unsupported(self, scheme: str, options: dict | None = None) -> str | None:
+        """None: :meth:`run_sparse` runs ``scheme`` with ``options``; else why not."""
         return None
 
     def run(self, buffers: np.ndarray):
@@ -164,6 +164,9 @@ class RTLEngine:
     #: sparse datapath is wired in: every sparse request is then an error on this engine
     #: (never handed to the golden models behind the caller's back).
     SPARSE_SCHEMES: tuple = ()
+    #: Values of each sparse option (:data:`SPARSE_OPTIONS`) :meth:`run_sparse` runs on the
+    #: fabric; a request with another value is an error on this engine, never a golden run.
+    SPARSE_OPTION_VALUES: dict = {"residual": ("local",), "flow_assignment": ("contiguous",)}
 
     def __init__(self, schedule: Schedule, images=None):
         self.schedule = schedule
@@ -196,9 +199,10 @@ class RTLEngine:
         self.description = f"Verilated NIC fabric ({RTL_MODULE}.FabricSim)"
         self.dense_description = self.sparse_description = self.description
 
-    def sparse_unsupported(self, scheme: str) -> str | None:
-        """None: :meth:`run_sparse` runs ``scheme`` on the fabric; else why not."""
-        return rtl_sparse_unsupported(scheme)
+    def sparse_unsupported(self, scheme: str, options: dict | None = None) -> str | None:
+        """None: :meth:`run_sparse` runs ``scheme`` with ``options`` on the fabric; else why
+        not."""
+        return rtl_sparse_unsupported(scheme, options)
 
     def prepare(self, elements: int):
         """Build (or load from the cache) the fabric for ``elements`` per node."""
@@ -232,19 +236,25 @@ class RTLEngine:
         return out, (None if cycles is None else int(cycles))
 
     def run_sparse(self, scheme, accs, density, seed, options=None):
-        raise FabricError(rtl_sparse_unsupported(scheme) or
+        raise FabricError(rtl_sparse_unsupported(scheme, options) or
                           f"the RTL fabric ({RTL_MODULE}) cannot run sparse scheme {scheme!r}")
 
 
-def rtl_sparse_unsupported(scheme: str) -> str | None:
-    """None when the ``rtl`` engine runs sparse ``scheme`` on the Verilated fabric, else the
-    reason (a one-line error; the caller must not fall back silently)."""
-    if scheme in RTLEngine.SPARSE_SCHEMES:
-        return None
-    runs = ", ".join(RTLEngine.SPARSE_SCHEMES) or "none yet"
-    return (f"the rtl engine does not run sparse scheme {scheme!r} on the Verilated NIC "
-            f"fabric (sparse schemes in the RTL: {runs}); use --engine golden, or request the "
-            "golden fallback explicitly")
+def rtl_sparse_unsupported(scheme: str, options: dict | None = None) -> str | None:
+    """None when the ``rtl`` engine runs sparse ``scheme`` with ``options`` on the Verilated
+    fabric, else the reason (a one-line error; the caller must not fall back silently)."""
+    if scheme not in RTLEngine.SPARSE_SCHEMES:
+        runs = ", ".join(RTLEngine.SPARSE_SCHEMES) or "none yet"
+        return (f"the rtl engine does not run sparse scheme {scheme!r} on the Verilated NIC "
+                f"fabric (sparse schemes in the RTL: {runs}); use --engine golden, or request "
+                "the golden fallback explicitly")
+    for key, value in (options or {}).items():
+        runs = RTLEngine.SPARSE_OPTION_VALUES.get(key, ())
+        if value not in runs:
+            return (f"the rtl engine runs sparse scheme {scheme!r} with {key} "
+                    f"{' or '.join(runs) or '(none)'} only, not {value!r}; use --engine golden, "
+                    "or request the golden fallback explicitly")
+    return None
 
 
 def make_engine(name: str, schedule: Schedule, images=None):
