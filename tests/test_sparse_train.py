@@ -53,6 +53,17 @@ def test_rtl_engine_names_schemes_it_does_not_run():
         is None
 
 
+def test_rtl_engine_names_option_values_it_does_not_run(monkeypatch):
+    monkeypatch.setattr(F.RTLEngine, "SPARSE_SCHEMES", ("multitree-sparse",))
+    assert F.rtl_sparse_unsupported("multitree-sparse", {"residual": "local"}) is None
+    reason = F.rtl_sparse_unsupported("multitree-sparse", {"residual": "global"})
+    assert "residual local only, not 'global'" in reason
+    cfg = train._config("rtl", density=0.01, scheme="multitree-sparse", progress=False,
+                        residual="global")
+    with pytest.raises(ValueError, match="not 'global'"):
+        train._sparse_engine_check(cfg, log=lambda *a: None)
+
+
 def test_train_rtl_sparse_scheme_is_an_error_unless_fallback_asked():
     """Old behaviour: the run silently switched to the golden engine, labelled ``rtl/...``."""
     cfg = train._config("rtl", density=0.01, scheme="zen", progress=False)
@@ -150,7 +161,7 @@ def test_server_refuses_bad_option_bits_and_unserved_scheme(server, monkeypatch)
         assert "has no option residual='global'" in t
         driver_helpers.expect_error(start(0x01, b"", P.MODE_DENSE), P.ErrorCode.BAD_PAYLOAD)
         monkeypatch.setattr(F.GoldenEngine, "sparse_unsupported",
-                            lambda self, scheme: f"engine does not run {scheme!r}")
+                            lambda self, scheme, options: f"engine does not run {scheme!r}")
         t = driver_helpers.expect_error(start(0x00), P.ErrorCode.ENGINE)
         assert t == "engine does not run 'multitree-sparse'"
 

@@ -28,6 +28,9 @@ VARIANTS = [
     ("default, 44 dense warm-up iterations (2 epochs)", dict(warmup_iters=44)),
     ("default, residual global (SparDL GRC)", dict(residual="global")),
     ("default, flow assignment hash (Zen)", dict(flow_assignment="hash")),
+    ("hash + warm-up ramp", dict(flow_assignment="hash", warmup="ramp")),
+    ("hash + 44 dense warm-up iterations", dict(flow_assignment="hash", warmup_iters=44)),
+    ("hash + residual global", dict(flow_assignment="hash", residual="global")),
 ]
 
 

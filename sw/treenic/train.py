@@ -273,7 +273,7 @@ def _sparse_engine_check(c: dict, log) -> None:
     from .driver.fabric import rtl_sparse_unsupported
     if c["engine"] != "rtl" or not c["density"]:
         return
-    reason = rtl_sparse_unsupported(c["scheme"])
+    reason = rtl_sparse_unsupported(c["scheme"], _sparse_options(c))
     if reason is None:
         return
     if not c["sparse_fallback"]:

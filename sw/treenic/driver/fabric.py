@@ -143,8 +143,8 @@ class GoldenEngine:
         #: the loaded :class:`~treenic.firmware.image.ImageSet` (None: in-process fabric)
         self.images = images
 
-    def sparse_unsupported(self, scheme: str) -> str | None:
-        """None: :meth:`run_sparse` runs ``scheme``; else why not."""
+    def sparse_unsupported(self, scheme: str, options: dict | None = None) -> str | None:
+        """None: :meth:`run_sparse` runs ``scheme`` with ``options``; else why not."""
         return None
 
     def run(self, buffers: np.ndarray):
@@ -168,6 +168,9 @@ class RTLEngine:
     #: sparse datapath is wired in: every sparse request is then an error on this engine
     #: (never handed to the golden models behind the caller's back).
     SPARSE_SCHEMES: tuple = RTL_SPARSE
+    #: Values of each sparse option (:data:`SPARSE_OPTIONS`) :meth:`run_sparse` runs on the
+    #: fabric; a request with another value is an error on this engine, never a golden run.
+    SPARSE_OPTION_VALUES: dict = {"residual": ("local",), "flow_assignment": ("contiguous",)}
 
     def __init__(self, schedule: Schedule, images=None):
         self.schedule = schedule
@@ -201,9 +204,10 @@ class RTLEngine:
         self.description = f"Verilated NIC fabric ({RTL_MODULE}.FabricSim)"
         self.dense_description = self.sparse_description = self.description
 
-    def sparse_unsupported(self, scheme: str) -> str | None:
-        """None: :meth:`run_sparse` runs ``scheme`` on the fabric; else why not."""
-        return rtl_sparse_unsupported(scheme)
+    def sparse_unsupported(self, scheme: str, options: dict | None = None) -> str | None:
+        """None: :meth:`run_sparse` runs ``scheme`` with ``options`` on the fabric; else why
+        not."""
+        return rtl_sparse_unsupported(scheme, options)
 
     def prepare(self, elements: int):
         """Build (or load from the cache) the fabric for ``elements`` per node."""
@@ -239,13 +243,9 @@ class RTLEngine:
     def run_sparse(self, scheme, accs, density, seed, options=None):
         """MultiTree-Sparse of ``accs`` on the Verilated sparse NIC fabric of the schedule's
         topology (results and residuals from the RTL); ``info["engine"]`` names it."""
-        why = rtl_sparse_unsupported(scheme)
+        why = rtl_sparse_unsupported(scheme, options)
         if why:
             raise FabricError(why)
-        odd = {k: v for k, v in (options or {}).items() if v != SPARSE_OPTIONS[k][0]}
-        if odd:
-            raise FabricError("the RTL sparse fabric runs the default options only; not "
-                              + ", ".join(f"{k}={v!r}" for k, v in odd.items()))
         if self._sparse is None:
             from ..hdl.nic.sparse_sim import StatelessSparse
             self._sparse = StatelessSparse(self.schedule.topology.spec)
@@ -256,15 +256,21 @@ class RTLEngine:
         return res
 
 
-def rtl_sparse_unsupported(scheme: str) -> str | None:
-    """None when the ``rtl`` engine runs sparse ``scheme`` on the Verilated fabric, else the
-    reason (a one-line error; the caller must not fall back silently)."""
-    if scheme in RTLEngine.SPARSE_SCHEMES:
-        return None
-    runs = ", ".join(RTLEngine.SPARSE_SCHEMES) or "none yet"
-    return (f"the rtl engine does not run sparse scheme {scheme!r} on the Verilated NIC "
-            f"fabric (sparse schemes in the RTL: {runs}); use --engine golden, or request the "
-            "golden fallback explicitly")
+def rtl_sparse_unsupported(scheme: str, options: dict | None = None) -> str | None:
+    """None when the ``rtl`` engine runs sparse ``scheme`` with ``options`` on the Verilated
+    fabric, else the reason (a one-line error; the caller must not fall back silently)."""
+    if scheme not in RTLEngine.SPARSE_SCHEMES:
+        runs = ", ".join(RTLEngine.SPARSE_SCHEMES) or "none yet"
+        return (f"the rtl engine does not run sparse scheme {scheme!r} on the Verilated NIC "
+                f"fabric (sparse schemes in the RTL: {runs}); use --engine golden, or request "
+                "the golden fallback explicitly")
+    for key, value in (options or {}).items():
+        runs = RTLEngine.SPARSE_OPTION_VALUES.get(key, ())
+        if value not in runs:
+            return (f"the rtl engine runs sparse scheme {scheme!r} with {key} "
+                    f"{' or '.join(runs) or '(none)'} only, not {value!r}; use --engine golden, "
+                    "or request the golden fallback explicitly")
+    return None
 
 
 def make_engine(name: str, schedule: Schedule, images=None):

@@ -433,7 +433,7 @@ class FabricServer:
             options = check_sparse_request(scheme, options, schedule)
         except DriverError as e:
             raise _Reply(P.ErrorCode.BAD_PAYLOAD, str(e)) from None
-        reason = engine.sparse_unsupported(scheme)
+        reason = engine.sparse_unsupported(scheme, options)
         if reason:
             raise _Reply(P.ErrorCode.ENGINE, reason)
         return options
