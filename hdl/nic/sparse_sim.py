@@ -170,7 +170,7 @@ def dense_report(topology: str, buffers: np.ndarray) -> dict:
     fs = FabricSim(topology, "multitree", E)
     out, cycles = fs.run(buffers)
     want = execute(build("multitree", topology), buffers)
-    flits = sum(port["flits"] for node in fs.counters().values()
+    flits = sum(port["tx_flits"] for node in fs.counters().values()
                 for port in node["ports"].values())
     return {"dense_cycles": int(cycles), "dense_link_bytes": 8 * int(flits),
             "dense_bit_exact": bool(np.array_equal(np.asarray(out).view(np.uint32),
