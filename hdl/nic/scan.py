@@ -18,7 +18,7 @@ from .params import NicParams
 __all__ = ["TableScan"]
 
 NOP = Op.NOP
-BAD_OP = 3          # the only op code a row's two bits can hold that means nothing
+BAD_OP = Op.SPARSE  # code 3: heads sparse link messages, never valid in a dense table row
 
 
 class TableScan(wiring.Component):

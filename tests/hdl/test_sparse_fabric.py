@@ -1,6 +1,8 @@
 """MultiTree-Sparse on a fabric of sparse engines (Amaranth simulator) vs the golden model
 ``treenic.sparse.multitree_sparse``: results AND residuals bit for bit on every node over
 several error-feedback iterations, with random link stalls."""
+import os
+
 import numpy as np
 import pytest
 
@@ -38,3 +40,17 @@ def test_ring4_three_iterations_with_stalls():
 def test_ring3_hash_flows_uneven_sizes():
     """A non-power-of-two node count and element count, Zen's hash flows (uneven flows)."""
     check_fabric("ring:3", 3, 45, 0.2, flow_assignment="hash", seed=3, iterations=2)
+
+
+LONG = pytest.mark.skipif(os.environ.get("TREENIC_SPARSE_LONG") != "1",
+                          reason="long Amaranth fabric run: set TREENIC_SPARSE_LONG=1")
+
+
+@LONG
+def test_ring8_three_iterations_with_stalls():            # ~90 s
+    check_fabric("ring:8", 8, 96, 0.1, seed=2)
+
+
+@LONG
+def test_torus4x4_hash_flows_with_stalls():               # several minutes
+    check_fabric("torus:4x4", 16, 160, 0.1, flow_assignment="hash", seed=2)

@@ -237,12 +237,17 @@ def encode_entry(e: Entry, layout: TableLayout) -> int:
     return word
 
 
+#: op codes a dense schedule table row may carry (``Op.SPARSE`` heads sparse link messages;
+#: the sparse engine's rows are :mod:`treenic.schedule.sparse_table`)
+DENSE_TABLE_OPS = frozenset((Op.NOP, Op.REDUCE, Op.GATHER))
+
+
 def decode_entry(word: int, layout: TableLayout) -> Entry:
     vals, shift = {}, 0
     for name, width in layout.fields:
         vals[name] = (word >> shift) & ((1 << width) - 1)
         shift += width
-    if vals["op"] not in set(Op):
+    if vals["op"] not in DENSE_TABLE_OPS:     # Op.SPARSE lives in the sparse program only
         raise ScheduleError(f"table row has unknown op code {vals['op']}")
     return Entry(Op(vals["op"]), vals["flow"], vals["step"],
                  None if vals["parent"] == layout.node_nil else vals["parent"],
