@@ -58,9 +58,9 @@ DIGIT_BITS = 8
 BINS = 1 << DIGIT_BITS
 DIGIT_SHIFTS = (24, 16, 8, 0)                 # most significant digit first (7 bits, then 8)
 HIST_PASSES = len(DIGIT_SHIFTS)
-ROW_BINS = 2                                 # bins per histogram memory word (scan reads 2/cycle)
+ROW_BINS = 2                                 # default bins per histogram memory word (scan reads
+#                                              ROW_BINS bins a cycle; ``scan_bins`` sets it)
 ROWS = BINS // ROW_BINS
-assert ROW_BINS == 2, "the row address is digit[1:] and the bin select digit[0]"
 ROW_BITS = (ROWS - 1).bit_length()
 SCAN_CYCLES = ROWS + 3                       # read latency, registered sums, decision
 
@@ -215,7 +215,8 @@ class TopKUnit(wiring.Component):
         raises; the result is then unspecified and the caller falls back to dense).
     """
 
-    def __init__(self, *, lanes: int = 2, max_chunk: int = 65536, search_bits: int = 3):
+    def __init__(self, *, lanes: int = 2, max_chunk: int = 65536, search_bits: int = 3,
+                 scan_bins: int = ROW_BINS):
         if not isinstance(lanes, int) or not 2 <= lanes <= 32 or lanes & (lanes - 1):
             raise ValueError(f"lanes must be a power of two in 2..32, got {lanes!r}")
         if not isinstance(max_chunk, int) or not lanes <= max_chunk <= 1 << 24 \
@@ -225,7 +226,15 @@ class TopKUnit(wiring.Component):
         if not isinstance(search_bits, int) or not 1 <= search_bits <= MAX_SEARCH_BITS:
             raise ValueError(f"search_bits must be an integer in 1..{MAX_SEARCH_BITS}, "
                              f"got {search_bits!r}")
+        if scan_bins not in (2, 4, 8, 16, 32):
+            raise ValueError(f"scan_bins must be 2, 4, 8, 16 or 32, got {scan_bins!r}")
         self.lanes, self.max_chunk, self.search_bits = lanes, max_chunk, search_bits
+        # histogram rows of scan_bins bins: the row address is digit[RB:], the bin in the
+        # row digit[:RB]; a scan reads one row a cycle (SCAN: rows + 3 cycles a pass)
+        self.row_bins, self.rb = scan_bins, scan_bins.bit_length() - 1
+        self.rows = BINS // scan_bins
+        self.row_bits = (self.rows - 1).bit_length()
+        self.scan_cycles = self.rows + 3
         self.count_bits = max_chunk.bit_length()
         cmd = data.StructLayout({"mode": Mode, "sign": 2, "k": 32, "threshold": KEY_BITS,
                                  "lo": KEY_BITS, "limit": 32, "depth": 5, "strict": 1})
@@ -278,13 +287,14 @@ class TopKUnit(wiring.Component):
             for p, shift in enumerate(DIGIT_SHIFTS):
                 with m.Case(p):
                     m.d.comb += match_mask.eq(((1 << KEY_BITS) - 1) & ~((1 << (shift + DIGIT_BITS)) - 1))
-        scan_addr = Signal(ROW_BITS + 1)        # counts 0..ROWS; row read = ROWS-1-scan_addr
+        R, RB, ROWS_, RBITS = self.row_bins, self.rb, self.rows, self.row_bits
+        scan_addr = Signal(RBITS + 1)           # counts 0..rows; row read = rows-1-scan_addr
         scan_valid = Signal()                   # rdata holds row scanning_row this cycle
-        scanning_row = Signal(ROW_BITS)
-        sums = [0] * ROW_BINS
+        scanning_row = Signal(RBITS)
+        sums = [0] * R
         for l in range(W):
             # one memory word holds ROW_BINS adjacent bins: the scan reads them together
-            m.submodules[f"hist{l}"] = mem = memory.Memory(shape=CB * ROW_BINS, depth=ROWS, init=[])
+            m.submodules[f"hist{l}"] = mem = memory.Memory(shape=CB * R, depth=ROWS_, init=[])
             wp = mem.write_port()
             rp = mem.read_port(transparent_for=(wp,))
             d = Signal(DIGIT_BITS, name=f"digit{l}")
@@ -295,16 +305,16 @@ class TopKUnit(wiring.Component):
             hit = accepted & in_hist & (((keys[l] ^ st.prefix) & match_mask) == 0)
             hit_b, bin_b = Signal(name=f"hit{l}"), Signal(DIGIT_BITS, name=f"bin{l}")
             m.d.sync += [hit_b.eq(hit), bin_b.eq(d)]
-            m.d.comb += rp.addr.eq(Mux(in_hist, d[1:], ROWS - 1 - scan_addr[:ROW_BITS]))
-            fields = [rp.data[h * CB:(h + 1) * CB] for h in range(ROW_BINS)]
+            m.d.comb += rp.addr.eq(Mux(in_hist, d[RB:], ROWS_ - 1 - scan_addr[:RBITS]))
+            fields = [rp.data[h * CB:(h + 1) * CB] for h in range(R)]
             with m.If(scan_valid):
                 m.d.comb += [wp.addr.eq(scanning_row), wp.data.eq(0), wp.en.eq(1)]
             with m.Else():
-                bumped = Cat(*[(f + (bin_b[:1] == h))[:CB] for h, f in enumerate(fields)])
-                m.d.comb += [wp.addr.eq(bin_b[1:]), wp.data.eq(bumped), wp.en.eq(hit_b)]
+                bumped = Cat(*[(f + (bin_b[:RB] == h))[:CB] for h, f in enumerate(fields)])
+                m.d.comb += [wp.addr.eq(bin_b[RB:]), wp.data.eq(bumped), wp.en.eq(hit_b)]
             sums = [acc + f for acc, f in zip(sums, fields)]
         hist_sums = [Signal(CB + (W - 1).bit_length() + 1, name=f"hist_sum{h}")
-                     for h in range(ROW_BINS)]
+                     for h in range(R)]
         m.d.comb += [hs.eq(v) for hs, v in zip(hist_sums, sums)]
         st.scan_addr, st.scan_valid, st.match_mask = scan_addr, scan_valid, match_mask
         return hist_sums, scanning_row, None
@@ -425,28 +435,32 @@ class TopKUnit(wiring.Component):
                 m.d.sync += st.phase.eq(_Phase.SEARCH_REQ)
 
     def _scan(self, m, st, hist_sums, scanning_row):
-        """Bins from the top down, two per cycle: the first bin where (#keys in higher bins)
+        """Bins from the top down, ``scan_bins`` per cycle: the first bin where (#keys in higher bins)
         + hist >= k_left holds the k-th largest key; keys in higher bins are all selected.
         The lane sums of a row are registered before the decision (block RAM output ->
         adder tree -> compare would not fit one 8 ns cycle)."""
-        s_valid, s_row = Signal(), Signal(ROW_BITS)
-        s_top, s_pair = Signal.like(hist_sums[1]), Signal(len(hist_sums[1]) + 1)
-        m.d.sync += [st.scan_valid.eq(st.scan_addr < ROWS),
-                     scanning_row.eq(ROWS - 1 - st.scan_addr[:ROW_BITS]),
-                     s_valid.eq(st.scan_valid), s_row.eq(scanning_row), s_top.eq(hist_sums[1]),
-                     s_pair.eq(hist_sums[0] + hist_sums[1])]
-        with m.If(st.scan_addr < ROWS):
+        R, ROWS_ = self.row_bins, self.rows
+        s_valid, s_row = Signal(), Signal(self.row_bits)
+        # s_cum[h]: keys in bins h..R-1 of the row (the higher bins first), registered
+        width = len(hist_sums[0]) + self.rb + 1
+        s_cum = [Signal(width, name=f"s_cum{h}") for h in range(R)]
+        m.d.sync += [st.scan_valid.eq(st.scan_addr < ROWS_),
+                     scanning_row.eq(ROWS_ - 1 - st.scan_addr[:self.row_bits]),
+                     s_valid.eq(st.scan_valid), s_row.eq(scanning_row)]
+        for h in range(R):
+            m.d.sync += s_cum[h].eq(sum(hist_sums[h:]))
+        with m.If(st.scan_addr < ROWS_):
             m.d.sync += st.scan_addr.eq(st.scan_addr + 1)
-        with m.If(s_valid):
-            with m.If(~st.found & (st.acc + s_top >= st.k_left)):
-                m.d.sync += [st.found.eq(1), st.k_left.eq(st.k_left - st.acc),
-                             st.digit.eq(Cat(Const(1, 1), s_row))]
-            with m.Elif(~st.found & (st.acc + s_pair >= st.k_left)):
-                m.d.sync += [st.found.eq(1), st.k_left.eq(st.k_left - st.acc - s_top),
-                             st.digit.eq(Cat(Const(0, 1), s_row))]
-            with m.Elif(~st.found):
-                m.d.sync += st.acc.eq(st.acc + s_pair)
-        with m.Elif(~st.scan_valid & (st.scan_addr == ROWS)):
+        with m.If(s_valid & ~st.found):
+            # the highest bin h where (#keys above it) + its count reaches k_left
+            for n, h in enumerate(reversed(range(R))):
+                above = st.acc + (s_cum[h + 1] if h + 1 < R else 0)
+                with (m.If if n == 0 else m.Elif)(st.acc + s_cum[h] >= st.k_left):
+                    m.d.sync += [st.found.eq(1), st.k_left.eq(st.k_left - above),
+                                 st.digit.eq(Cat(Const(h, self.rb), s_row))]
+            with m.Else():
+                m.d.sync += st.acc.eq(st.acc + s_cum[0])
+        with m.Elif(~s_valid & ~st.scan_valid & (st.scan_addr == ROWS_)):
             # once the last row's sum has left the register stage (``s_valid``) and no row
             # is in flight: all bins read and cleared; fix the digit, start the next pass
             with m.Switch(st.pass_index):

@@ -14,8 +14,10 @@ A *fabric engine* simulates the N NICs and their links for one loaded schedule::
   (same contract as above). When that module, Verilator or a C++ compiler is missing, the
   topology has switches, or the build fails, the constructor / :meth:`RTLEngine.prepare`
   raises :class:`~treenic.driver.errors.RTLFabricUnavailable` with the reason; nothing
-  fakes it. Sparse schemes the RTL does not implement (:attr:`RTLEngine.SPARSE_SCHEMES`)
-  raise in ``run_sparse``; :func:`rtl_sparse_unsupported` says so before anything runs.
+  fakes it. ``run_sparse`` runs the schemes the RTL implements (:attr:`RTLEngine.SPARSE_SCHEMES`:
+  MultiTree-Sparse on the Verilated sparse NIC fabric, :mod:`treenic.hdl.nic.sparse_sim`,
+  on the schedule's topology); any other scheme raises (no golden fallback), and
+  :func:`rtl_sparse_unsupported` says so before anything runs.
 
 :class:`Rendezvous` matches the k-th collective of every rank (by sequence number), checks
 that all ranks asked for the same thing (mode, element count, sparse parameters), runs the
@@ -40,6 +42,8 @@ from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailabl
 RTL_MODULE = "treenic.hdl.nic.fabric_sim"
 
 ENGINES = ("golden", "rtl")
+#: sparse schemes the RTL engine runs (docs/sparse-nic.md)
+RTL_SPARSE = ("multitree-sparse",)
 #: How often a rank waiting in a collective checks that its own connection is still open.
 POLL_SECONDS = 0.1
 
@@ -163,7 +167,7 @@ class RTLEngine:
     #: Sparse schemes :meth:`run_sparse` runs on the Verilated fabric. Empty until the NIC's
     #: sparse datapath is wired in: every sparse request is then an error on this engine
     #: (never handed to the golden models behind the caller's back).
-    SPARSE_SCHEMES: tuple = ()
+    SPARSE_SCHEMES: tuple = RTL_SPARSE
     #: Values of each sparse option (:data:`SPARSE_OPTIONS`) :meth:`run_sparse` runs on the
     #: fabric; a request with another value is an error on this engine, never a golden run.
     SPARSE_OPTION_VALUES: dict = {"residual": ("local",), "flow_assignment": ("contiguous",)}
@@ -196,6 +200,7 @@ class RTLEngine:
             raise RTLFabricUnavailable(f"RTL fabric engine unavailable: cannot build the "
                                        f"Verilated fabric ({why})")
         self._sims: dict[int, object] = {}
+        self._sparse = None
         self.description = f"Verilated NIC fabric ({RTL_MODULE}.FabricSim)"
         self.dense_description = self.sparse_description = self.description
 
@@ -236,8 +241,19 @@ class RTLEngine:
         return out, (None if cycles is None else int(cycles))
 
     def run_sparse(self, scheme, accs, density, seed, options=None):
-        raise FabricError(rtl_sparse_unsupported(scheme, options) or
-                          f"the RTL fabric ({RTL_MODULE}) cannot run sparse scheme {scheme!r}")
+        """MultiTree-Sparse of ``accs`` on the Verilated sparse NIC fabric of the schedule's
+        topology (results and residuals from the RTL); ``info["engine"]`` names it."""
+        why = rtl_sparse_unsupported(scheme, options)
+        if why:
+            raise FabricError(why)
+        if self._sparse is None:
+            from ..hdl.nic.sparse_sim import StatelessSparse
+            self._sparse = StatelessSparse(self.schedule.topology.spec)
+        try:
+            res, _ = self._sparse.run(accs, density, seed)
+        except (ValueError, TimeoutError) as e:
+            raise FabricError(f"RTL sparse fabric: {e}") from None
+        return res
 
 
 def rtl_sparse_unsupported(scheme: str, options: dict | None = None) -> str | None:
