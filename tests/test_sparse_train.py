@@ -256,26 +256,36 @@ def test_ramp_warmup_and_clipping():
 
 # ---- training through the RTL (runs once the NIC runs MultiTree-Sparse) ------------------
 
-def _rtl_sparse_skip_reason():
+def _rtl_flow_assignment():
+    """The training's default flow assignment when the RTL runs it, else one it runs."""
+    runs = F.RTLEngine.SPARSE_OPTION_VALUES["flow_assignment"]
+    return train.SPARSE_DEFAULTS["flow_assignment"] if \
+        train.SPARSE_DEFAULTS["flow_assignment"] in runs else runs[0]
+
+
+def _rtl_sparse_skip_reason(flow):
     sched = algorithms.build("multitree", "ring:4")
-    return F.rtl_unavailable_reason(sched) or F.rtl_sparse_unsupported("multitree-sparse")
+    return F.rtl_unavailable_reason(sched) or F.rtl_sparse_unsupported(
+        "multitree-sparse", {"residual": "local", "flow_assignment": flow})
 
 
 @pytest.mark.slow
 def test_train_rtl_multitree_sparse_end_to_end(tmp_path, capsys):
     """`treenic train --backend rtl --density 0.01 --scheme multitree-sparse --json`: the
     sparse steps run on the Verilated fabric and the JSON says so (no fallback)."""
-    reason = _rtl_sparse_skip_reason()
+    flow = _rtl_flow_assignment()
+    reason = _rtl_sparse_skip_reason(flow)
     if reason:
         pytest.skip(f"RTL cannot train MultiTree-Sparse here: {reason}")
     ap = argparse.ArgumentParser()
     train.add_arguments(ap)
     args = ap.parse_args(["--backend", "rtl", "--density", "0.01", "--scheme",
                           "multitree-sparse", "--epochs", "1", "--warmup-iters", "5",
-                          "--out", str(tmp_path), "--json"])
+                          "--flow-assignment", flow, "--out", str(tmp_path), "--json"])
     assert train.main(args) == 0
     s = json.loads(capsys.readouterr().out)
     assert s["fallback"] is None and s["backend"] == "rtl"
     assert s["engine"].startswith("Verilated NIC fabric")
     assert s["sparse_engine"] == s["engine"] and s["sparse_calls"] > 0
+    assert s["sparse_training"]["sparse_options"]["flow_assignment"] == flow
     assert s["params_identical_across_ranks"]

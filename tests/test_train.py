@@ -6,8 +6,9 @@ backend in one world (spawning 4 torch processes costs seconds, so the configs s
   identical bit for bit, so everything downstream is too;
 * dense treenic reaches the accuracy of DDP's own all_reduce within noise (±2 points: the
   reference averages before reducing, so its rounding differs);
-* sparse TopkA at 5% density (8 epochs) and at 1% (16 epochs) reach the dense accuracy within
-  the stated margins (2 and 3 points) while sending a small fraction of the dense bytes.
+* sparse TopkA at 5% density (8 epochs, optimizer momentum) and at 1% (16 epochs, the
+  default momentum correction) reach the dense accuracy within the stated margins (2 and 3
+  points) while sending a small fraction of the dense bytes.
 """
 import json
 import numpy as np
@@ -29,7 +30,11 @@ def runs():
         "model": train._config("model", epochs=SHORT, **common),
         "rtl": train._config("rtl", engine="golden", epochs=SHORT, **common),
         "ddp": train._config("ddp", epochs=EPOCHS, **common),
-        "sparse5": train._config("torch", density=0.05, epochs=EPOCHS, **common),
+        # TopkA at 5 %: the optimizer's momentum (measured, docs/training.md: momentum
+        # correction + masking -2.37 points there, without -0.14; masking resets the
+        # momentum of the many elements sent every step)
+        "sparse5": train._config("torch", density=0.05, epochs=EPOCHS,
+                                 momentum_correction=False, momentum_masking=False, **common),
         "sparse1": train._config("rtl", engine="golden", density=0.01, epochs=2 * EPOCHS,
                                  **common),
     }

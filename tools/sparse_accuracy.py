@@ -19,18 +19,19 @@ from treenic import train
 #: (row name, _config overrides); the first row is the dense reference
 VARIANTS = [
     ("dense (MultiTree all-reduce)", dict(density=None)),
-    ("sparse, no technique (residual only, optimizer momentum)",
+    ("sparse, default: momentum correction + masking, 20 dense warm-up iterations, hash flows",
+     dict()),
+    ("default without momentum masking", dict(momentum_masking=False)),
+    ("default without momentum correction (optimizer momentum)",
      dict(momentum_correction=False, momentum_masking=False)),
-    ("+ momentum correction", dict(momentum_masking=False)),
-    ("+ momentum correction + masking (default)", dict()),
+    ("default with contiguous flows", dict(flow_assignment="contiguous")),
     ("default + local clipping (clip-norm 1.0)", dict(clip_norm=1.0)),
-    ("default, warm-up ramp (DGC) instead of dense", dict(warmup="ramp")),
-    ("default, 44 dense warm-up iterations (2 epochs)", dict(warmup_iters=44)),
-    ("default, residual global (SparDL GRC)", dict(residual="global")),
-    ("default, flow assignment hash (Zen)", dict(flow_assignment="hash")),
-    ("hash + warm-up ramp", dict(flow_assignment="hash", warmup="ramp")),
-    ("hash + 44 dense warm-up iterations", dict(flow_assignment="hash", warmup_iters=44)),
-    ("hash + residual global", dict(flow_assignment="hash", residual="global")),
+    ("default with DGC's density ramp instead of dense warm-up", dict(warmup="ramp")),
+    ("default without warm-up", dict(warmup_iters=0)),
+    ("default with 44 dense warm-up iterations (2 epochs)", dict(warmup_iters=44)),
+    ("default with residual global (SparDL GRC)", dict(residual="global")),
+    ("no technique: error feedback only, contiguous flows",
+     dict(momentum_correction=False, momentum_masking=False, flow_assignment="contiguous")),
 ]
 
 

@@ -360,7 +360,7 @@ def _check_sparse_train_args(args) -> None:
         return
     for key in SPARSE_OPTIONS:
         value = getattr(args, key)
-        if value != SPARSE_OPTIONS[key][0]:
+        if value is not None:
             raise CLIError(f"--{key.replace('_', '-')} {value}: scheme {args.scheme!r} has no "
                            f"such option (only {', '.join(SCHEMES_WITH_OPTIONS)})")
 

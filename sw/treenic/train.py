@@ -168,8 +168,11 @@ def _world_worker(rank, world, cfgs, fabric):
 MOMENTUM = 0.9
 #: Sparse-training techniques (DGC / RedSync) and their defaults; see docs/training.md for
 #: what each is worth, measured.
+#: ``flow_assignment="hash"``: contiguous flows give each layer of the bucket the budget of
+#: the trees its position falls on; Zen's hash spreads every layer over all trees, so each
+#: tree's top-k is close to a global top-k (measured: -0.84 vs -1.95 points at 8 epochs).
 SPARSE_DEFAULTS = dict(momentum_correction=True, momentum_masking=True, clip_norm=None,
-                       warmup="dense", residual="local", flow_assignment="contiguous")
+                       warmup="dense", residual="local", flow_assignment="hash")
 
 
 def _config(backend="rtl", algorithm="multitree", topology=None, density=None, workers=4,
@@ -451,11 +454,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--clip-norm", type=float, default=d["clip_norm"],
                         help="sparse: local gradient clipping at this global L2 norm "
                              "(per rank: / sqrt(workers)); default off")
-    parser.add_argument("--residual", choices=("local", "global"), default=d["residual"],
-                        help="multitree-sparse: residual each node keeps (NIC option)")
-    parser.add_argument("--flow-assignment", choices=("contiguous", "hash"),
-                        default=d["flow_assignment"],
-                        help="multitree-sparse: elements to trees (NIC option)")
+    parser.add_argument("--residual", choices=("local", "global"), default=None,
+                        help="multitree-sparse: residual each node keeps (NIC option; "
+                             f"default {d['residual']})")
+    parser.add_argument("--flow-assignment", choices=("contiguous", "hash"), default=None,
+                        help="multitree-sparse: elements to trees (NIC option; default "
+                             f"{d['flow_assignment']})")
     parser.add_argument("--sparse-fallback", action="store_true",
                         help="--engine rtl: when the RTL does not run the sparse scheme, use "
                              "the golden engine (printed notice, JSON 'fallback'); else error")
@@ -482,7 +486,7 @@ def main(args) -> int:
             simulated_boards=getattr(args, "simulated_boards", False),
             sparse_fallback=args.sparse_fallback,
             variant=getattr(args, "variant", None),
-            **{k: getattr(args, k) for k in SPARSE_DEFAULTS})
+            **{k: getattr(args, k) for k in SPARSE_DEFAULTS if getattr(args, k) is not None})
     if args.json:
         print(json.dumps(s, indent=1, default=float))
     return 0

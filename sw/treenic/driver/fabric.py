@@ -268,8 +268,9 @@ def rtl_sparse_unsupported(scheme: str, options: dict | None = None) -> str | No
         runs = RTLEngine.SPARSE_OPTION_VALUES.get(key, ())
         if value not in runs:
             return (f"the rtl engine runs sparse scheme {scheme!r} with {key} "
-                    f"{' or '.join(runs) or '(none)'} only, not {value!r}; use --engine golden, "
-                    "or request the golden fallback explicitly")
+                    f"{' or '.join(runs) or '(none)'} only, not {value!r}; use "
+                    + (f"--{key.replace('_', '-')} {runs[0]}, " if runs else "")
+                    + "--engine golden, or request the golden fallback explicitly")
     return None
 
 
