@@ -4,7 +4,8 @@ Every figure comes from the Verilated RTL (``treenic.hdl.cosim``: Verilator, C++
 and every run is compared with its golden function in the same call; ``bit_exact`` is that
 comparison. Top-k: selection cycles for C = 4096 and 65536, density 1 % and 10 %, W = 2, 8, 16
 (EXACT mode, full input rate, no output backpressure) against ``dense_stream_cycles`` = C/2,
-the cycles to stream the chunk densely over one 64-bit link. Hash and scatter: sustained
+the cycles to stream the chunk densely over one 64-bit link; the same figures for the SEARCH
+mode (RedSync binary search replayed in RTL, ``topk.redsync_search``). Hash and scatter: sustained
 items per cycle over long runs, and bit-exactness under random stalls.
 
     python -m treenic.bench --only sparse_units --json
@@ -24,6 +25,7 @@ LANES = (2, 8, 16)
 #: TREENIC_SPARSE_LANES=2,8 restricts the top-k lane counts (each width is its own Verilator
 #: build); the JSON lists the lane counts actually measured
 LANES_ENV = "TREENIC_SPARSE_LANES"
+SEARCH_DEPTH, SEARCH_BITS = 16, 3       # the RedSync search measured (golden defaults: depth 16)
 
 
 def _lib(unit, name):
@@ -58,16 +60,15 @@ def topk_run(lib, x, k, lanes) -> dict:
 def bench_topk(quick: bool) -> dict:
     from .topk import PASSES, Mode, TopKUnit
     rng = np.random.default_rng(2026)
-    rows = []
+    rows, search = [], []
     chunks = CHUNKS[:1] if quick else CHUNKS
     lanes_list = tuple(int(w) for w in os.environ[LANES_ENV].split(",")) \
         if os.environ.get(LANES_ENV) else LANES
     for lanes in lanes_list:
-        lib = _lib(TopKUnit(lanes=lanes, max_chunk=max(chunks)), f"sparse_topk_w{lanes}")
+        lib = _lib(TopKUnit(lanes=lanes, max_chunk=max(chunks), search_bits=SEARCH_BITS),
+                   f"sparse_topk_w{lanes}")
         for C in chunks:
-            x = rng.standard_normal(C).astype(np.float32)
-            x[rng.random(C) < 0.05] = 0
-            x[rng.integers(0, C, C // 8)] = np.float32(0.5)        # ties at many magnitudes
+            x = _topk_chunk(rng, C)
             for density in DENSITIES:
                 k = max(1, int(C * density))
                 r = topk_run(lib, x, k, lanes)
@@ -76,16 +77,79 @@ def bench_topk(quick: bool) -> dict:
                              "dense_stream_cycles": C // 2,
                              "faster_than_dense": r["cycles"] < C // 2,
                              "bit_exact": r["bit_exact"]})
-    return {"bit_exact": all(r["bit_exact"] for r in rows), "mode": "EXACT",
-            "lanes_measured": list(lanes_list), "runs": rows}
+                # the same chunk and k through the RedSync search replayed in RTL
+                r = search_run(lib, x, k, lanes, SEARCH_BITS)
+                search.append({"C": C, "density": density, "W": lanes, "k": k, **r,
+                               "dense_stream_cycles": C // 2,
+                               "faster_than_dense": r["cycles"] < C // 2})
+    return {"bit_exact": all(r["bit_exact"] for r in rows + search),
+            "mode": "EXACT", "lanes_measured": list(lanes_list), "runs": rows,
+            "redsync_search": {"bit_exact": all(r["bit_exact"] for r in search),
+                               "mode": "SEARCH", "golden": "select.binary_search_histogram",
+                               "depth": SEARCH_DEPTH, "search_bits": SEARCH_BITS,
+                               "threshold_source": "answers at once (golden grid thresholds "
+                                                   "queued on thr)", "runs": search}}
+
+
+def _topk_chunk(rng, C):
+    x = rng.standard_normal(C).astype(np.float32)
+    x[rng.random(C) < 0.05] = 0
+    x[rng.integers(0, C, C // 8)] = np.float32(0.5)        # ties at many magnitudes
+    return x
+
+
+def search_run(lib, x, k, lanes, search_bits, depth=SEARCH_DEPTH) -> dict:
+    """One SEARCH selection (RedSync binary search replayed in RTL) on the Verilated unit;
+    compares indices, value bits and every threshold request with
+    ``select.binary_search_histogram``. The threshold source answers at once (its answers
+    are queued on ``thr``: the golden grid thresholds of the golden's requests)."""
+    from ..cosim import unpack_words
+    from .topk import (Mode, chunk_words, command_word, decode_pairs, grid_thresholds,
+                       search_passes, search_requests)
+    from treenic.sparse import select
+    gold = select.binary_search_histogram(x, k, depth=depth, hist_bits=search_bits)
+    keys = select.magnitude_keys(x)
+    requests = search_requests(gold, keys, depth, search_bits)
+    answers = [t for r in requests for t in grid_thresholds(x, *r, depth=depth)]
+    passes = search_passes(gold, keys)
+    beats_per_pass = -(-x.size // lanes)
+    out_beats = np.unique(gold.indices // lanes).size
+    if gold.indices.size == 0 or gold.indices[-1] // lanes != beats_per_pass - 1:
+        out_beats += 1
+    sim = lib.new()
+    sim.reset()
+    sim["cmd__payload"] = command_word(Mode.SEARCH, k=k, depth=depth)
+    sim["cmd__valid"] = 1
+    sim.step()
+    sim["cmd__valid"] = 0
+    res = sim.run_streams(inputs={"i": chunk_words(x, lanes, passes),
+                                  "thr": np.array(answers, np.uint32)},
+                          outputs={"o": out_beats, "grid": len(requests)})
+    idx, val = decode_pairs(unpack_words(res.outputs["o"]), lanes)
+    got_req = [(w & 0x7FFFFFFF, (w >> 31) & 0x7FFFFFFF, (w >> 62) & 0x1F)
+               for w in unpack_words(res.outputs["grid"])]
+    exact = bool(np.array_equal(idx, gold.indices) and
+                 np.array_equal(val, x.view(np.uint32)[gold.indices]) and got_req == requests)
+    sim.close()
+    return {"cycles": res.cycles + 1, "bit_exact": exact, "selected": int(gold.indices.size),
+            "passes": passes, "count_passes": gold.passes, "converged": bool(gold.converged)}
 
 
 def bench_hash(quick: bool) -> dict:
+    """Hash unit with 16 partitions (the mask) and 12 workers (the multiply-high modulo)."""
+    res = {"pow2_16": _bench_hash(quick, 16), "mod_12": _bench_hash(quick, 12)}
+    return {"bit_exact": all(v["bit_exact"] for v in res.values()), **res["pow2_16"],
+            "workers_12": res["mod_12"]}
+
+
+def _bench_hash(quick: bool, workers: int) -> dict:
     import mmh3
     from .hash import Murmur3HashUnit
     from treenic.sparse.zen import murmur3_32, partition_of
-    lanes, pbits, seed = 4, 4, 0x9747B28C
-    lib = _lib(Murmur3HashUnit(lanes=lanes, partition_bits=pbits), "sparse_hash_w4")
+    lanes, seed = 4, 0x9747B28C
+    unit = Murmur3HashUnit(lanes=lanes, workers=workers)
+    pbits = unit.partition_bits
+    lib = _lib(unit, f"sparse_hash_w4_n{workers}")
     n = 20_000 if quick else 250_000
     keys = np.random.default_rng(7).integers(0, 2**32, n * lanes, dtype=np.uint64).astype(np.uint32)
     beats = keys.reshape(n, lanes)
@@ -102,14 +166,14 @@ def bench_hash(quick: bool) -> dict:
         part = np.stack([(part_word >> (pbits * l)) & ((1 << pbits) - 1) for l in range(lanes)],
                         axis=1).reshape(-1)
         ok = np.array_equal(h, murmur3_32(keys, seed)) and \
-            np.array_equal(part, partition_of(keys, 1 << pbits, seed))
+            np.array_equal(part, partition_of(keys, workers, seed))
         sample = [mmh3.hash(int(k).to_bytes(4, "little"), seed, signed=False) for k in keys[:2000]]
         ok &= bool(np.array_equal(h[:2000], np.array(sample, np.uint32)))
         out[tag] = {"keys": int(keys.size), "cycles": res.cycles, "bit_exact": bool(ok),
                     "keys_per_lane_per_cycle": round(n / res.cycles, 4)}
         sim.close()
     return {"bit_exact": all(v["bit_exact"] for v in out.values()), "lanes": lanes,
-            "partition_bits": pbits, **out}
+            "workers": workers, "partition_bits": pbits, "latency": unit.latency, **out}
 
 
 def bench_scatter(quick: bool) -> dict:
@@ -201,5 +265,12 @@ def run(out_dir: Path, quick: bool = False) -> dict:
     md += [f"| {r['C']} | {r['density']:.0%} | {r['W']} | {r['k']} | {r['passes']} | "
            f"{r['cycles']} | {r['dense_stream_cycles']} | {r['faster_than_dense']} | "
            f"{r['bit_exact']} |" for r in res["topk"]["runs"]]
+    md += ["", "RedSync threshold binary search (SEARCH, depth 16, H = 3 grid bits per pass):", "",
+           "| C | density | W | k | passes (count) | converged | selected | cycles | dense C/2 "
+           "| bit-exact |", "|---|---|---|---|---|---|---|---|---|---|"]
+    md += [f"| {r['C']} | {r['density']:.0%} | {r['W']} | {r['k']} | {r['passes']} "
+           f"({r['count_passes']}) | {r['converged']} | {r['selected']} | {r['cycles']} | "
+           f"{r['dense_stream_cycles']} | {r['bit_exact']} |"
+           for r in res["topk"]["redsync_search"]["runs"]]
     (out_dir / "section.md").write_text("\n".join(md) + "\n")
     return res

@@ -507,42 +507,62 @@ class TopKUnit(wiring.Component):
         ties_cap, room_cap = Signal(range(W + 1)), Signal(range(W + 1))
         m.d.comb += [ties_cap.eq(Mux(st.ties_left > W, W, st.ties_left)),
                      room_cap.eq(Mux(st.room > W, W, st.room))]
-        take, tie_used, ran = [], 0, 0
+        # Parallel form of "take lane l if above, or a band lane while ties remain, while room
+        # remains" (a lane-by-lane running count was a 16-lane carry chain: 18.8 MHz at
+        # W = 16). band_before/above_before are prefix counts of the registered flags; the
+        # candidates taken before lane l, ignoring room, are above_before + min(band_before,
+        # ties_cap), and room only truncates that sequence, so lane l's output rank (pairs
+        # taken before it) is min(that, room_cap). Every lane is a few levels deep.
+        cap = lambda v, c: Mux(v < c, v, c)      # noqa: E731
+        take, ranks, tie_taken = [], [], []
         for l in range(W):
-            # the running counts are Signals: as expressions, lane l's would hold lane l-1's
-            # twice (directly and through ``tie``), doubling the netlist per lane
+            above_before = Signal(range(W + 1), name=f"above_before{l}")
+            band_before = Signal(range(W + 1), name=f"band_before{l}")
+            cand_before = Signal(range(2 * W + 1), name=f"cand_before{l}")
+            rank, sel = Signal(range(W + 1), name=f"rank{l}"), Signal(name=f"sel{l}")
             tie = Signal(name=f"tie{l}")
-            sel = Signal(name=f"sel{l}")
-            m.d.comb += [tie.eq(a_band[l] & (tie_used < ties_cap)),
-                         sel.eq((a_above[l] | tie) & (ran < room_cap))]
+            m.d.comb += [above_before.eq(_tree_sum(a_above[:l])),
+                         band_before.eq(_tree_sum(a_band[:l])),
+                         cand_before.eq(above_before + cap(band_before, ties_cap)),
+                         tie.eq(a_band[l] & (band_before < ties_cap)),
+                         sel.eq((a_above[l] | tie) & (cand_before < room_cap)),
+                         rank.eq(cap(cand_before, room_cap))]
             take.append(sel)
-            tie_next = Signal(range(W + 1), name=f"ties_upto{l}")
-            ran_next = Signal(range(W + 1), name=f"taken_upto{l}")
-            m.d.comb += [tie_next.eq(tie_used + (tie & sel)), ran_next.eq(ran + sel)]
-            tie_used, ran = tie_next, ran_next
+            ranks.append(rank)
+            tie_taken.append(tie & sel)
         count, ties = Signal(range(W + 1)), Signal(range(W + 1))
-        m.d.comb += [count.eq(ran), ties.eq(tie_used)]
+        m.d.comb += [count.eq(_tree_sum(take)), ties.eq(_tree_sum(tie_taken))]
         out = self.o.payload
         with m.If(a_valid & advance):
             m.d.sync += [st.room.eq(st.room - count), st.ties_left.eq(st.ties_left - ties)]
         with m.If(advance):
             m.d.sync += [self.o.valid.eq(a_valid & ((count != 0) | a_last)),
                          out.count.eq(count), out.last.eq(a_last)]
-            # output lane j = the taken input lane with j taken lanes before it; each lane's
-            # rank is one prefix count, shared by all output lanes
-            ranks, running = [], 0
-            for l in range(W):
-                rank = Signal(range(W + 1), name=f"rank{l}")
-                m.d.comb += rank.eq(running)
-                ranks.append(rank)
-                running = rank + take[l]
+            # output lane j = the taken input lane of rank j (at most one): a one-hot OR,
+            # not a priority chain of muxes
             for j in range(W):
-                idx, val = Const(0, 32), Const(0, 32)
-                for l in range(j, W):                  # lane l can only land at j <= l
-                    hit = take[l] & (ranks[l] == j)
-                    idx = Mux(hit, Cat(Const(l, LB), a_beat)[:32], idx)
-                    val = Mux(hit, a_value[l], val)
+                hits = [take[l] & (ranks[l] == j) for l in range(j, W)]   # lane l lands at j <= l
+                idx = _or_tree([Mux(h, Cat(Const(l, LB), a_beat)[:32], 0)
+                                for h, l in zip(hits, range(j, W))])
+                val = _or_tree([Mux(h, a_value[l], 0) for h, l in zip(hits, range(j, W))])
                 m.d.sync += [out.index[j].eq(idx), out.value[j].eq(val)]
+
+
+def _tree_sum(bits):
+    """Sum of 1-bit values as a balanced adder tree (a Python ``sum`` is a serial chain)."""
+    if not bits:
+        return Const(0, 1)
+    if len(bits) == 1:
+        return bits[0]
+    half = len(bits) // 2
+    return _tree_sum(bits[:half]) + _tree_sum(bits[half:])
+
+
+def _or_tree(values):
+    if len(values) == 1:
+        return values[0]
+    half = len(values) // 2
+    return _or_tree(values[:half]) | _or_tree(values[half:])
 
 
 class _Phase(enum.Enum, shape=4):
