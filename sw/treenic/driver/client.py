@@ -9,6 +9,7 @@ import zlib
 import numpy as np
 
 from . import protocol as P
+from .fabric import check_sparse_request
 from .errors import DriverError, FabricDisconnected, FabricError, FabricTimeout, \
     RTLFabricUnavailable
 
@@ -109,7 +110,8 @@ class NICClient:
 
     def collective(self, seq: int, data: np.ndarray, *, sparse: tuple | None = None):
         """Run collective ``seq`` on ``data`` ((E,) float32). ``sparse`` = (scheme, density,
-        seed) for a sparse one. Returns (result, residual|None, complete_fields)."""
+        seed[, options]) for a sparse one (options: :data:`~treenic.driver.fabric.
+        SPARSE_OPTIONS`, validated here). Returns (result, residual|None, complete_fields)."""
         if data.dtype != np.float32 or data.ndim != 1:
             raise DriverError(f"rank {self.rank}: buffers must be 1-D float32, got "
                               f"{data.dtype}{data.shape}")
@@ -120,10 +122,11 @@ class NICClient:
         if sparse is None:
             start = P.START.pack(seq, P.MODE_DENSE, 0, 0, 0.0, 0)
         else:
-            scheme, density, seed = sparse
+            scheme, density, seed, *rest = sparse
+            options = check_sparse_request(scheme, rest[0] if rest else None, None)
             name = scheme.encode()
-            start = P.START.pack(seq, P.MODE_SPARSE, 0, len(name), float(density),
-                                 int(seed)) + name
+            start = P.START.pack(seq, P.MODE_SPARSE, P.pack_sparse_options(options),
+                                 len(name), float(density), int(seed)) + name
         (rseq, steps, cycles, sent, recv), _ = self._request(
             P.Msg.START, start, what=f"collective #{seq} step START", layout=P.COMPLETE,
             exact=True)

@@ -43,8 +43,10 @@ from .. import algorithms
 from ..schedule.execute import CANONICAL_NAN
 from ..schedule.ir import Op, Schedule
 from ..topology import Topology, parse
+from . import protocol as P
 from .errors import BadTensor, DriverError, FabricError
-from .fabric import LocalFabric, Request, link_bytes, make_engine
+from .fabric import (GoldenEngine, LocalFabric, Request, check_sparse_request, link_bytes,
+                     make_engine)
 from .torch_backend import TorchBackend as _TorchBackend
 
 BACKENDS = ("model", "torch", "rtl", "udp")
@@ -75,13 +77,15 @@ def default_topology(world: int) -> str:
     return f"ring:{world}"
 
 
-def schedule_for(algorithm, topology, world: int) -> Schedule:
+def schedule_for(algorithm, topology, world: int, **options) -> Schedule:
+    """``algorithm`` (a ready Schedule, or a registry name compiled on ``topology`` with the
+    builder's ``options``, e.g. ``variant=``) checked against the world size."""
     if isinstance(algorithm, Schedule):
         schedule = algorithm
     else:
         topo = topology if isinstance(topology, Topology) else \
             parse(topology or default_topology(world))
-        schedule = algorithms.build(algorithm, topo)
+        schedule = algorithms.build(algorithm, topo, **options)
     if schedule.n != world:
         raise DriverError(f"schedule {schedule.algorithm} on {schedule.topology.spec} has "
                           f"{schedule.n} nodes but the world has {world} ranks")
@@ -200,12 +204,16 @@ class Communicator:
         return tensor
 
     def sparse_allreduce(self, tensor, density: float, *, scheme: str = "topka", key=None,
-                         residual=None, seed: int = 0) -> SparseOutcome:
+                         residual=None, seed: int = 0,
+                         options: dict | None = None) -> SparseOutcome:
         """Sparse all-reduce with error feedback. ``residual`` given: used and the new one
         returned (caller keeps state, e.g. the DDP hook); else kept in ``self.residuals[key]``
-        (reset when the tensor size changes)."""
+        (reset when the tensor size changes). ``options``: the scheme's NIC options
+        (:data:`~treenic.driver.fabric.SPARSE_OPTIONS`: ``residual``, ``flow_assignment``;
+        MultiTree-Sparse only), validated before anything is sent."""
         if not 0.0 < float(density) <= 1.0:
             raise DriverError(f"density must be in (0, 1], got {density}")
+        options = check_sparse_request(scheme, options, self.schedule)
         t0 = time.perf_counter()
         own = residual is None
         if own:
@@ -215,7 +223,8 @@ class Communicator:
         self._seq += 1
         with self._aborting_on_bad_tensor():
             new_res, sent, recv, steps = self._impl.sparse(tensor, residual, scheme,
-                                                           float(density), int(seed), self._seq)
+                                                           float(density), int(seed), self._seq,
+                                                           options)
         if own:
             self.residuals[key] = new_res
         c = self.counters
@@ -348,17 +357,18 @@ class _ModelBackend:
         sent, recv = self._link_cache[e]
         return int(sent[self.comm.rank]), int(recv[self.comm.rank])
 
-    def sparse(self, tensor, residual, scheme, density, seed, seq):
+    def sparse(self, tensor, residual, scheme, density, seed, seq, options=None):
         data, _ = _to_numpy(tensor)
         acc = data.copy() if residual is None else data + _to_numpy(residual)[0]
+        opts = tuple(sorted((options or {}).items()))
         if self.fabric is not None:
             out = self.fabric.rendezvous.submit(
-                seq, self.comm.rank, Request("sparse", acc, scheme, density, seed),
+                seq, self.comm.rank, Request("sparse", acc, scheme, density, seed, opts),
                 timeout=self.timeout)
             _write_back(tensor, out.result)
             return _like(tensor, out.residual), out.sent, out.received, out.steps
-        stacked = self._gather(acc, ("sparse", acc.shape[0], scheme, density, seed))
-        res = self.engine.run_sparse(scheme, stacked, density, seed)
+        stacked = self._gather(acc, ("sparse", acc.shape[0], scheme, density, seed, opts))
+        res = self.engine.run_sparse(scheme, stacked, density, seed, dict(opts))
         r = self.comm.rank
         _write_back(tensor, np.asarray(res.result[r], np.float32))
         return (_like(tensor, np.asarray(res.residuals[r], np.float32)),
@@ -376,6 +386,8 @@ class _ModelBackend:
 
     def status(self):
         return {"engine": self.engine.name,
+                "dense_engine": self.engine.dense_description,
+                "sparse_engine": self.engine.sparse_description,
                 "transport": "in-process fabric" if self.fabric else "torch.distributed gather"}
 
     def close(self):
@@ -446,12 +458,14 @@ class _RTLBackend:
         self._account()
         return info["sent"], info["received"]
 
-    def sparse(self, tensor, residual, scheme, density, seed, seq):
+    def sparse(self, tensor, residual, scheme, density, seed, seq, options=None):
         data, _ = _to_numpy(tensor)
         acc = data.copy() if residual is None else data + _to_numpy(residual)[0]
         self._configure(acc.shape[0], seq)
         result, new_res, info = self.client.collective(seq, acc,
-                                                       sparse=(scheme, density, seed))
+                                                       sparse=(scheme, density, seed, options))
+        if info["cycles"] is not None:
+            self.comm.counters.cycles += info["cycles"]
         _write_back(tensor, result)
         self._account()
         return _like(tensor, new_res), info["sent"], info["received"], info["steps"]
@@ -460,7 +474,15 @@ class _RTLBackend:
         self.client.abort(seq, reason)
 
     def status(self):
-        return {"engine": self.client.engine_description, "last_cycles": self._last_cycles,
+        # the server runs one engine for both kinds; the golden one's sparse side is the
+        # treenic.sparse models (the rtl engine refuses a sparse scheme it does not run)
+        golden = self.client.engine_id == P.ENGINE_IDS["golden"]
+        return {"engine": self.client.engine_description,
+                "dense_engine": (GoldenEngine.dense_description if golden
+                                 else self.client.engine_description),
+                "sparse_engine": (GoldenEngine.sparse_description if golden
+                                  else self.client.engine_description),
+                "last_cycles": self._last_cycles,
                 "nic": self.client.status()}
 
     def close(self):

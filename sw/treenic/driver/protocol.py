@@ -60,10 +60,13 @@ Messages (request → reply; payload layouts as :mod:`struct` formats)
     reply ``<IQ`` sequence, count. At most 4 collectives may be written and not yet started
     per rank (``SEQUENCE`` beyond that); a sequence number is written once.
 ``START`` 0x04 → ``COMPLETE`` 0x84
-    request ``<IBBHdQ`` sequence, mode (0: dense schedule, 1: sparse), reserved, name length
-    ``n``, density (float64, sparse only), seed (sparse only) + ``n`` bytes UTF-8 sparse
-    scheme name (``treenic.sparse`` registry). The NIC starts once all ranks have written
-    and started collective ``sequence``; the reply is sent when it finished.
+    request ``<IBBHdQ`` sequence, mode (0: dense schedule, 1: sparse), sparse options
+    (:func:`pack_sparse_options`: bit 0 residual 0 local / 1 global, bit 1 flow assignment
+    0 contiguous / 1 hash, other bits 0; 0 for dense and for schemes without options), name
+    length ``n``, density (float64, sparse only), seed (sparse only) + ``n`` bytes UTF-8
+    sparse scheme name (``treenic.sparse`` registry). The NIC starts once all ranks have
+    written and started collective ``sequence`` with the same parameters; the reply is sent
+    when it finished. A sparse scheme the fabric's engine does not run is ``ENGINE``.
     reply ``<IIQQQ`` sequence, steps, cycles (:data:`CYCLES_UNKNOWN` when the engine does
     not model time), bytes this NIC sent on its links, bytes it received on its links.
 ``READ_BUFFER`` 0x05 → ``BUFFER_DATA`` 0x85
@@ -97,7 +100,8 @@ it then closes. Security model, limits and guarantees: ``docs/driver-protocol.md
 
 Versioning: the version byte changes whenever a layout changes (2: HELLO carries the job
 secret; ABORT. 3: LOAD_CONFIG carries the configuration image set instead of schedule JSON,
-CONFIG_ACK the element count instead of the chunk count). A server answers a frame of
+CONFIG_ACK the element count instead of the chunk count, and START's third byte carries the
+sparse options, reserved before). A server answers a frame of
 another version with ``ERROR VERSION_MISMATCH`` (payload names both versions and what
 changed) in *its own* framing, which every version keeps (magic, version, type at the same
 offsets).
@@ -113,10 +117,11 @@ import zlib
 from enum import IntEnum
 
 MAGIC = b"TNIC"
-PROTOCOL_VERSION = 3             # 3: LOAD_CONFIG carries the image set (2: job secret; ABORT)
+PROTOCOL_VERSION = 3             # 3: LOAD_CONFIG carries the image set; sparse options (2: job secret; ABORT)
 #: What each version changed, for the VERSION_MISMATCH message an older or newer peer gets.
 VERSION_CHANGES = {2: "HELLO carries the job secret; ABORT",
-                   3: "LOAD_CONFIG carries the configuration image set, not schedule JSON"}
+                   3: "LOAD_CONFIG carries the configuration image set, not schedule JSON; "
+                      "START carries the sparse options"}
 HEADER = struct.Struct("<4sBBHII")
 CRC = struct.Struct("<I")
 MAX_PAYLOAD = 1 << 30            # 1 GiB: 256 M float32 elements per buffer
@@ -140,6 +145,8 @@ MODE_SPARSE = 1
 IMAGE_SET = 2
 #: Largest image set LOAD_CONFIG may carry (bytes); a 64-node torus set is about 0.2 MiB.
 MAX_IMAGE_SET_BYTES = 4 << 20
+#: START's sparse options byte: (option, value that sets the bit) per bit, bit 0 first
+SPARSE_OPTION_BITS = (("residual", "global"), ("flow_assignment", "hash"))
 ENGINE_IDS = {"golden": 0, "rtl": 1}
 
 
@@ -209,6 +216,22 @@ MAX_ABORT_REASON = 1024
 #: Per message type, the largest payload a receiver accepts (checked on the frame header,
 #: before the payload is received); other types: :data:`MAX_PAYLOAD`.
 PAYLOAD_LIMITS = {Msg.LOAD_CONFIG: LOAD_CONFIG.size + MAX_IMAGE_SET_BYTES}
+
+
+def pack_sparse_options(options: dict) -> int:
+    """START's sparse options byte of validated options (missing: the default, bit 0)."""
+    return sum(1 << bit for bit, (key, value) in enumerate(SPARSE_OPTION_BITS)
+               if options.get(key) == value)
+
+
+def unpack_sparse_options(byte: int) -> dict | None:
+    """The options a START byte names (every option, defaults included); None when a bit
+    outside :data:`SPARSE_OPTION_BITS` is set."""
+    if byte >> len(SPARSE_OPTION_BITS):
+        return None
+    from .fabric import SPARSE_OPTIONS
+    return {key: (value if byte >> bit & 1 else SPARSE_OPTIONS[key][0])
+            for bit, (key, value) in enumerate(SPARSE_OPTION_BITS)}
 
 
 #: Job secret: 32 random bytes, written as 64 hex digits outside the protocol.

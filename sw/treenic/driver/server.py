@@ -32,7 +32,8 @@ import numpy as np
 from . import protocol as P
 from .config import ConfigRejected, parse_image_set
 from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailable
-from .fabric import RTL_MODULE, GoldenEngine, Request, Rendezvous, make_engine
+from .fabric import (RTL_MODULE, SCHEMES_WITH_OPTIONS, SPARSE_OPTIONS, GoldenEngine, Request,
+                     Rendezvous, check_sparse_request, make_engine)
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 #: Loaded configurations no rank holds that the server keeps built (oldest dropped first)
@@ -368,8 +369,8 @@ class FabricServer:
         return P.Msg.WRITE_ACK, P.WRITE_ACK.pack(seq, count)
 
     def _start(self, ctx, payload):
-        (seq, mode, _, nlen, density, seed), rest = P.unpack(P.START, payload, "START",
-                                                             exact=False)
+        (seq, mode, opt_bits, nlen, density, seed), rest = P.unpack(P.START, payload, "START",
+                                                                    exact=False)
         if len(rest) != nlen:
             raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"START name length {nlen} but {len(rest)} "
                                                   "bytes follow")
@@ -384,8 +385,12 @@ class FabricServer:
             except UnicodeDecodeError:
                 raise _Reply(P.ErrorCode.BAD_PAYLOAD, "sparse scheme name is not UTF-8") \
                     from None
+            options = self._sparse_options(ctx, scheme, opt_bits)
         elif mode != P.MODE_DENSE:
             raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"unknown START mode {mode}")
+        elif opt_bits:
+            raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"dense START with sparse options "
+                                                  f"{opt_bits:#04x} (must be 0)")
         if seq not in ctx["staged"]:
             raise _Reply(P.ErrorCode.SEQUENCE, f"START of collective #{seq} without its "
                                                "WRITE_BUFFER")
@@ -396,7 +401,8 @@ class FabricServer:
         if mode == P.MODE_DENSE:
             req = Request("dense", data, config=ctx["config"])
         else:
-            req = Request("sparse", data, scheme, density, seed, config=ctx["config"])
+            req = Request("sparse", data, scheme, density, seed,
+                          tuple(sorted(options.items())), config=ctx["config"])
         try:
             out = self.rendezvous.submit(seq, rank, req, alive=lambda: _peer_open(ctx["conn"]))
         except FabricTimeout as e:
@@ -416,6 +422,27 @@ class FabricServer:
         nic["collectives"] += 1
         cycles = P.CYCLES_UNKNOWN if out.cycles is None else out.cycles
         return P.Msg.COMPLETE, P.COMPLETE.pack(seq, out.steps, cycles, out.sent, out.received)
+
+    @staticmethod
+    def _sparse_options(ctx, scheme: str, opt_bits: int) -> dict:
+        """The validated options of a sparse START (before its buffer is taken): unknown
+        option bits, options the scheme lacks, a scheme the engine does not run (the
+        ``rtl`` engine never hands one to the golden models) are one-line errors."""
+        options = P.unpack_sparse_options(opt_bits)
+        if options is None:
+            raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"START sparse options {opt_bits:#04x} set "
+                                                  "undefined bits")
+        if scheme not in SCHEMES_WITH_OPTIONS:
+            options = {k: v for k, v in options.items() if v != SPARSE_OPTIONS[k][0]}
+        _, schedule, engine = ctx["config"]
+        try:
+            options = check_sparse_request(scheme, options, schedule)
+        except DriverError as e:
+            raise _Reply(P.ErrorCode.BAD_PAYLOAD, str(e)) from None
+        reason = engine.sparse_unsupported(scheme)
+        if reason:
+            raise _Reply(P.ErrorCode.ENGINE, reason)
+        return options
 
     def _read(self, ctx, payload):
         (seq, which), _ = P.unpack(P.READ_BUFFER, payload, "READ_BUFFER")
