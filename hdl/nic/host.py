@@ -105,13 +105,15 @@ def order_writes(params: NicParams, image: bytes | ConfigImage) -> list[tuple[in
     return [(params.order_addr(flow, port), step) for flow, port, step in img.order]
 
 
-def host_writes(params: NicParams, images, buffers=None, *, order: bool = True
-                ) -> list[list[tuple[int, int]]]:
+def host_writes(params: NicParams, images, buffers=None, *, order: bool = True,
+                nodes=None) -> list[list[tuple[int, int]]]:
     """Per node, the host-bus (address, value) writes that load an image set and the
     gradient buffers: configuration (:func:`image_writes`), then the ORDER table
     (``order=False`` leaves it unknown: the NIC then bounds unknown steps by what each
     link delivered, correct but slower), then the buffer (``buffers``: N x elements
-    float32, or None).  Every image is validated and fitted before any write is made."""
+    float32, or None).  ``nodes``: only these nodes' writes, in that order (a host that
+    drives one NIC, e.g. a board's driver); every node by default.  Every image is
+    validated and fitted before any write is made."""
     imgs = decode_images(images)
     for im in imgs:
         _check_fits(params, im)
@@ -122,7 +124,8 @@ def host_writes(params: NicParams, images, buffers=None, *, order: bool = True
             raise NicImageError(f"buffers of shape {buffers.shape}, the images load "
                                 f"({imgs.nodes}, {imgs.elements})")
     out = []
-    for u, im in enumerate(imgs):
+    for u in range(imgs.nodes) if nodes is None else nodes:
+        im = imgs[u]
         w = image_writes(params, im)
         if order:
             w += order_writes(params, im)

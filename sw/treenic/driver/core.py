@@ -422,15 +422,22 @@ class _RTLBackend:
         config id now loaded (0: none)."""
         self.schedule = schedule
         self._loaded_elements = None
+        self._image_sets: dict[int, bytes] = {}        # element count -> compiled set
         return 0
 
     def _configure(self, elements: int, seq: int) -> None:
-        """Compile the image set for ``elements`` (once per count) and load it before
-        collective ``seq``; the config id is the CRC-32 of the bytes sent."""
+        """Load the image set for ``elements`` before collective ``seq`` when another count
+        is loaded; each count's set is compiled once (a job's buckets alternate between a
+        few counts). The config id is the CRC-32 of the bytes sent."""
         if self._loaded_elements == elements:
             return
-        from ..firmware.image import compile_images
-        image_set = compile_images(None, self.schedule, elements).to_bytes()
+        image_set = self._image_sets.get(elements)
+        if image_set is None:
+            from ..firmware.image import compile_images
+            image_set = compile_images(None, self.schedule, elements).to_bytes()
+            if len(self._image_sets) >= 16:                # bounded: oldest first
+                self._image_sets.pop(next(iter(self._image_sets)))
+            self._image_sets[elements] = image_set
         self.comm.config_id, _, _ = self.client.load_config(
             image_set, what=f"collective #{seq} step LOAD_CONFIG")
         self._loaded_elements = elements

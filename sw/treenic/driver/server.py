@@ -36,6 +36,8 @@ from .fabric import (RTL_MODULE, SCHEMES_WITH_OPTIONS, SPARSE_OPTIONS, GoldenEng
                      Rendezvous, check_sparse_request, make_engine)
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
+#: Loaded configurations no rank holds that the server keeps built (oldest dropped first)
+CONFIGS_KEPT = 16
 ENGINE_DESCRIPTIONS = {"golden": GoldenEngine.description,
                        "rtl": f"Verilated NIC fabric ({RTL_MODULE})"}
 
@@ -336,8 +338,12 @@ class FabricServer:
                 raise _Reply(P.ErrorCode.ENGINE, str(e)) from None
             with self.lock:
                 in_use = {c["config"][0] for c in self.ranks.values() if c.get("config")}
-                for old in [k for k in self.configs if k not in in_use][:-3]:
-                    del self.configs[old]          # bounded: unused ones, oldest first
+                # bounded: unused ones, oldest first. An image set is for one element count
+                # and a training job's buckets alternate between a few counts, so keep
+                # that many built (an RTL engine holds its Verilated fabric)
+                unused = [k for k in self.configs if k not in in_use]
+                for old in unused[:max(0, len(unused) - CONFIGS_KEPT)]:
+                    del self.configs[old]
                 self.configs[crc] = (image, schedule, engine)
                 self.engine = engine
         return crc, schedule, engine

@@ -217,13 +217,13 @@ class UDPBackend:
         self._loaded_elements = None          # images depend on the element count
 
     def _configure(self, elements: int):
-        from treenic.firmware.image import build_images
-        from treenic.hdl.nic.host import image_writes, order_writes
+        from treenic.firmware.image import compile_images
+        from treenic.hdl.nic.host import host_writes, order_writes
         from treenic.hdl.nic.params import Ctrl, Reg
         if elements != self._loaded_elements:
-            images = build_images(self.comm.schedule, elements)
+            images = compile_images(None, self.comm.schedule, elements)
+            (writes,) = host_writes(self.params, images, nodes=[self.rank])
             self._order = order_writes(self.params, images[self.rank])
-            writes = image_writes(self.params, images[self.rank]) + self._order
             self.client.write_pairs(writes, "LOAD_CONFIG")
             self._loaded_elements = elements
         else:       # CLEAR resets the run state and the ORDER table: write it again
