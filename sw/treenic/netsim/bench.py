@@ -60,23 +60,28 @@ def predict(run: rtl_runs.RtlRun, record: dict | None = None):
 
 
 def validation(records: dict | None = None) -> list[dict]:
-    """Model against every recorded RTL run."""
+    """Model against every recorded RTL run; a stalled run's further samples (the same
+    build run again, its links' LFSRs further on: ``more_samples``) are rows of their own,
+    named ``run@lfsr_steps_at_start``."""
     records = rtl_runs.load() if records is None else records
     out = []
     for r in rtl_runs.RUNS:
         rec = records.get(r.name)
         if rec is None:
             continue
-        res, stall_model = predict(r, rec)
-        rtl = rec["cycles"]
-        out.append({"run": r.name, "topology": r.topology, "algorithm": r.algorithm,
-                    "elements": r.elements, "mode": r.mode, "stall": r.stall,
-                    "stall_model": stall_model, "variant": r.variant or ("bound" if r.algorithm == "multitree" else None),
-                    "rtl_cycles": rtl,
-                    "model_cycles": round(res.cycles, 1),
-                    "error": round((res.cycles - rtl) / rtl, 4),
-                    "rtl_step_cycles_node0": rec.get("step_cycles_node0"),
-                    "model_step_cycles_node0": [round(x, 1) for x in res.step_cycles_node0]})
+        for k, sample in enumerate([rec, *rec.get("more_samples", ())]):
+            res, stall_model = predict(r, sample)
+            rtl = sample["cycles"]
+            out.append({
+                "run": r.name if k == 0 else f"{r.name}@{sample['lfsr_steps_at_start']}",
+                "topology": r.topology, "algorithm": r.algorithm, "elements": r.elements,
+                "mode": r.mode, "stall": r.stall, "stall_model": stall_model,
+                "lfsr_steps_at_start": sample.get("lfsr_steps_at_start"),
+                "variant": r.variant or ("bound" if r.algorithm == "multitree" else None),
+                "rtl_cycles": rtl, "model_cycles": round(res.cycles, 1),
+                "error": round((res.cycles - rtl) / rtl, 4),
+                "rtl_step_cycles_node0": sample.get("step_cycles_node0"),
+                "model_step_cycles_node0": [round(x, 1) for x in res.step_cycles_node0]})
     return out
 
 
