@@ -400,12 +400,15 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
         ports: Amaranth ports for non-Component elaboratables.
         clock, reset: clock and (active-high, synchronous) reset port names; reset may
             be ``None`` for designs without one.
-        opt: C++ optimisation level for the model.
+        opt: C++ optimisation level for the model; the environment variable
+            ``TREENIC_COSIM_OPT`` overrides it (``-O0`` compiles a 16-NIC fabric several
+            times faster on a loaded machine, for runs of a few thousand cycles).
         verilator_args: extra Verilator flags.
         trace: build with VCD tracing (``--trace``); then :meth:`Cosim.trace` writes
             a waveform (clock low phase at 10*cycle, high at 10*cycle+5).
     """
     top = top or name
+    opt = os.environ.get("TREENIC_COSIM_OPT") or opt
     if isinstance(design, (str, Path)) and (isinstance(design, Path) or "\n" not in design):
         text = Path(design).read_text()
     elif isinstance(design, str):

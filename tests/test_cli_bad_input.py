@@ -30,6 +30,10 @@ BAD_INPUTS = [
     "compare torus:0x4", "compare ring:1",
     # algorithms
     "allreduce ring:4 -a bogus --elements 4", "schedule ring:4 -a bogus",
+    # construction variants: unknown, or for an algorithm without variants
+    "schedule ring:4 --variant bogus", "schedule ring:4 -a ring --variant paper",
+    "allreduce ring:4 --variant bogus --elements 4", "train --variant bogus",
+    "train --algorithm ring --variant bound",
     # training: checked before any process is spawned
     "train --workers 1", "train --workers 0", "train --workers 100000", "train --epochs 0",
     "train --density 2", "train --density 0.01 --scheme bogus", "train --algorithm bogus",

@@ -54,6 +54,24 @@ def test_cli_allreduce_json():
     assert d["alpha_beta_seconds"] > 0 and d["contention_seconds"] > 0
 
 
+@pytest.mark.parametrize("topo, bound, paper", [("torus:4x4", 5, 6), ("switch:6", 5, 6)])
+def test_cli_variant_flag(topo, bound, paper):
+    """--variant picks MultiTree's construction; the default is ``bound``, ``paper`` is
+    Algorithm 1 as printed (issue 20's table)."""
+    runs = {v: run_cli("schedule", topo, "--json", *(["--variant", v] if v else []))
+            for v in (None, "bound", "paper")}
+    got = {v: json.loads(r.stdout) for v, r in runs.items()}
+    assert got[None] == {**got["bound"], "build_seconds": got[None]["build_seconds"]}
+    assert got["bound"]["variant"] == "bound" and got["paper"]["variant"] == "paper"
+    assert got["bound"]["steps"]["all_gather"] == bound
+    assert got["paper"]["steps"]["all_gather"] == paper
+    assert got["paper"]["construction"].endswith("/ports")         # Algorithm 1's order
+    assert all(d["link_conflicts"] == 0 for d in got.values())
+    r = run_cli("allreduce", topo, "--variant", "paper", "--elements", "300", "--json")
+    d = json.loads(r.stdout)
+    assert d["variant"] == "paper" and d["steps"] == 2 * paper and d["bit_exact"] is True
+
+
 def test_cli_export_and_table(tmp_path):
     out = tmp_path / "s.json"
     assert cli.main(["schedule", "mesh:2x2", "--export", str(out)]) == 0

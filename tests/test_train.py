@@ -93,3 +93,19 @@ def test_cli_json_and_rtl_fallback(tmp_path, capsys):
         assert k in s
     assert s["workers"] == 2 and len(s["bytes_sent_per_worker"]) == 2
     assert (tmp_path / "train_model_ring.png").stat().st_size > 1000
+
+
+def test_variant_reaches_the_workers(tmp_path, capsys):
+    """`treenic train --variant paper`: every worker runs Algorithm 1 as printed (switch:3:
+    3 all-gather steps against the default's 2), and the summary and plot name say so."""
+    import argparse
+    ap = argparse.ArgumentParser()
+    train.add_arguments(ap)
+    args = ap.parse_args(["--backend", "model", "--topology", "switch:3", "--workers", "3",
+                          "--variant", "paper", "--epochs", "1", "--out", str(tmp_path),
+                          "--json"])
+    assert train.main(args) == 0
+    s = json.loads(capsys.readouterr().out)
+    assert s["variant"] == "paper" and s["label"] == "model/multitree[paper]"
+    assert s["schedule"] == {"steps": 6, "construction": "algorithm1/remaining/ports"}
+    assert (tmp_path / "train_model_multitree_paper.png").stat().st_size > 1000

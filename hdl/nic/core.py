@@ -36,12 +36,12 @@ from ..link.flit import LinkSignature, Op
 from .buffer import BankedBuffer
 from .errors import ErrorCollect
 from .flow_table import FlowTable
-from .host_regs import HOST_READ_LATENCY, HostRegs, HostSignature
+from .host_regs import HOST_READ_LATENCY, DmaSignature, HostRegs, HostSignature
 from .issue import Issue
 from .params import NicParams, PortCounter
 from .rx import RxUnit
 from .scan import TableScan
-from .tx import TxUnit
+from .tx import TxUnit, buffer_abits
 from .watchdog import Watchdog
 
 __all__ = ["Nic", "HostSignature", "HOST_READ_LATENCY"]
@@ -66,6 +66,8 @@ class Nic(wiring.Component):
         Link inputs.
     host : ``Out(HostSignature(params.addr_bits))``
         Host bus (register map: :mod:`.params`).
+    dma : ``Out(DmaSignature(buffer address bits, params.lanes))``
+        Bulk gradient-buffer port, ``lanes`` elements per cycle (:mod:`.host_regs`).
     start : ``In(1)``
         Same as CTRL START, for a fabric-wide start.
     done, running, error : ``Out(1)``
@@ -85,6 +87,7 @@ class Nic(wiring.Component):
         self.has_link_crc = link_crc
         members = {
             "host": Out(HostSignature(p.addr_bits)), "start": In(1),
+            "dma": Out(DmaSignature(buffer_abits(p), p.lanes)),
             "done": Out(1), "running": Out(1), "error": Out(1),
             "tx": Out(LinkSignature(self.fmt)).array(p.ports),
             "rx": In(LinkSignature(self.fmt)).array(p.ports)}
@@ -110,6 +113,7 @@ class Nic(wiring.Component):
                                               readers=2 * P + 1, writers=P + 1,
                                               write_back=range(1, P + 1))
         wiring.connect(m, wiring.flipped(self.host), regs.host)
+        wiring.connect(m, wiring.flipped(self.dma), regs.dma)
         wiring.connect(m, regs.buf_read, buf.rd[0])
         wiring.connect(m, regs.buf_write, buf.wr[P])
         self._memories(m, regs, issue)

@@ -23,7 +23,10 @@ Host access is streams so a testbench or the C++ stream pump of
 ``hw`` (node, addr, data) writes, ``hr`` (node, addr) read requests answered in order
 on ``hrd``; and all-node streams for bulk traffic, one word per NIC per cycle (each NIC's
 own host bus, in parallel): ``hwa`` (en, addr[N], data[N]), ``hra`` (en, addr[N]) answered
-on ``hrda`` (data[N]). Reads are pipelined (one request per cycle).
+on ``hrda`` (data[N]). Reads are pipelined (one request per cycle).  The buffers move
+through every NIC's DMA port at ``lanes`` elements per NIC per cycle: ``dwa`` (mask[N] of
+lanes, addr[N], data[N] of lanes), ``dra`` (en, addr[N]) answered on ``drda`` (data[N] of
+lanes); they run in cycles the host streams leave free.
 """
 from __future__ import annotations
 
@@ -39,9 +42,18 @@ from ..link.crc import LINK_CRC, CrcAppender, CrcChecker
 from ..link.inject import FaultInjector
 from ..link.link import LinkChannel
 from .core import HOST_READ_LATENCY, Nic
+from .tx import buffer_abits
 from .params import NicParams
 
-__all__ = ["Fabric", "wiring_plan", "nic_verilog", "fabric_verilog"]
+__all__ = ["Fabric", "wiring_plan", "link_seed", "nic_verilog", "fabric_verilog"]
+
+
+def link_seed(seed: int, u: int, port: int, ports: int) -> int:
+    """Stall-LFSR seed of the link out of NIC ``u``'s port ``port`` in a fabric seeded
+    ``seed`` (``ports``: the NIC's port count): distinct per link, so links stall
+    independently; the network model replays the same patterns
+    (:func:`~treenic.hdl.link.link.stall_pattern`)."""
+    return (seed * 7919 + 131 * (u * ports + port) + 1) & 0xFFFF
 
 
 def wiring_plan(topology: Topology) -> list[tuple[int, int, int, int]]:
@@ -85,6 +97,12 @@ class Fabric(wiring.Component):
         self.hwa_layout = data.StructLayout({"en": N, "addr": data.ArrayLayout(AW, N),
                                              "data": data.ArrayLayout(32, N)})
         self.hra_layout = data.StructLayout({"en": N, "addr": data.ArrayLayout(AW, N)})
+        # all-node DMA streams: ``lanes`` buffer elements per NIC per cycle
+        BA, W = buffer_abits(params), params.lanes
+        self.dwa_layout = data.StructLayout({"mask": data.ArrayLayout(W, N),
+                                             "addr": data.ArrayLayout(BA, N),
+                                             "data": data.ArrayLayout(32 * W, N)})
+        self.dra_layout = data.StructLayout({"en": N, "addr": data.ArrayLayout(BA, N)})
         members = {
             "hw": In(stream.Signature(self.hw_layout)),
             "hr": In(stream.Signature(self.hr_layout)),
@@ -92,6 +110,9 @@ class Fabric(wiring.Component):
             "hwa": In(stream.Signature(self.hwa_layout)),
             "hra": In(stream.Signature(self.hra_layout)),
             "hrda": Out(stream.Signature(data.ArrayLayout(32, N))),
+            "dwa": In(stream.Signature(self.dwa_layout)),
+            "dra": In(stream.Signature(self.dra_layout)),
+            "drda": Out(stream.Signature(data.ArrayLayout(32 * W, N))),
             "start": In(1), "done": Out(1), "error": Out(1), "cycles": Out(32),
             # any NIC RUNNING (a started fabric with none running and not done is stuck)
             "running": Out(1),
@@ -122,7 +143,7 @@ class Fabric(wiring.Component):
         injectors = []
         for k, (u, i, v, j) in enumerate(self.plan):
             lk = LinkChannel(p.fmt, latency=self.latency, stall=self.stall,
-                           seed=(self.seed * 7919 + 131 * (u * p.ports + i) + 1) & 0xFFFF,
+                           seed=link_seed(self.seed, u, i, p.ports),
                            depth=max(8, p.credits),
                            crc_width=LINK_CRC.crc_width if self.crc else 0)
             m.submodules[f"link_{u}_{i}"] = lk
@@ -153,6 +174,7 @@ class Fabric(wiring.Component):
             self._campaign_ports(m, nics, injectors)
 
         self._host_streams(m, nics)
+        self._dma_streams(m, nics)
 
         # status
         all_done = Cat(*[n.done for n in nics]).all()
@@ -219,6 +241,33 @@ class Fabric(wiring.Component):
                      self.hrda.payload.eq(resp_fifo.r_data[:32 * N]),
                      resp_fifo.r_en.eq(Mux_(head_wide, self.hrda.ready, self.hrd.ready))]
 
+    def _dma_streams(self, m, nics):
+        """``dwa``/``dra``/``drda``: every NIC's DMA port at once, in cycles no host stream
+        is valid (a NIC refuses a DMA beat that meets a bus access).  Reads are pipelined
+        like the host's: accepted while the response FIFO has room for every read in
+        flight, answered in order."""
+        N, L = len(nics), HOST_READ_LATENCY
+        W = self.params.lanes
+        m.submodules.dma_fifo = resp = fifo.SyncFIFOBuffered(width=32 * W * N, depth=L + 2)
+        pipe = Signal(L)
+        room = (resp.level + sum(pipe[k] for k in range(L))) < resp.depth
+        host_busy = self.hw.valid | self.hwa.valid | self.hr.valid | self.hra.valid
+        m.d.comb += [self.dwa.ready.eq(~host_busy),
+                     self.dra.ready.eq(~host_busy & ~self.dwa.valid & room)]
+        write = self.dwa.valid & self.dwa.ready
+        read = self.dra.valid & self.dra.ready
+        m.d.sync += pipe.eq(Cat(read, pipe[:-1]))
+        for u, nic in enumerate(nics):
+            m.d.comb += [nic.dma.we.eq(write & self.dwa.payload.mask[u].any()),
+                         nic.dma.wmask.eq(self.dwa.payload.mask[u]),
+                         nic.dma.wdata.eq(self.dwa.payload.data[u]),
+                         nic.dma.re.eq(read & self.dra.payload.en[u]),
+                         nic.dma.addr.eq(Mux_(self.dwa.valid, self.dwa.payload.addr[u],
+                                              self.dra.payload.addr[u]))]
+        m.d.comb += [resp.w_en.eq(pipe[-1]), resp.w_data.eq(Cat(*[n.dma.rdata for n in nics])),
+                     self.drda.valid.eq(resp.r_rdy), self.drda.payload.eq(resp.r_data),
+                     resp.r_en.eq(self.drda.ready)]
+
     def _campaign_ports(self, m, nics, injectors):
         """Fault-campaign outputs: any injector fired / overflowed, timestamps."""
         m.d.comb += [self.fi_fired.eq(Cat(*[x.fired for x in injectors]).any()),
@@ -241,7 +290,7 @@ class _NicPorts:
         proto = Nic(p, link_crc=link_crc)
         proto._MustUse__silence = True          # only its signature is used
         self.sig = wiring.Signature(proto.signature.members).create(path=(f"n{u}",))
-        for name in ("host", "start", "done", "running", "error", "tx", "rx") + \
+        for name in ("host", "dma", "start", "done", "running", "error", "tx", "rx") + \
                 (("link_crc",) if link_crc else ()):
             setattr(self, name, getattr(self.sig, name))
 
@@ -254,6 +303,9 @@ class _NicPorts:
         h = self.host
         kw.update({"i_host__addr": h.addr, "i_host__wdata": h.wdata, "i_host__we": h.we,
                    "i_host__re": h.re, "o_host__rdata": h.rdata, "i_start": self.start,
+                   "i_dma__addr": self.dma.addr, "i_dma__we": self.dma.we,
+                   "i_dma__wmask": self.dma.wmask, "i_dma__wdata": self.dma.wdata,
+                   "i_dma__re": self.dma.re, "o_dma__rdata": self.dma.rdata,
                    "o_done": self.done, "o_running": self.running, "o_error": self.error})
         for i in range(self.p.ports):
             tx, rx = self.tx[i], self.rx[i]

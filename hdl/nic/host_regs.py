@@ -5,6 +5,13 @@ Every read answers :data:`HOST_READ_LATENCY` cycles after ``re`` (the buffer's r
 latency; registers and the step log are delayed to match); reads may be issued back to
 back.  The host is the buffer's first reader (never refused, so reads also work while
 RUNNING) and its last writer (writes only while not RUNNING, so never contended).
+
+The bulk DMA port (:class:`DmaSignature`) moves ``lanes`` consecutive buffer elements per
+cycle through the same reader and writer -- the full width of the bank crossbar, where
+the register bus uses lane 0 only.  It shares them with the bus: a DMA beat in a cycle
+in which the bus also reads or writes is dropped and flagged HOST_RANGE (the fabric and
+the board's DMA engine never overlap the two); so is a write while RUNNING or a lane past
+``depth``.
 """
 from __future__ import annotations
 
@@ -17,7 +24,7 @@ from .buffer import READ_LATENCY, BufferReadSignature, BufferWriteSignature
 from .params import ID_VALUE, ErrBit, NicParams, PortCounter, Reg
 from .tx import buffer_abits
 
-__all__ = ["HostRegs", "HostSignature", "HOST_READ_LATENCY"]
+__all__ = ["HostRegs", "HostSignature", "DmaSignature", "HOST_READ_LATENCY"]
 
 #: cycles from a host read (``re``) to its ``rdata`` (every region; the buffer's read path)
 HOST_READ_LATENCY = READ_LATENCY
@@ -35,6 +42,17 @@ class HostSignature(wiring.Signature):
                           "rdata": Out(32)})
 
 
+class DmaSignature(wiring.Signature):
+    """Bulk buffer port seen from the NIC (``In``): ``addr`` (element of lane 0), ``we``
+    with a per-lane ``wmask`` and ``wdata`` (lane k = element ``addr + k``), ``re``;
+    ``rdata`` (all lanes) is valid :data:`HOST_READ_LATENCY` cycles after ``re``; a beat
+    per cycle either way."""
+
+    def __init__(self, abits: int, lanes: int):
+        super().__init__({"addr": In(abits), "we": In(1), "wmask": In(lanes),
+                          "wdata": In(32 * lanes), "re": In(1), "rdata": Out(32 * lanes)})
+
+
 class HostRegs(wiring.Component):
     """Register file and host-bus decode of one NIC.
 
@@ -46,6 +64,8 @@ class HostRegs(wiring.Component):
     -------
     host : ``Out(HostSignature(params.addr_bits))``
         The bus.
+    dma : ``Out(DmaSignature(buffer address bits, params.lanes))``
+        The bulk buffer port (``lanes`` elements per cycle).
     ctrl_start : ``Out(1)``
         CTRL write with START (combinational).
     clear : ``Out(1)``
@@ -81,7 +101,7 @@ class HostRegs(wiring.Component):
         self.params = p = params
         BA, W, E = buffer_abits(p), p.lanes, range(p.max_entries + 1)
         super().__init__({
-            "host": Out(HostSignature(p.addr_bits)),
+            "host": Out(HostSignature(p.addr_bits)), "dma": Out(DmaSignature(BA, W)),
             "ctrl_start": Out(1), "clear": Out(1),
             "node_id": Out(16), "entries": Out(E), "lockstep": Out(32),
             "elements": Out(p.abits), "flows": Out(range(p.max_nodes + 1)),
@@ -105,9 +125,29 @@ class HostRegs(wiring.Component):
         region, off = self.host.addr[R:R + 2], self.host.addr[:R]
         m.d.comb += self.ctrl_start.eq(self.host.we & (region == REGISTERS) &
                                        (off == Reg.CTRL) & self.host.wdata[0])
+        bus_buf = Signal()          # the bus uses the buffer's reader or writer this cycle
+        m.d.comb += bus_buf.eq((self.host.we | self.host.re) & (region == BUFFER))
         self._writes(m, region, off)
         self._reads(m, region, off)
+        self._dma(m, bus_buf)
         return m
+
+    def _dma(self, m, bus_buf):
+        """The DMA port drives the host's buffer reader and writer (all lanes) in cycles
+        the bus leaves them alone; anything else it asks is dropped and flagged."""
+        p, dma, W = self.params, self.dma, self.params.lanes
+        in_range = Cat(*[dma.addr + k < p.depth for k in range(W)])
+        write = dma.we & ~bus_buf & ~self.running
+        with m.If(write):
+            m.d.comb += [self.buf_write.addr.eq(dma.addr), self.buf_write.data.eq(dma.wdata),
+                         self.buf_write.en.eq(dma.wmask & in_range)]
+        with m.If(dma.re & ~bus_buf):
+            m.d.comb += [self.buf_read.req.eq(1), self.buf_read.addr.eq(dma.addr)]
+        refused = (dma.we & (bus_buf | self.running | (dma.wmask & ~in_range).any())) | \
+            (dma.re & bus_buf)
+        with m.If(refused):
+            m.d.comb += self.ev_host_range.eq(1)
+        m.d.comb += dma.rdata.eq(self.buf_read.data)
 
     def _writes(self, m, region, off):
         p, host = self.params, self.host

@@ -1,10 +1,14 @@
 """``treenic`` command line.
 
-    treenic schedule TOPOLOGY --algorithm ALGO [--json] [--table NODE] [--export FILE] [--msccl-xml FILE]
-    treenic allreduce TOPOLOGY --algorithm ALGO --elements N [--seed S] [--json]
+    treenic schedule TOPOLOGY --algorithm ALGO [--variant V] [--json] [--table NODE] [--export FILE] [--msccl-xml FILE]
+    treenic allreduce TOPOLOGY --algorithm ALGO [--variant V] --elements N [--seed S] [--json]
     treenic compare [TOPOLOGY] [--elements N]        # all dense algorithms side by side
     treenic sparse --algorithm ALGO --workers P --elements N --density D [...]
-    treenic train [--backend rtl|model|torch] [...]   # data-parallel training demo
+    treenic train [--backend rtl|model|torch] [--variant V] [...]   # data-parallel training
+
+``--variant`` picks a construction variant of an algorithm that has them: MultiTree's
+``bound`` (default; Algorithm 1 with the paper's latitude used to reach the link lower bound)
+or ``paper`` (Algorithm 1 as printed).
     treenic demo                                      # what `make demo` runs
 
 Bad input (unknown algorithm, malformed, disconnected or oversized topology, N < 2, bad
@@ -22,6 +26,7 @@ import math
 import os
 import re
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -121,8 +126,13 @@ def check_output_dir(path: str, flag: str) -> None:
             return
 
 
+def build_schedule(algorithm: str, topology, variant: str | None = None):
+    """``algorithms.build`` with a user's ``--variant`` checked (None: the default)."""
+    return algorithms.build(algorithm, topology, **algorithms.variant_options(algorithm, variant))
+
+
 def _schedule(args):
-    return algorithms.build(args.algorithm, topology_arg(args.topology))
+    return build_schedule(args.algorithm, topology_arg(args.topology), args.variant)
 
 
 def cmd_schedule(args) -> int:
@@ -144,13 +154,13 @@ def cmd_schedule(args) -> int:
         print(format_table(s, args.table, args.elements))
         return 0
     info = {"topology": s.topology.spec, "nodes": s.n, "algorithm": s.algorithm,
-            "steps": {"reduce_scatter": s.reduce_steps, "all_gather": s.gather_steps},
+            **variant_fields(s), "steps": {"reduce_scatter": s.reduce_steps, "all_gather": s.gather_steps},
             "transfers": len(s.transfers), "link_conflicts": conflicts,
             "build_seconds": round(s.build_seconds, 6)}
     if args.json:
         print(json.dumps(info))
     else:
-        print(f"{s.algorithm} on {s.topology.describe()}")
+        print(f"{describe(s)} on {s.topology.describe()}")
         print(f"  steps: {s.reduce_steps} reduce-scatter + {s.gather_steps} all-gather, "
               f"{len(s.transfers)} transfers, {conflicts} link conflicts, "
               f"built in {s.build_seconds * 1e3:.1f} ms")
@@ -161,14 +171,29 @@ def cmd_schedule(args) -> int:
     return 0
 
 
-def allreduce_report(algorithm: str, topology, elements: int, seed: int = 0) -> dict:
-    s = algorithms.build(algorithm, topology)
+def variant_fields(s) -> dict:
+    """``variant`` and ``construction`` of a schedule built with variants (else nothing)."""
+    return {k: s.meta[k] for k in ("variant", "construction") if k in s.meta}
+
+
+def describe(s) -> str:
+    """``multitree (variant bound: algorithm1/root/geometric)`` or the algorithm's name."""
+    v = variant_fields(s)
+    if not v:
+        return s.algorithm
+    return f"{s.algorithm} (variant {v['variant']}" + (
+        f": {v['construction']})" if "construction" in v else ")")
+
+
+def allreduce_report(algorithm: str, topology, elements: int, seed: int = 0,
+                     variant: str | None = None) -> dict:
+    s = build_schedule(algorithm, topology, variant)
     check.check_postcondition(s)
     rng = np.random.default_rng(seed)
     bufs = rng.standard_normal((s.n, elements)).astype(np.float32)
     rep = run_and_check(s, bufs)
-    return {"algorithm": algorithm, "topology": s.topology.spec, "nodes": s.n,
-            "elements": elements, "steps": s.steps, "bit_exact": rep.bit_exact,
+    return {"algorithm": algorithm, **variant_fields(s), "topology": s.topology.spec,
+            "nodes": s.n, "elements": elements, "steps": s.steps, "bit_exact": rep.bit_exact,
             "all_nodes_equal": rep.all_nodes_equal,
             "max_abs_err_vs_fp64": rep.max_abs_err_vs_fp64,
             "link_conflicts": check.link_conflicts(s),
@@ -185,11 +210,12 @@ def cmd_allreduce(args) -> int:
     topo = topology_arg(args.topology)
     check_elements(args.elements, topo.n)
     check_seed(args.seed)
-    r = allreduce_report(args.algorithm, topo, args.elements, args.seed)
+    r = allreduce_report(args.algorithm, topo, args.elements, args.seed, args.variant)
     if args.json:
         print(json.dumps(r))
     else:
-        print(f"{r['algorithm']} all-reduce of {r['elements']} float32 on {r['topology']}: "
+        name = r["algorithm"] + (f" ({r['variant']})" if "variant" in r else "")
+        print(f"{name} all-reduce of {r['elements']} float32 on {r['topology']}: "
               f"bit-exact={r['bit_exact']}, max |err| vs fp64 = {r['max_abs_err_vs_fp64']:.3g}, "
               f"α–β {r['alpha_beta_seconds'] * 1e6:.1f} µs, "
               f"contention {r['contention_seconds'] * 1e6:.1f} µs")
@@ -254,6 +280,8 @@ def _optional(module: str):
 def check_train_args(args) -> None:
     """Everything `treenic train` (and the demo's training) needs, checked before any
     process is spawned: a bad scheme used to fail inside the workers after 20 s."""
+    if not args.lr > 0:
+        raise CLIError(f"--lr must be > 0, got {args.lr}")
     if not 2 <= args.workers <= MAX_WORKERS:
         raise CLIError(f"--workers must be in 2..{MAX_WORKERS}, got {args.workers}")
     if args.epochs < 1:
@@ -267,12 +295,32 @@ def check_train_args(args) -> None:
         if args.scheme not in REGISTRY:
             raise CLIError(f"unknown sparse --scheme {args.scheme!r}; known: "
                            f"{', '.join(REGISTRY)}")
+        _check_sparse_train_args(args)
     topo = topology_arg(args.topology or f"ring:{args.workers}")
     if topo.n != args.workers:
         raise CLIError(f"--topology {topo.spec} has {topo.n} nodes but --workers is "
                        f"{args.workers}")
-    algorithms.build(args.algorithm, topo)            # unknown algorithm / not applicable
+    # unknown algorithm or variant / not applicable
+    build_schedule(args.algorithm, topo, getattr(args, "variant", None))
     check_output_dir(args.out, "--out")
+
+
+def _check_sparse_train_args(args) -> None:
+    """The sparse-training options: NIC options only where the scheme has them, the
+    MultiTree schedule under MultiTree-Sparse, a positive clipping norm."""
+    from .driver.fabric import SCHEMES_WITH_OPTIONS, SPARSE_OPTIONS
+    if args.clip_norm is not None and not args.clip_norm > 0:
+        raise CLIError(f"--clip-norm must be > 0, got {args.clip_norm}")
+    if args.scheme in SCHEMES_WITH_OPTIONS:
+        if args.algorithm != "multitree":
+            raise CLIError(f"--scheme {args.scheme} runs on the MultiTree schedule's trees; "
+                           f"--algorithm is {args.algorithm!r}")
+        return
+    for key in SPARSE_OPTIONS:
+        value = getattr(args, key)
+        if value != SPARSE_OPTIONS[key][0]:
+            raise CLIError(f"--{key.replace('_', '-')} {value}: scheme {args.scheme!r} has no "
+                           f"such option (only {', '.join(SCHEMES_WITH_OPTIONS)})")
 
 
 def cmd_train(args) -> int:
@@ -281,6 +329,13 @@ def cmd_train(args) -> int:
 
 
 def cmd_demo(args) -> int:
+    t0 = time.perf_counter()
+    rc = _demo(args)        # bad input raises: one error line, no timing line after it
+    print(f"demo time: {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    return rc
+
+
+def _demo(args) -> int:
     check_elements(args.elements, topology_arg(DEFAULT_TOPOLOGY).n)
     train = None if args.schedules_only else _optional("treenic.train")
     if train is not None:
@@ -302,6 +357,14 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def add_variant_argument(parser) -> None:
+    known = "; ".join(f"{name}: {', '.join(algorithms.variants(name))}"
+                      for name in algorithms.VARIANT_ALGORITHMS)
+    parser.add_argument("--variant", default=None, metavar="V",
+                        help=f"construction variant of an algorithm that has them ({known}; "
+                             "the first is the default)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(prog="treenic", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="command", required=True)
@@ -309,6 +372,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("schedule", help="compile a topology into an all-reduce schedule")
     s.add_argument("topology")
     s.add_argument("--algorithm", "-a", default="multitree")
+    add_variant_argument(s)
     s.add_argument("--json", action="store_true")
     s.add_argument("--table", type=int, metavar="NODE", help="print NODE's NIC schedule table")
     s.add_argument("--elements", type=int, default=0, help="buffer size for table start/size")
@@ -320,6 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     a = sub.add_parser("allreduce", help="run a value-level all-reduce on the golden executor")
     a.add_argument("topology")
     a.add_argument("--algorithm", "-a", default="multitree")
+    add_variant_argument(a)
     a.add_argument("--elements", "-n", type=int, required=True)
     a.add_argument("--seed", type=int, default=0)
     a.add_argument("--json", action="store_true")
@@ -356,8 +421,10 @@ def build_parser() -> argparse.ArgumentParser:
     d.add_argument("--schedules-only", action="store_true")
     if train is not None:
         train.add_arguments(d)
-        # the demo trains dense and sparse side by side (bytes on the wire, accuracy)
-        d.set_defaults(density=0.01)
+        # the demo trains dense and sparse side by side (bytes on the wire, accuracy) with
+        # the NIC's sparse scheme; where the RTL does not run it yet, the golden engine runs
+        # the sparse run, asked for here and labelled as such (never silently)
+        d.set_defaults(density=0.01, scheme="multitree-sparse", sparse_fallback=True)
     d.set_defaults(func=cmd_demo)
     return p
 

@@ -22,6 +22,32 @@ ALGORITHMS: dict[str, str] = {
 }
 
 
+#: algorithms with construction variants (``--variant``); each module lists its own in
+#: ``VARIANTS``, the first being its default
+VARIANT_ALGORITHMS = ("multitree",)
+
+
+def variants(name: str) -> tuple[str, ...]:
+    """The construction variants algorithm ``name`` accepts (empty: none)."""
+    if name not in VARIANT_ALGORITHMS:
+        return ()
+    return importlib.import_module(ALGORITHMS[name].split(":")[0]).VARIANTS
+
+
+def variant_options(name: str, variant: str | None) -> dict:
+    """Builder options for a user's ``--variant`` (None: the algorithm's default). A variant
+    for an algorithm without variants, or one it does not know, is a ScheduleError."""
+    if variant is None:
+        return {}
+    known = variants(name)
+    if not known:
+        raise ScheduleError(f"--variant applies to {', '.join(VARIANT_ALGORITHMS)} only, "
+                            f"not to algorithm {name!r}")
+    if variant not in known:
+        raise ScheduleError(f"unknown {name} variant {variant!r}; known: {', '.join(known)}")
+    return {"variant": variant}
+
+
 def build(name: str, topology: Topology | str, **options) -> Schedule:
     """Compile ``topology`` with algorithm ``name``; ``options`` go to the algorithm's builder
     (e.g. ``priority=`` for multitree, ``pipeline=`` for dbtree)."""
