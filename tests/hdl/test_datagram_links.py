@@ -100,3 +100,12 @@ def test_two_boards_through_a_switch():
     sim.run()
     assert got == msg
     assert sum(credits) == len(msg)       # returned in board 1's credit-only datagram
+
+
+def test_link_peers_follow_the_wiring_plan():
+    """ring:4 node 1: port 0 -> node 0's port 0, port 1 -> node 2's port 0 (the same
+    pairs the fabric's wiring plan cables)."""
+    assert link_peers("ring:4", 1, 2) == [("192.168.2.50", 0), ("192.168.2.52", 0)]
+    assert link_peers("ring:4", 3, 2) == [("192.168.2.50", 1), ("192.168.2.52", 1)]
+    with pytest.raises(ValueError, match="not in ring:4"):
+        link_peers("ring:4", 4, 2)
