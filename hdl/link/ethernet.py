@@ -283,7 +283,8 @@ class DatagramLinks(wiring.Component):
             for v in range(vcs):
                 m.d.comb += self.i[j].credit[v].eq(replay[j][v] != 0)
                 m.d.sync += replay[j][v].eq(replay[j][v] + grant[j][v] - (replay[j][v] != 0))
-        n = w.data[:8]
+        w1, last1 = Signal(32), Signal()
+        n = w1[:8]
         ok = Signal()
         checks = [w0[:16] == MAGIC, w0[16:24] == VERSION, n <= self.max_flits,
                   length == 8 + 4 * WORDS_PER_FLIT * n]
@@ -304,19 +305,22 @@ class DatagramLinks(wiring.Component):
             with m.State("HEAD1"):
                 m.d.comb += rx.ready.eq(1)
                 with m.If(rx.valid):
-                    m.d.sync += [dst.eq(w0[24:28]), left.eq(n), word.eq(0)]
-                    with m.If(ok):
-                        for j in range(P):
-                            with m.If(w0[24:28] == j):
-                                m.d.comb += [grant[j][v].eq(w.data[8 + 8 * v:16 + 8 * v])
-                                             for v in range(vcs)]
-                    with m.Else():
-                        self._drop(m)
-                    m.next = "DRAIN"
-                    with m.If(w.last):
-                        m.next = "HEAD0"
-                    with m.Elif(ok & (n != 0)):
-                        m.next = "FLITS"
+                    m.d.sync += [w1.eq(w.data), last1.eq(w.last)]
+                    m.next = "CHECK"
+            with m.State("CHECK"):                     # registered header: one cycle to check
+                m.d.sync += [dst.eq(w0[24:28]), left.eq(n), word.eq(0)]
+                with m.If(ok):
+                    for j in range(P):
+                        with m.If(w0[24:28] == j):
+                            m.d.comb += [grant[j][v].eq(w1[8 + 8 * v:16 + 8 * v])
+                                         for v in range(vcs)]
+                with m.Else():
+                    self._drop(m)
+                m.next = "DRAIN"
+                with m.If(last1):
+                    m.next = "HEAD0"
+                with m.Elif(ok & (n != 0)):
+                    m.next = "FLITS"
             with m.State("FLITS"):
                 m.d.comb += rx.ready.eq(1)
                 with m.If(rx.valid):
