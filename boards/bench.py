@@ -7,6 +7,9 @@
 * ``host_link_*``: measured over simulated RGMII by the board bench
   (``sim/board/test_board_core.py`` writes ``build/sim/board_core/throughput.json``);
   ``None`` with a note when that bench has not run;
+* ``pmod_link_*``: the serial (PMOD) link's flit payload rate per direction, measured by
+  ``sim/link_serial/test_link_serial.py`` (saturated link, writes
+  ``build/sim/link_serial/throughput.json``), and its line rate;
 * ``bitstreams``: each ``build/bitstream/<board>/report.json`` found (Fmax and slack per
   clock, utilisation, build seconds); boards not built are listed as such.
 
@@ -78,6 +81,20 @@ def _bitstreams() -> dict:
     return out
 
 
+def _pmod_link() -> dict:
+    meas = ROOT / "build" / "sim" / "link_serial" / "throughput.json"
+    if not meas.exists():
+        return {"pmod_link_payload_mbps": None,
+                "pmod_link_source": "not measured: run pytest sim/link_serial"}
+    t = json.loads(meas.read_text())
+    return {"pmod_link_payload_mbps": round(t["payload_mbps"], 1),
+            "pmod_link_line_rate_mbps": t["line_rate_mbps"],
+            "pmod_link_cycles_per_flit": t["cycles_per_flit"],
+            "pmod_link_up_cycles": t["link_up_cycles"],
+            "pmod_link_source": f"{meas.relative_to(ROOT)} ({t['simulator']}, "
+                                f"{t['lanes']} lanes at {t['clock_mhz']:g} MHz DDR)"}
+
+
 def run(out_dir: Path, quick: bool = False) -> dict:
     out_dir = Path(out_dir) / "boards"
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -99,6 +116,7 @@ def run(out_dir: Path, quick: bool = False) -> dict:
         res.update({"host_link_payload_mbps": None, "host_link_fraction": None,
                     "host_link_goal_met": None,
                     "host_link_source": "not measured: run pytest sim/board/test_board_core.py"})
+    res.update(_pmod_link())
     res["bitstreams"] = _bitstreams() or "none built (make bitstream BOARD=ecpix5)"
     lines = ["# Boards", "", "| figure | value |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in res.items() if k != "bitstreams"]

@@ -132,6 +132,28 @@ def _link_packetiser():     # 64-bit flits, message mode (the NIC's per-port tra
 register_top("link_packetiser", _link_packetiser, default=True)
 
 
+def _serial_link_port():   # one NIC port's PMOD link: link CRC + serial PHY, 3 lanes
+    # (its receive domain timed as ``sync``: the board clocks it at the same 125 MHz)
+    from treenic.boards.boardsim import SIM_NIC
+    from treenic.hdl.link.serial import SerialFraming, SerialLinkPort
+    from treenic.hdl.nic import NicParams
+    return SerialLinkPort(SerialFraming(NicParams(**SIM_NIC).fmt), rx_domain="sync")
+
+
+register_top("serial_link_port", _serial_link_port)
+
+
+def _datagram_links():      # the Colorlight board's 2 NIC ports as UDP datagram links
+    from treenic.boards.colorlight import COLORLIGHT_NIC, link_peers
+    from treenic.hdl.link.ethernet import DatagramLinks
+    from treenic.hdl.nic import NicParams
+    p = NicParams(**COLORLIGHT_NIC)
+    return DatagramLinks(p.fmt, peers=link_peers("ring:4", 1, p.ports))
+
+
+register_top("datagram_links", _datagram_links)
+
+
 def _sparse_tops():     # the sparse units (docs/sparse-units.md) at W = 2 and the NIC's 16 lanes
     from treenic.hdl.sparse.codec import SparseDecoder, SparseEncoder
     from treenic.hdl.sparse.hash import Murmur3HashUnit

@@ -281,12 +281,13 @@ class DatagramLinks(wiring.Component):
         grant = [[Signal(8, name=f"grant{j}_{v}") for v in range(vcs)] for j in range(P)]
         for j in range(P):
             for v in range(vcs):
+                m.d.sync += grant[j][v].eq(0)         # a one-cycle grant (registered)
                 m.d.comb += self.i[j].credit[v].eq(replay[j][v] != 0)
                 m.d.sync += replay[j][v].eq(replay[j][v] + grant[j][v] - (replay[j][v] != 0))
-        n = w.data[:8]
+        w1, last1, size_ok = Signal(32), Signal(), Signal()
+        n = w1[:8]
         ok = Signal()
-        checks = [w0[:16] == MAGIC, w0[16:24] == VERSION, n <= self.max_flits,
-                  length == 8 + 4 * WORDS_PER_FLIT * n]
+        checks = [w0[:16] == MAGIC, w0[16:24] == VERSION, size_ok]
         peer_ok = Const(0)
         for j, (ip, port) in enumerate(self.peers):
             peer_ok = peer_ok | ((w0[24:28] == j) & (src_ip == ip) & (w0[28:32] == port))
@@ -304,19 +305,25 @@ class DatagramLinks(wiring.Component):
             with m.State("HEAD1"):
                 m.d.comb += rx.ready.eq(1)
                 with m.If(rx.valid):
-                    m.d.sync += [dst.eq(w0[24:28]), left.eq(n), word.eq(0)]
-                    with m.If(ok):
-                        for j in range(P):
-                            with m.If(w0[24:28] == j):
-                                m.d.comb += [grant[j][v].eq(w.data[8 + 8 * v:16 + 8 * v])
-                                             for v in range(vcs)]
-                    with m.Else():
-                        self._drop(m)
-                    m.next = "DRAIN"
-                    with m.If(w.last):
-                        m.next = "HEAD0"
-                    with m.Elif(ok & (n != 0)):
-                        m.next = "FLITS"
+                    # the length arithmetic gets a cycle of its own (timing)
+                    m.d.sync += [w1.eq(w.data), last1.eq(w.last),
+                                 size_ok.eq((w.data[:8] <= self.max_flits) &
+                                            (length == 8 + 4 * WORDS_PER_FLIT * w.data[:8]))]
+                    m.next = "CHECK"
+            with m.State("CHECK"):                     # registered header: one cycle to check
+                m.d.sync += [dst.eq(w0[24:28]), left.eq(n), word.eq(0)]
+                with m.If(ok):
+                    for j in range(P):
+                        with m.If(w0[24:28] == j):
+                            m.d.sync += [grant[j][v].eq(w1[8 + 8 * v:16 + 8 * v])
+                                         for v in range(vcs)]
+                with m.Else():
+                    self._drop(m)
+                m.next = "DRAIN"
+                with m.If(last1):
+                    m.next = "HEAD0"
+                with m.Elif(ok & (n != 0)):
+                    m.next = "FLITS"
             with m.State("FLITS"):
                 m.d.comb += rx.ready.eq(1)
                 with m.If(rx.valid):

@@ -3,7 +3,7 @@ looped through a cable model (per-lane skew, bit errors, a receive clock of its 
 phase), random flit traffic under the credit protocol and random credit-return delays;
 the RTL's received flits, credits and dropped words are compared bit for bit with the
 golden receiver (:meth:`SerialFraming.decode_streams`) run on the same lane bits."""
-from harness import run_bench
+from harness import REPO_ROOT, run_bench
 
 from treenic.boards.boardsim import SIM_NIC
 from treenic.hdl.link.serial import SerialFraming, SerialLinkPhy
@@ -20,7 +20,8 @@ def _bench(testcase, **params):
 def test_serial_link_skew_and_backpressure():
     """Lane skews up to more than one frame, random stalls: every flit and credit
     arrives, in order, exactly."""
-    _bench("clean_link", flits=300, skews=[0, 13, 41])
+    _bench("clean_link", flits=300, skews=[0, 13, 41],
+           out=str(REPO_ROOT / "build" / "sim" / "link_serial" / "throughput.json"))
 
 
 def test_serial_link_bit_errors():
