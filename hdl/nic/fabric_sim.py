@@ -283,12 +283,14 @@ class FabricSim:
 
     # ---- one all-reduce ------------------------------------------------------------------
     def run(self, buffers: np.ndarray, *, max_cycles: int = 50_000_000,
-            hook=None) -> tuple[np.ndarray, int]:
+            hook=None, bulk: str = "dma") -> tuple[np.ndarray, int]:
         """All-reduce ``buffers`` (N x E float32) on the RTL; returns (result, cycles).
 
-        Configuration goes over the host bus and the buffers through the DMA ports, each
-        direction one C++ stream-pump call over items built with numpy;
-        :attr:`last_timing` splits the wall time and the host-side cycles.  ``hook(self)``,
+        Configuration goes over the host bus and the buffers through the DMA ports
+        (``bulk="dma"``; ``"bus"``: through the host bus, one element per NIC per cycle, as
+        a host without a DMA engine would), each direction one C++ stream-pump call over
+        items built with numpy; :attr:`last_timing` splits the wall time and the host-side
+        cycles.  ``hook(self)``,
         if given, is called right after START (it may step the model, e.g. to inject a
         fault at a chosen cycle); ``max_cycles`` counts from START."""
         buf = np.asarray(buffers)
@@ -296,10 +298,17 @@ class FabricSim:
         if buf.shape != (n, E) or buf.dtype != np.float32:
             raise ValueError(f"buffers must be float32 of shape ({n}, {E}), got "
                              f"{buf.dtype} {buf.shape}")
+        if bulk not in ("dma", "bus"):
+            raise ValueError(f"bulk must be 'dma' or 'bus', got {bulk!r}")
         t0 = time.perf_counter()
         p = self.params
-        load = {"dwa": self._dwa_items(buf)}
-        config = self._hwa_items(self._host_writes())
+        writes = self._host_writes()
+        if bulk == "bus":
+            addrs = p.buf_addr(0) | np.arange(E, dtype=np.uint64)
+            writes = [np.concatenate([np.stack([addrs, buf[u].view(np.uint32).astype(
+                np.uint64)], axis=1), w]) for u, w in enumerate(writes)]
+        load = {"dwa": self._dwa_items(buf)} if bulk == "dma" else {}
+        config = self._hwa_items(writes)
         if config is not None:
             load["hwa"] = config
         load_cycles = self.sim.run_streams(inputs=load).cycles
@@ -327,7 +336,8 @@ class FabricSim:
         if sim["error"]:
             raise FabricError(f"fabric reported errors: {self.diagnose()}")
         t2 = time.perf_counter()
-        out = self.read_buffers(E)
+        out = self.read_buffers(E) if bulk == "dma" else \
+            self.read_all(p.buf_addr(0) | np.arange(E, dtype=np.uint64)).T
         t3 = time.perf_counter()
         self.last_wall = t3 - t0
         self.last_timing = {"load_s": t1 - t0, "run_s": t2 - t1, "readback_s": t3 - t2,
