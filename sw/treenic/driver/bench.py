@@ -13,7 +13,11 @@ in the same world and on the same buffers:
   floats, ring:4 MultiTree), seconds per all-reduce through the fabric server with the golden
   engine and with the RTL engine (Verilated fabric; cycles too) in the same run
   (``golden_seconds_per_allreduce``, ``rtl_seconds_per_allreduce``, goal rtl ≤ 5× golden) —
-  or the reason the RTL fabric does not build.
+  or the reason the RTL fabric does not build; and ``engines_side_by_side``: the engines
+  alone on that bucket, no protocol -- the fabric with its buffers through the NICs' DMA
+  ports and through the host bus, and the golden executor -- in wall and CPU seconds
+  (``rtl_dma_vs_bus_cpu``, ``rtl_vs_golden_cpu``; CPU time does not move with the load of a
+  shared machine), each result checked bit for bit.
 
 ``torch_ring_vs_gloo`` / ``torch_multitree_vs_gloo``: treenic's torch backend ÷ gloo's own
 all_reduce (goals 1.2 and 1.5).
@@ -133,6 +137,38 @@ def _bench_world(rank, world, elements, repeats, address, rtl_address):
     return out
 
 
+def _engines_side_by_side(sched, repeats: int) -> dict:
+    """The engines alone on the demo bucket, no protocol: the Verilated fabric with the
+    buffers through the DMA ports and through the host bus, and the golden executor --
+    wall and CPU seconds (CPU time does not move with the other jobs on a shared machine),
+    median of ``repeats``, every result checked bit for bit against golden."""
+    import numpy as np
+    from ..hdl.nic.fabric_sim import FabricSim
+    from .fabric import GoldenEngine
+    fs = FabricSim(sched.topology, sched, RTL_ELEMENTS)          # cached: the server's build
+    golden = GoldenEngine(sched)
+    bufs = np.random.default_rng(1).standard_normal((WORLD, RTL_ELEMENTS)).astype(np.float32)
+    ref = np.asarray(golden.run(bufs)[0]).view(np.uint32)
+    out = {}
+    for key, fn in (("rtl_dma", lambda: fs.run(bufs, bulk="dma")[0]),
+                    ("rtl_bus", lambda: fs.run(bufs, bulk="bus")[0]),
+                    ("golden", lambda: golden.run(bufs)[0])):
+        wall, cpu, exact = [], [], True
+        for _ in range(repeats + 1):                     # the first is a warm-up
+            t0, c0 = time.perf_counter(), time.process_time()
+            res = fn()
+            wall.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+            exact &= bool(np.array_equal(np.asarray(res).view(np.uint32), ref))
+        out[key] = {"wall_s": statistics.median(wall[1:]), "cpu_s": statistics.median(cpu[1:]),
+                    "bit_exact": exact}
+        if key.startswith("rtl"):
+            out[key].update({k: v for k, v in fs.last_timing.items() if k.endswith("cycles")})
+    out["rtl_dma_vs_bus_cpu"] = out["rtl_dma"]["cpu_s"] / out["rtl_bus"]["cpu_s"]
+    out["rtl_vs_golden_cpu"] = out["rtl_dma"]["cpu_s"] / out["golden"]["cpu_s"]
+    return out
+
+
 def run(out_dir="build/bench", quick: bool = False) -> dict:
     from .. import algorithms
     from .fabric import rtl_unavailable_reason
@@ -155,6 +191,7 @@ def run(out_dir="build/bench", quick: bool = False) -> dict:
             if rtl_srv is not None:
                 rtl_srv.stop()
     r = per_rank[0]
+    engines = _engines_side_by_side(sched, repeats) if reason is None else None
     dense_bytes = r["torch_ring_bytes_per_rank"]
     result = {
         "workers": WORLD, "elements": elements, "bytes_per_rank_buffer": 4 * elements,
@@ -185,6 +222,8 @@ def run(out_dir="build/bench", quick: bool = False) -> dict:
         "rtl": {"available": reason is None, "reason": reason, "elements": RTL_ELEMENTS,
                 "server_rtl_multitree_s": r.get("server_rtl_s"),
                 "cycles": r.get("server_rtl_cycles")},
+        # the engines alone (no protocol), DMA vs host-bus buffer path, wall and CPU
+        "engines_side_by_side": engines,
     }
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
