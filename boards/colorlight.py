@@ -17,7 +17,9 @@ them, the link core's resource has none.  Each board is built for its node of a 
 board's second Ethernet port into one switch (the link network) and the first into the
 host network.
 
-The NIC is sized to fit the 25F (24 288 LUT4): :data:`COLORLIGHT_NIC`, 2 ports (a ring).
+The NIC is :data:`COLORLIGHT_NIC`, 2 ports (a ring).  It does not fit the 25F yet: Yosys
+puts the whole top at about 24.6 k LUT4 equivalents against the device's 24 288
+(``docs/boards.md``), so the NIC has to shrink further (e.g. 32-bit flits).
 LED (P11, active low): on while the PLL is locked and no link fault was seen; blinks at
 ~1.5 Hz once the NIC is DONE.
 """
@@ -39,7 +41,8 @@ __all__ = ["ColorlightTop", "colorlight_platform", "COLORLIGHT_NIC", "board_addr
 
 NIC_CLOCK_HZ = 125e6
 ETH_CLOCK_HZ = 75e6
-#: the NIC that fits the LFE5U-25F beside two LiteEth cores: 2 ports, 4 Ki elements
+#: the NIC beside two LiteEth cores on the LFE5U-25F: 2 ports, 4 Ki elements (too large
+#: still, see the module docstring)
 COLORLIGHT_NIC = dict(ports=2, width=64, depth=4096, max_nodes=8, max_entries=32,
                       max_steps=16, sub_words=16)
 #: EHXPLLL for 25 MHz in: CLKOP = 25 * 5 = 125 MHz (feedback), VCO 750 MHz, CLKOS /10
