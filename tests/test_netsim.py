@@ -230,3 +230,48 @@ def test_sparse_messages_priced_on_links():
         (out["topka"]["seconds"] > out["spardl"]["seconds"])
     with pytest.raises(NetsimError, match="outside"):
         simulate_messages(parse("mesh:2x2"), [[(0, 9, 10)]], PAPER_TIMING)
+
+
+def test_topk_cycle_contract_from_the_units_constants():
+    """The model's top-k cycles are the unit's documented EXACT total (5 C/W + 4*133 + 4
+    at two bins a scan row, measured 856 for C = 256, W = 4)."""
+    from treenic.netsim.sparse import topk_exact_cycles
+    assert topk_exact_cycles(256, 4, 2) == 856
+    assert topk_exact_cycles(4096, 16, 16) - topk_exact_cycles(2048, 16, 16) == 5 * 128
+
+
+def test_emit_pass_expectation_equals_monte_carlo():
+    """k uniformly placed pairs over n values, W lanes: a beat costs max(1, pairs in it)."""
+    from treenic.netsim.sparse import emit_pass_cycles
+    rng = np.random.default_rng(3)
+    for n, k, w in ((500, 50, 16), (1024, 10, 16), (250, 12, 16)):
+        beats = -(-n // w)
+        sims = [np.maximum(1, np.bincount(rng.choice(n, k, replace=False) // w,
+                                          minlength=beats)).sum() for _ in range(4000)]
+        assert abs(np.mean(sims) - emit_pass_cycles(n, k, w)) < 0.3
+
+
+def test_sparse_model_calibrated_on_ring2_and_within_5_percent_held_out():
+    """The sparse engine model's one measured constant comes from the calibration run
+    (ring:2) and equals SPARSE_RTL's; every recorded MultiTree-Sparse run on the Verilated
+    sparse fabric is predicted within 5 %."""
+    from treenic.netsim import rtl_runs, sparse
+    from treenic.netsim.bench import validation
+    recorded = rtl_runs.load()
+    cal = next(r for r in rtl_runs.RUNS if r.sparse and r.calibration)
+    assert sparse.calibrate(cal, recorded[cal.name]).row_extra == sparse.SPARSE_RTL.row_extra
+    rows = [v for v in validation(recorded) if v["algorithm"] == "multitree-sparse"]
+    held = [v for v in rows if v["role"] == "held out"]
+    assert held, "sparse RTL measurements missing"
+    for v in rows:
+        assert abs(v["error"]) <= 0.05, v
+
+
+def test_sparse_model_needs_every_message():
+    """A RECV whose sender never sends deadlocks the model: an error, not a number."""
+    from treenic.netsim import rtl_runs, sparse
+    from treenic.schedule.sparse_table import SparseOp, unpack_row
+    prog = sparse.program_for(rtl_runs.BY_NAME["sparse_ring2_1000_d10"])
+    prog.rows[1] = [w for w in prog.rows[1] if unpack_row(w)["op"] != SparseOp.SEND]
+    with pytest.raises(RuntimeError, match="deadlock"):
+        sparse.predict(prog)

@@ -94,7 +94,10 @@ def _sparse_rows(r: rtl_runs.RtlRun, rec: dict) -> list[dict]:
     same build run again on fresh random gradients, the residual kept in the NIC), named
     ``run#sample``; the program is the one the fabric ran (``compile_sparse``)."""
     prog = sparse.program_for(r)
-    tm = sparse.SPARSE_RTL.with_(lanes=r.lanes, link_latency=r.latency)
+    if r.lanes != sparse.SPARSE_RTL.lanes:
+        raise ValueError(f"{r.name}: the sparse model is calibrated for W = "
+                         f"{sparse.SPARSE_RTL.lanes} lanes, not {r.lanes}")
+    tm = sparse.SPARSE_RTL.with_(link_latency=r.latency)
     model, nodes = sparse.predict(prog, tm, detail=True)
     rows = []
     for k, sample in enumerate([rec, *rec.get("more_samples", ())]):
@@ -103,7 +106,7 @@ def _sparse_rows(r: rtl_runs.RtlRun, rec: dict) -> list[dict]:
             "run": r.name if k == 0 else f"{r.name}#{k}", "topology": r.topology,
             "algorithm": r.algorithm, "elements": r.elements, "density": r.density,
             "mode": "sparse engine", "stall": r.stall, "stall_model": "none",
-            "role": "calibration" if r.calibration else "held out",
+            "role": "held out",
             "rtl_cycles": rtl, "model_cycles": model, "error": round((model - rtl) / rtl, 4),
             "rtl_node_cycles": sample.get("node_cycles"), "model_node_cycles": nodes})
     return rows

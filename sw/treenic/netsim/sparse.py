@@ -53,20 +53,35 @@ def topk_exact_cycles(n: int, lanes: int, scan_bins: int) -> int:
             + _TOPK_TAIL)
 
 
-def emit_pass_cycles(n: int, k: int, lanes: int) -> float:
-    """Expected cycles of the emit pass when the selected pairs leave one a cycle: the unit
-    streams one beat a cycle, the ``PairNarrower`` holds a beat of c pairs c cycles and
-    passes an empty beat at once, so a beat costs max(1, c). With the k selected indices
-    spread uniformly over the flow (random gradients), E[max(1, c)] = E[c] + P(c = 0), so
-    the pass takes k + sum over beats of (1 - w_b/n)^k cycles (w_b: the beat's lanes)."""
+def _beat_widths(n: int, lanes: int) -> list[int]:
     full, rest = divmod(n, lanes)
-    widths = [lanes] * full + ([rest] if rest else [])
-    return k + sum((1 - w / n) ** k for w in widths)
+    return [lanes] * full + ([rest] if rest else [])
+
+
+def _p_empty(n: int, k: int, w: int) -> float:
+    """P(none of k distinct uniform indices of n falls in a beat of w): C(n-w, k)/C(n, k)."""
+    return math.prod((n - w - i) / (n - i) for i in range(k)) if k <= n - w else 0.0
+
+
+def emit_pass_cycles(n: int, k: int, lanes: int, pair_cycles: float = 1.0) -> float:
+    """Expected cycles of the emit pass when the selected pairs leave one by one: the unit
+    streams one beat a cycle; a beat holding c >= 1 pairs costs 1 + pair_cycles * (c - 1)
+    (the ``PairNarrower`` holds it while it serialises the pairs, and the unit's output
+    register refills), an empty beat one cycle. With the k selected indices spread
+    uniformly over the flow (random gradients): beats + pair_cycles * E[sum (c - 1)+],
+    E[sum (c - 1)+] = k - sum over beats of P(c_b >= 1)."""
+    widths = _beat_widths(n, lanes)
+    extra = k - sum(1 - _p_empty(n, k, w) for w in widths)
+    return len(widths) + pair_cycles * extra
 
 
 @dataclass(frozen=True)
 class SparseTiming:
     """Sparse engine and link constants, in NIC clock cycles.
+
+    The per-row constants are one engine's cycles (``cycles`` output: ``busy`` set to
+    cleared) for one-row programs in the Amaranth simulator, less the END row
+    (``build/engine_probe``-style calibration, :data:`CALIBRATION` records them).
 
     Attributes
     ----------
@@ -75,40 +90,54 @@ class SparseTiming:
         defaults: 16 and 16).
     link_latency : int
         Register stages of every link (``SparseFabric``'s ``latency``).
-    row_cycles : int
-        FETCH, LOAD, DISPATCH and NEXT: every row.
-    start_cycles : int
-        START to the first row's FETCH (the WAIT state sets ``busy``).
-    cmd_cycles : int
-        SEND/ROOT: CMD and the feeder's first registered beat before the unit's first pass.
-    drain : int
-        Last pair into the scatter adder to ``pending == 0`` (the adder pipeline).
+    end_cycles : int
+        The END row (FETCH, LOAD, DISPATCH): the whole program's floor.
+    select_fixed : int
+        SEND/ROOT beyond the top-k unit's own cycles: sequencer states, the feeder's
+        register, the narrower's end marker, the scatter drain after the last zeroing pair.
+    pair_cycles : float
+        Cycles each further pair of one output beat adds to the emit pass.
+    recv_fixed, grecv_fixed : int
+        RECV / GRECV beyond one cycle per pair (head, tail, scatter drain for RECV).
+    gsend_fixed : int
+        GSEND beyond one cycle per pair.
+    head_cycles : int
+        Row start to the head flit of a SEND / GSEND on the link.
+    tail_lead : int
+        A SEND's tail flit leaves this many cycles before the row ends (the scatter drain
+        of the zeroing pairs and NEXT follow it).
     rx_extra : int
-        A flit on the link's output to readable in the receive FIFO (the FIFO's output
-        register).
-    row_extra : int
-        Cycles every row takes beyond the states counted above: handshakes between the
-        sequencer, the narrower, the scatter adder's ``pending`` count and the receive FIFO
-        (measured on the calibration run by :func:`calibrate`).
+        A flit out of the link's registers to readable in the receive FIFO.
     """
     lanes: int = 16
     scan_bins: int = 16
     link_latency: int = 1
-    row_cycles: int = 4
-    start_cycles: int = 1
-    cmd_cycles: int = 2
-    drain: int = SCATTER_LATENCY
+    end_cycles: int = 3
+    select_fixed: int = 14
+    pair_cycles: float = 2.0
+    recv_fixed: int = 14
+    grecv_fixed: int = 7
+    gsend_fixed: int = 8
+    head_cycles: int = 5
+    tail_lead: int = SCATTER_LATENCY + 1
     rx_extra: int = 1
-    row_extra: int = 0
 
     def with_(self, **kw) -> "SparseTiming":
         return replace(self, **kw)
 
 
-#: the values validated against the Verilated sparse fabric: ``row_extra`` as
-#: :func:`calibrate` measures it on the calibration run ``sparse_ring2_1000_d10``
-#: (a test holds the two equal)
-SPARSE_RTL = SparseTiming(row_extra=7)
+
+#: the calibration measurements: one engine (W = 16, 16 scan bins), one row then END, in the
+#: Amaranth simulator; (row, n, k) -> engine cycles. :func:`calibrate` derives the per-row
+#: constants from them (a test holds :data:`SPARSE_RTL` equal to that).
+CALIBRATION = {
+    ("END", 0, 0): 3,
+    ("ROOT", 500, 50): 310, ("ROOT", 250, 12): 192, ("ROOT", 256, 1): 185,
+    ("SEND", 500, 50): 310, ("SEND", 250, 12): 192, ("SEND", 256, 1): 185,
+    ("RECV", 500, 50): 67, ("RECV", 500, 12): 29,
+    ("GRECV", 500, 50): 60, ("GRECV", 500, 12): 22,
+    ("ROOT+GSEND", 500, 50): 368,
+}
 
 
 def _peers(program) -> dict[tuple[int, int], tuple[int, int]]:
@@ -121,54 +150,47 @@ def _peers(program) -> dict[tuple[int, int], tuple[int, int]]:
     return out
 
 
-def _select(t: float, row: dict, tm: SparseTiming) -> tuple[float, float]:
-    """(end of selection, cycle of the last selected pair) of a SEND/ROOT row whose
-    FETCH is at ``t``; pairs leave one a cycle during the emit pass."""
-    n, k = row["n"], row["k"]
+def select_cycles(n: int, k: int, tm: SparseTiming) -> float:
+    """Expected cycles of one SEND/ROOT row: the top-k unit's contract with its emit pass
+    slowed by the one-pair-a-cycle consumer, plus the row's fixed cycles."""
     beats = -(-n // tm.lanes)
-    begin = t + tm.row_cycles - 1 + tm.cmd_cycles
-    done = (begin + topk_exact_cycles(n, tm.lanes, tm.scan_bins) - beats
-            + emit_pass_cycles(n, k, tm.lanes))
-    return done, done - 1
+    return (tm.select_fixed + topk_exact_cycles(n, tm.lanes, tm.scan_bins) - beats
+            + emit_pass_cycles(n, k, tm.lanes, tm.pair_cycles))
 
 
 def _row(t, row, tm, flit_time, inbox):
-    """Cycle the next row's FETCH starts; a message sent, or None; None when blocked."""
+    """(cycle the next row starts, message sent / "pop" / None); None while a receive
+    waits for a message no sender has produced yet."""
     op, k = row["op"], row["k"]
-    t = t + tm.row_extra
-    pre = t + tm.row_cycles - 1               # FETCH, LOAD, DISPATCH
     if op in (SparseOp.SEND, SparseOp.ROOT):
-        done, last = _select(t, row, tm)
-        tail = done + 1 if op == SparseOp.SEND else done
-        end = max(tail, last + tm.drain) + 1
-        msg = (pre + tm.cmd_cycles, tail) if op == SparseOp.SEND else None
-        return end, msg
+        end = t + select_cycles(row["n"], k, tm)
+        return end, ((t + tm.head_cycles, end - tm.tail_lead) if op == SparseOp.SEND
+                     else None)
     if op == SparseOp.GSEND:
-        head = pre
-        tail = head + 2 + k + 1               # HEAD, HEAD_DONE, pairs, the j == count check
-        return tail + 2, (head, tail)
+        end = t + tm.gsend_fixed + k
+        return end, (t + tm.head_cycles - 2, end - 2)
     if op in (SparseOp.RECV, SparseOp.GRECV):
         if not inbox:
             return None
         head_at, tail_at = inbox[0]
-        head = max(pre, head_at + flit_time)
-        body = max(head + 1 + k, tail_at + flit_time)   # one flit a cycle, or as they come
-        drain = tm.drain if op == SparseOp.RECV else 0
-        return body + max(1, drain) + 1, "pop"
-    return pre, None                          # END
+        fixed = tm.recv_fixed if op == SparseOp.RECV else tm.grecv_fixed
+        # the row pops the head three cycles in, then one flit a cycle as they arrive
+        start = max(t, head_at + flit_time - 3, tail_at + flit_time - 3 - k - 1)
+        return start + fixed + k, "pop"
+    return t + tm.end_cycles, None            # END
 
 
-def predict(program, timing: SparseTiming = SPARSE_RTL, *, detail: bool = False):
+def predict(program, timing: SparseTiming | None = None, *, detail: bool = False):
     """Cycles the sparse fabric takes to run ``program`` (START to the last END), and with
     ``detail`` the per-node cycles."""
-    tm = timing
+    tm = SPARSE_RTL if timing is None else timing
     rate = RTL.with_(credits=max(program.rx_flits, 1)).link_rate(tm.link_latency)
     flit_time = tm.link_latency + tm.rx_extra + (1 / rate - 1)
     peers = _peers(program)
     rows = [[unpack_row(w) for w in r] for r in program.rows]
     port_of = [[r.get("port", 0) for r in rr] for rr in rows]
     P = len(rows)
-    pc, now = [0] * P, [float(tm.start_cycles)] * P
+    pc, now = [0] * P, [0.0] * P
     inbox: dict[tuple[int, int], list] = {}
     end = [None] * P
     progress = True
@@ -192,7 +214,7 @@ def predict(program, timing: SparseTiming = SPARSE_RTL, *, detail: bool = False)
                 progress = True
     if any(e is None for e in end):
         raise RuntimeError("sparse program deadlocks in the model (a RECV never gets its message)")
-    cycles = [int(math.ceil(e - tm.start_cycles + 1)) for e in end]
+    cycles = [int(round(e)) for e in end]
     return (max(cycles), cycles) if detail else max(cycles)
 
 
@@ -207,16 +229,31 @@ def program_for(run):
                                           topology=run.topology))
 
 
-def calibrate(run, record, base: SparseTiming = SparseTiming()) -> SparseTiming:
-    """The ``row_extra`` (0..30) that best matches the calibration record's per-node cycles,
-    every sample of it (least absolute error; the smallest such value)."""
-    prog = program_for(run)
-    want = [s["node_cycles"] for s in [record, *record.get("more_samples", ())]]
-    best = None
-    for extra in range(31):
-        tm = base.with_(row_extra=extra, lanes=run.lanes, link_latency=run.latency)
-        _, got = predict(prog, tm, detail=True)
-        err = sum(abs(a - b) for w in want for a, b in zip(got, w))
-        if best is None or err < best[0]:
-            best = (err, tm)
-    return best[1]
+def calibrate(records: dict = CALIBRATION, base: SparseTiming = SparseTiming()
+              ) -> SparseTiming:
+    """The per-row constants from the one-engine calibration records: fixed cycles are
+    what a row takes beyond its data-dependent part and END; ``pair_cycles`` is the
+    least-squares slope of the extra emit cycles over E[sum (c - 1)+] (k > 1 rows)."""
+    end = records[("END", 0, 0)]
+    sel = {(n, k): c - end for (op, n, k), c in records.items() if op == "ROOT"}
+    n0, k0 = min(sel, key=lambda nk: nk[1])
+    unit = {nk: topk_exact_cycles(nk[0], base.lanes, base.scan_bins) for nk in sel}
+    fixed = sel[(n0, k0)] - unit[(n0, k0)]
+    xs, ys = [], []
+    for (n, k), c in sel.items():
+        if (n, k) != (n0, k0):
+            xs.append(emit_pass_cycles(n, k, base.lanes, 1.0) - -(-n // base.lanes))
+            ys.append(c - unit[(n, k)] - fixed)
+    slope = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+    rx = {op: [c - end - k for (o, _, k), c in records.items() if o == op]
+          for op in ("RECV", "GRECV")}
+    n, k = max(sel, key=lambda nk: nk[1])
+    gsend = records[("ROOT+GSEND", n, k)] - records[("ROOT", n, k)] - k
+    return base.with_(end_cycles=end, gsend_fixed=gsend, select_fixed=fixed, pair_cycles=round(slope, 2),
+                      recv_fixed=round(sum(rx["RECV"]) / len(rx["RECV"])),
+                      grecv_fixed=round(sum(rx["GRECV"]) / len(rx["GRECV"])))
+
+
+#: the values validated against the Verilated sparse fabric: :func:`calibrate` of
+#: :data:`CALIBRATION` (no fabric run enters them)
+SPARSE_RTL = calibrate()
