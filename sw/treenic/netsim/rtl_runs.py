@@ -11,7 +11,11 @@ runs one all-reduce of random float32 data (link stalls as the run names them), 
 result bit for bit against the golden executor and records the fabric's ``cycles`` (START to
 the last NIC's DONE), node 0's per-step cycle log and ``lfsr_steps_at_start`` (how far the
 links' stall LFSRs ran before START, which fixes every link's stall cycles: the model
-replays them, :mod:`.stalls`). Tests read the recorded file; they never build RTL.
+replays them, :mod:`.stalls`). MultiTree-Sparse runs (``algorithm="multitree-sparse"``)
+run on the Verilated sparse fabric (:class:`treenic.hdl.nic.sparse_sim.SparseFabricSim`):
+each sample is checked bit for bit (results and residuals) against the golden
+``MultiTreeSparse.step`` and records every engine's cycles. Tests read the recorded file;
+they never build RTL.
 ``TREENIC_COSIM_OPT=-O0`` compiles the 16-NIC fabric several times faster on a loaded
 machine (the runs are a few thousand cycles).
 """

@@ -20,9 +20,12 @@ with the engine's credits = its receive FIFO, and the link's register stages); t
 FIFO holds every flit a port receives in a run (the compiler sizes it so), so a sender never
 waits for credits.
 
-Constants read off the sequencer's state machine are fixed here; the one left,
-:attr:`SparseTiming.row_extra`, is measured from the calibration run ``sparse_ring2_1000_d10`` (``rtl_runs``) by :func:`calibrate`, and every
-other recorded sparse run is held out.
+The per-row constants (:class:`SparseTiming`) are measured on one ``SparseEngine`` in the
+Amaranth simulator running one-row programs (:mod:`.sparse_calibrate`, records in
+:data:`CALIBRATION`, turned into :data:`SPARSE_RTL` by :func:`calibrate`); no Verilated
+fabric run enters them, so every recorded sparse fabric run (``rtl_runs``) is held out.
+The emit pass is priced as its expectation over uniformly placed selections
+(:func:`emit_pass_cycles`): the RTL's varies a few cycles with where the top-k fall.
 """
 from __future__ import annotations
 
