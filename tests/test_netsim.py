@@ -230,3 +230,57 @@ def test_sparse_messages_priced_on_links():
         (out["topka"]["seconds"] > out["spardl"]["seconds"])
     with pytest.raises(NetsimError, match="outside"):
         simulate_messages(parse("mesh:2x2"), [[(0, 9, 10)]], PAPER_TIMING)
+
+
+def test_topk_cycle_contract_from_the_units_constants():
+    """The model's top-k cycles are the unit's documented EXACT total (5 C/W + 4*133 + 4
+    at two bins a scan row, measured 856 for C = 256, W = 4)."""
+    from treenic.netsim.sparse import topk_exact_cycles
+    assert topk_exact_cycles(256, 4, 2) == 856
+    assert topk_exact_cycles(4096, 16, 16) - topk_exact_cycles(2048, 16, 16) == 5 * 128
+
+
+def test_emit_pass_expectation_equals_monte_carlo():
+    """k uniformly placed pairs over n values, W lanes: a beat costs max(1, pairs in it)."""
+    from treenic.netsim.sparse import emit_pass_cycles
+    rng = np.random.default_rng(3)
+    for n, k, w in ((500, 50, 16), (1024, 10, 16), (250, 12, 16)):
+        beats = -(-n // w)
+        sims = [np.maximum(1, np.bincount(rng.choice(n, k, replace=False) // w,
+                                          minlength=beats)).sum() for _ in range(4000)]
+        assert abs(np.mean(sims) - emit_pass_cycles(n, k, w)) < 0.3
+
+
+def test_sparse_model_within_5_percent_of_the_sparse_fabric():
+    """The sparse engine model's constants are calibrate() of the one-engine records (no
+    fabric run enters them); every recorded MultiTree-Sparse run on the Verilated sparse
+    fabric (`python -m treenic.netsim.rtl_runs --measure --only sparse_...`) is predicted
+    within 5 %, node by node too."""
+    from treenic.netsim import rtl_runs, sparse
+    from treenic.netsim.bench import validation
+    assert sparse.calibrate(sparse.CALIBRATION) == sparse.SPARSE_RTL
+    rows = [v for v in validation(rtl_runs.load()) if v["algorithm"] == "multitree-sparse"]
+    assert {v["topology"] for v in rows} >= {"ring:2", "mesh:2x2"}, "sparse RTL runs missing"
+    for v in rows:
+        assert abs(v["error"]) <= 0.05, v
+        for got, want in zip(v["model_node_cycles"], v["rtl_node_cycles"]):
+            assert abs(got - want) <= 0.05 * want, v
+
+
+def test_sparse_calibration_records_are_the_engine_cycles():
+    """Two of the recorded one-engine calibration programs, re-run in the Amaranth
+    simulator, still take the recorded cycles (the rest: sparse_calibrate's command)."""
+    from treenic.netsim.sparse import CALIBRATION
+    from treenic.netsim.sparse_calibrate import program, run_rows
+    for case in (("END", 0, 0), ("GRECV", 500, 12)):
+        assert run_rows(*program(*case)) == CALIBRATION[case], case
+
+
+def test_sparse_model_needs_every_message():
+    """A RECV whose sender never sends deadlocks the model: an error, not a number."""
+    from treenic.netsim import rtl_runs, sparse
+    from treenic.schedule.sparse_table import SparseOp, unpack_row
+    prog = sparse.program_for(rtl_runs.BY_NAME["sparse_ring2_1000_d10"])
+    prog.rows[1] = [w for w in prog.rows[1] if unpack_row(w)["op"] != SparseOp.SEND]
+    with pytest.raises(RuntimeError, match="deadlock"):
+        sparse.predict(prog)

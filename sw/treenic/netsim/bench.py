@@ -21,6 +21,7 @@ from pathlib import Path
 
 from treenic.algorithms import build
 
+from . import sparse
 from . import rtl_runs
 from .sim import simulate
 from .stalls import fabric_stalls
@@ -69,6 +70,9 @@ def validation(records: dict | None = None) -> list[dict]:
         rec = records.get(r.name)
         if rec is None:
             continue
+        if r.sparse:
+            out += _sparse_rows(r, rec)
+            continue
         for k, sample in enumerate([rec, *rec.get("more_samples", ())]):
             res, stall_model = predict(r, sample)
             rtl = sample["cycles"]
@@ -83,6 +87,29 @@ def validation(records: dict | None = None) -> list[dict]:
                 "rtl_step_cycles_node0": sample.get("step_cycles_node0"),
                 "model_step_cycles_node0": [round(x, 1) for x in res.step_cycles_node0]})
     return out
+
+
+def _sparse_rows(r: rtl_runs.RtlRun, rec: dict) -> list[dict]:
+    """MultiTree-Sparse on the sparse engine (:mod:`.sparse`): one row per sample (the
+    same build run again on fresh random gradients, the residual kept in the NIC), named
+    ``run#sample``; the program is the one the fabric ran (``compile_sparse``)."""
+    prog = sparse.program_for(r)
+    if r.lanes != sparse.SPARSE_RTL.lanes:
+        raise ValueError(f"{r.name}: the sparse model is calibrated for W = "
+                         f"{sparse.SPARSE_RTL.lanes} lanes, not {r.lanes}")
+    tm = sparse.SPARSE_RTL.with_(link_latency=r.latency)
+    model, nodes = sparse.predict(prog, tm, detail=True)
+    rows = []
+    for k, sample in enumerate([rec, *rec.get("more_samples", ())]):
+        rtl = sample["cycles"]
+        rows.append({
+            "run": r.name if k == 0 else f"{r.name}#{k}", "topology": r.topology,
+            "algorithm": r.algorithm, "elements": r.elements, "density": r.density,
+            "mode": "sparse engine", "stall": r.stall, "stall_model": "none",
+            "role": "held out",
+            "rtl_cycles": rtl, "model_cycles": model, "error": round((model - rtl) / rtl, 4),
+            "rtl_node_cycles": sample.get("node_cycles"), "model_node_cycles": nodes})
+    return rows
 
 
 def scaling(sizes, out_dir: Path) -> list[dict]:

@@ -11,7 +11,11 @@ runs one all-reduce of random float32 data (link stalls as the run names them), 
 result bit for bit against the golden executor and records the fabric's ``cycles`` (START to
 the last NIC's DONE), node 0's per-step cycle log and ``lfsr_steps_at_start`` (how far the
 links' stall LFSRs ran before START, which fixes every link's stall cycles: the model
-replays them, :mod:`.stalls`). Tests read the recorded file; they never build RTL.
+replays them, :mod:`.stalls`). MultiTree-Sparse runs (``algorithm="multitree-sparse"``)
+run on the Verilated sparse fabric (:class:`treenic.hdl.nic.sparse_sim.SparseFabricSim`):
+each sample is checked bit for bit (results and residuals) against the golden
+``MultiTreeSparse.step`` and records every engine's cycles. Tests read the recorded file;
+they never build RTL.
 ``TREENIC_COSIM_OPT=-O0`` compiles the 16-NIC fabric several times faster on a loaded
 machine (the runs are a few thousand cycles).
 """
@@ -52,6 +56,14 @@ class RtlRun:
     #: MultiTree construction (``multitree.build``'s ``variant``): the records were measured
     #: with Algorithm 1 as printed ("paper"), before "bound" became the default
     variant: str | None = None
+    #: MultiTree-Sparse runs (``algorithm="multitree-sparse"``): top-k density and lanes W
+    #: of the sparse engine (:class:`treenic.hdl.nic.sparse_sim.SparseFabricSim`)
+    density: float | None = None
+    lanes: int = 16
+
+    @property
+    def sparse(self) -> bool:
+        return self.algorithm == "multitree-sparse"
 
     def schedule(self):
         """The Schedule this run executes (the one compiler, with the run's variant)."""
@@ -77,6 +89,16 @@ RUNS = [
            packet_words=16, stall=30, seed=7, slow=True, samples=4, variant="paper"),
     RtlRun("bench_mesh2x2_packet_stall40", "mesh:2x2", "multitree", 2000, mode="packet",
            latency=2, credits=8, packet_words=16, stall=40, seed=7, slow=True, samples=4, variant="paper"),
+    # MultiTree-Sparse on the Verilated sparse fabric (contiguous flows, local residual)
+    # (held out: the sparse model's constants come from one engine, :mod:`.sparse`)
+    RtlRun("sparse_ring2_1000_d10", "ring:2", "multitree-sparse", 1000, density=0.10,
+           samples=2),
+    RtlRun("sparse_mesh2x2_1000_d5", "mesh:2x2", "multitree-sparse", 1000, density=0.05,
+           samples=2),
+    RtlRun("sparse_ring4_4096_d1", "ring:4", "multitree-sparse", 4096, density=0.01,
+           samples=2),
+    RtlRun("sparse_ring8_1000_d5", "ring:8", "multitree-sparse", 1000, density=0.05,
+           samples=2),
 ]
 BY_NAME = {r.name: r for r in RUNS}
 
@@ -97,6 +119,8 @@ def measure(run: RtlRun) -> dict:
     from treenic.hdl.nic.fabric_sim import FabricSim
     from treenic.schedule.execute import execute
 
+    if run.sparse:
+        return measure_sparse(run)
     sched = run.schedule()
     params = nic_params(run, sched)
     t0 = time.time()
@@ -120,6 +144,32 @@ def measure(run: RtlRun) -> dict:
     return {"cycles": int(cycles), "bit_exact": True, "lfsr_steps_at_start": steps,
             "step_cycles_node0": [int(c) for c in cnt[0]["step_cycles"]],
             **({"more_samples": more} if more else {}),
+            "verilator_build_s": round(build_s, 1), "commit": _commit()}
+
+
+def measure_sparse(run: RtlRun) -> dict:
+    """Build and run a MultiTree-Sparse ``run`` on the Verilated sparse fabric; every sample
+    is checked bit for bit (results and residuals) against the golden model's step."""
+    import numpy as np
+
+    from treenic.hdl.nic.sparse_sim import SparseFabricSim
+
+    t0 = time.time()
+    fs = SparseFabricSim(run.topology, run.elements, run.density, lanes=run.lanes,
+                         latency=run.latency, stall=run.stall)
+    build_s = time.time() - t0
+    rng = np.random.default_rng(1)
+    samples = []
+    for _ in range(run.samples):
+        r = fs.run_checked(rng.standard_normal((fs.P, run.elements)).astype(np.float32))
+        if not r.bit_exact or r.malformed:
+            raise RuntimeError(f"{run.name}: RTL differs from the golden MultiTree-Sparse step")
+        samples.append({"cycles": r.cycles, "link_bytes": r.link_bytes,
+                        "node_cycles": [int(fs.sim[f"cycles__{u}"]) for u in range(fs.P)]})
+    first = samples[0]
+    return {"cycles": first["cycles"], "bit_exact": True, "node_cycles": first["node_cycles"],
+            "link_bytes": first["link_bytes"],
+            **({"more_samples": samples[1:]} if samples[1:] else {}),
             "verilator_build_s": round(build_s, 1), "commit": _commit()}
 
 

@@ -1,0 +1,262 @@
+"""Timing model of MultiTree-Sparse on the sparse NIC engine (``docs/sparse-nic.md``).
+
+The sparse engine (``hdl/nic/sparse_sequencer.py``) runs its node's program row by row, one
+row at a time: the program is the one :func:`treenic.schedule.sparse_table.compile_sparse`
+emits, and this model consumes those rows (it derives no schedule of its own). Per row:
+
+* ``SEND`` / ``ROOT``: an exact top-k selection of ``part[lo:lo+n]`` by the ``TopKUnit``
+  (cycles: the unit's documented contract, :func:`topk_exact_cycles`, from its own
+  constants), the selected pairs leave one a cycle through the ``PairNarrower`` (SEND: as
+  body flits behind a head flit, then a tail; each is also zeroed through the scatter
+  adder), then the row waits until the scatter pipeline (``scatter.LATENCY``) is empty;
+* ``RECV`` / ``GRECV``: pop the port's head flit (waiting for it to arrive), one body flit a
+  cycle into the scatter adder (RECV) or the final slot (GRECV), the tail, then drain;
+* ``GSEND``: head, one final pair a cycle, tail;
+* ``END``.
+
+Every row pays the sequencer's FETCH, LOAD, DISPATCH and NEXT states. A message's flits
+travel over a link priced by the network model's flit model (:meth:`NicTiming.link_rate`
+with the engine's credits = its receive FIFO, and the link's register stages); the receive
+FIFO holds every flit a port receives in a run (the compiler sizes it so), so a sender never
+waits for credits.
+
+The per-row constants (:class:`SparseTiming`) are measured on one ``SparseEngine`` in the
+Amaranth simulator running one-row programs (:mod:`.sparse_calibrate`, records in
+:data:`CALIBRATION`, turned into :data:`SPARSE_RTL` by :func:`calibrate`); no Verilated
+fabric run enters them, so every recorded sparse fabric run (``rtl_runs``) is held out.
+The emit pass is priced as its expectation over uniformly placed selections
+(:func:`emit_pass_cycles`): the RTL's varies a few cycles with where the top-k fall.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from treenic.hdl.sparse.scatter import LATENCY as SCATTER_LATENCY
+from treenic.hdl.sparse.topk import BINS, HIST_PASSES, PASSES, SCAN_CYCLES, ROWS, Mode
+from treenic.schedule.sparse_table import SparseOp, unpack_row
+
+from .timing import RTL
+
+__all__ = ["SparseTiming", "SPARSE_RTL", "topk_exact_cycles", "emit_pass_cycles", "predict", "calibrate"]
+
+#: cycles of one histogram pass's scan beyond the rows it reads: the unit's docstring gives
+#: the EXACT total 5 C/W + 4 * 133 + 4 at its default 128 rows, a scan of SCAN_CYCLES = 131
+#: plus two cycles of pass turnaround
+_SCAN_EXTRA = SCAN_CYCLES - ROWS + 2
+_TOPK_TAIL = 4
+
+
+def topk_exact_cycles(n: int, lanes: int, scan_bins: int) -> int:
+    """The ``TopKUnit``'s EXACT-mode cycles for a chunk of ``n`` values at full input rate:
+    ``PASSES[EXACT]`` data passes of ``ceil(n/W)`` beats, ``HIST_PASSES`` histogram scans of
+    ``BINS/scan_bins`` rows each, and the unit's fixed tail (``hdl/sparse/topk.py``)."""
+    beats = -(-n // lanes)
+    return (PASSES[Mode.EXACT] * beats + HIST_PASSES * (BINS // scan_bins + _SCAN_EXTRA)
+            + _TOPK_TAIL)
+
+
+def _beat_widths(n: int, lanes: int) -> list[int]:
+    full, rest = divmod(n, lanes)
+    return [lanes] * full + ([rest] if rest else [])
+
+
+def _p_empty(n: int, k: int, w: int) -> float:
+    """P(none of k distinct uniform indices of n falls in a beat of w): C(n-w, k)/C(n, k)."""
+    return math.prod((n - w - i) / (n - i) for i in range(k)) if k <= n - w else 0.0
+
+
+def emit_pass_cycles(n: int, k: int, lanes: int, pair_cycles: float = 1.0) -> float:
+    """Expected cycles of the emit pass when the selected pairs leave one by one: the unit
+    streams one beat a cycle; a beat holding c >= 1 pairs costs 1 + pair_cycles * (c - 1)
+    (the ``PairNarrower`` holds it while it serialises the pairs, and the unit's output
+    register refills), an empty beat one cycle. With the k selected indices spread
+    uniformly over the flow (random gradients): beats + pair_cycles * E[sum (c - 1)+],
+    E[sum (c - 1)+] = k - sum over beats of P(c_b >= 1)."""
+    widths = _beat_widths(n, lanes)
+    extra = k - sum(1 - _p_empty(n, k, w) for w in widths)
+    return len(widths) + pair_cycles * extra
+
+
+@dataclass(frozen=True)
+class SparseTiming:
+    """Sparse engine and link constants, in NIC clock cycles.
+
+    The per-row constants are one engine's cycles (``cycles`` output: ``busy`` set to
+    cleared) for one-row programs in the Amaranth simulator, less the END row
+    (``build/engine_probe``-style calibration, :data:`CALIBRATION` records them).
+
+    Attributes
+    ----------
+    lanes, scan_bins : int
+        The engine's top-k lanes W and histogram bins scanned a cycle (``SparseFabricSim``
+        defaults: 16 and 16).
+    link_latency : int
+        Register stages of every link (``SparseFabric``'s ``latency``).
+    end_cycles : int
+        The END row (FETCH, LOAD, DISPATCH): the whole program's floor.
+    select_fixed : int
+        SEND/ROOT beyond the top-k unit's own cycles: sequencer states, the feeder's
+        register, the narrower's end marker, the scatter drain after the last zeroing pair.
+    pair_cycles : float
+        Cycles each further pair of one output beat adds to the emit pass.
+    recv_fixed, grecv_fixed : int
+        RECV / GRECV beyond one cycle per pair (head, tail, scatter drain for RECV).
+    gsend_fixed : int
+        GSEND beyond one cycle per pair.
+    head_cycles : int
+        Row start to the head flit of a SEND / GSEND on the link.
+    tail_lead : int
+        A SEND's tail flit leaves this many cycles before the row ends (the scatter drain
+        of the zeroing pairs and NEXT follow it).
+    rx_extra : int
+        A flit out of the link's registers to readable in the receive FIFO.
+    """
+    lanes: int = 16
+    scan_bins: int = 16
+    link_latency: int = 1
+    end_cycles: int = 3
+    select_fixed: int = 14
+    pair_cycles: float = 2.0
+    recv_fixed: int = 14
+    grecv_fixed: int = 7
+    gsend_fixed: int = 8
+    head_cycles: int = 5
+    tail_lead: int = SCATTER_LATENCY + 1
+    rx_extra: int = 1
+
+    def with_(self, **kw) -> "SparseTiming":
+        return replace(self, **kw)
+
+
+
+#: the calibration measurements: one engine (W = 16, 16 scan bins), one row then END, in the
+#: Amaranth simulator; (row, n, k) -> engine cycles. :func:`calibrate` derives the per-row
+#: constants from them (a test holds :data:`SPARSE_RTL` equal to that).
+CALIBRATION = {
+    ("END", 0, 0): 3,
+    ("ROOT", 500, 50): 310, ("ROOT", 250, 12): 192, ("ROOT", 256, 1): 185,
+    ("SEND", 500, 50): 310, ("SEND", 250, 12): 192, ("SEND", 256, 1): 185,
+    ("RECV", 500, 50): 67, ("RECV", 500, 12): 29,
+    ("GRECV", 500, 50): 60, ("GRECV", 500, 12): 22,
+    ("ROOT+GSEND", 500, 50): 368,
+}
+
+
+def _peers(program) -> dict[tuple[int, int], tuple[int, int]]:
+    """(sender, its port) -> (receiver, its port), from the wiring the compiler used."""
+    from treenic.hdl.nic.fabric import wiring_plan
+    from treenic.topology import parse
+    out = {}
+    for u, pu, v, pv in wiring_plan(parse(program.topology)):
+        out.setdefault((u, pu), (v, pv))
+    return out
+
+
+def select_cycles(n: int, k: int, tm: SparseTiming) -> float:
+    """Expected cycles of one SEND/ROOT row: the top-k unit's contract with its emit pass
+    slowed by the one-pair-a-cycle consumer, plus the row's fixed cycles."""
+    beats = -(-n // tm.lanes)
+    return (tm.select_fixed + topk_exact_cycles(n, tm.lanes, tm.scan_bins) - beats
+            + emit_pass_cycles(n, k, tm.lanes, tm.pair_cycles))
+
+
+def _row(t, row, tm, flit_time, inbox):
+    """(cycle the next row starts, message sent / "pop" / None); None while a receive
+    waits for a message no sender has produced yet."""
+    op, k = row["op"], row["k"]
+    if op in (SparseOp.SEND, SparseOp.ROOT):
+        end = t + select_cycles(row["n"], k, tm)
+        return end, ((t + tm.head_cycles, end - tm.tail_lead) if op == SparseOp.SEND
+                     else None)
+    if op == SparseOp.GSEND:
+        end = t + tm.gsend_fixed + k
+        return end, (t + tm.head_cycles - 2, end - 2)
+    if op in (SparseOp.RECV, SparseOp.GRECV):
+        if not inbox:
+            return None
+        head_at, tail_at = inbox[0]
+        fixed = tm.recv_fixed if op == SparseOp.RECV else tm.grecv_fixed
+        # the row pops the head three cycles in, then one flit a cycle as they arrive
+        start = max(t, head_at + flit_time - 3, tail_at + flit_time - 3 - k - 1)
+        return start + fixed + k, "pop"
+    return t + tm.end_cycles, None            # END
+
+
+def predict(program, timing: SparseTiming | None = None, *, detail: bool = False):
+    """Cycles the sparse fabric takes to run ``program`` (START to the last END), and with
+    ``detail`` the per-node cycles."""
+    tm = SPARSE_RTL if timing is None else timing
+    rate = RTL.with_(credits=max(program.rx_flits, 1)).link_rate(tm.link_latency)
+    flit_time = tm.link_latency + tm.rx_extra + (1 / rate - 1)
+    peers = _peers(program)
+    rows = [[unpack_row(w) for w in r] for r in program.rows]
+    port_of = [[r.get("port", 0) for r in rr] for rr in rows]
+    P = len(rows)
+    pc, now = [0] * P, [0.0] * P
+    inbox: dict[tuple[int, int], list] = {}
+    end = [None] * P
+    progress = True
+    while progress:
+        progress = False
+        for u in range(P):
+            while end[u] is None:
+                row = rows[u][pc[u]]
+                key = (u, port_of[u][pc[u]])
+                r = _row(now[u], row, tm, flit_time, inbox.get(key, []))
+                if r is None:
+                    break
+                nxt, msg = r
+                if msg == "pop":
+                    inbox[key].pop(0)
+                elif msg is not None:
+                    inbox.setdefault(peers[(u, row["port"])], []).append(msg)
+                if row["op"] == SparseOp.END:
+                    end[u] = nxt
+                now[u], pc[u] = nxt, pc[u] + 1
+                progress = True
+    if any(e is None for e in end):
+        raise RuntimeError("sparse program deadlocks in the model (a RECV never gets its message)")
+    cycles = [int(round(e)) for e in end]
+    return (max(cycles), cycles) if detail else max(cycles)
+
+
+def program_for(run):
+    """The compiled sparse program of an ``rtl_runs.RtlRun`` (the one compiler, as the
+    Verilated fabric loads it)."""
+    from treenic.schedule.sparse_table import compile_sparse
+    from treenic.sparse.multitree_sparse import MultiTreeSparse
+    from treenic.topology import parse
+    P = parse(run.topology).n
+    return compile_sparse(MultiTreeSparse(P, run.elements, run.density, seed=0,
+                                          topology=run.topology))
+
+
+def calibrate(records: dict = CALIBRATION, base: SparseTiming = SparseTiming()
+              ) -> SparseTiming:
+    """The per-row constants from the one-engine calibration records: fixed cycles are
+    what a row takes beyond its data-dependent part and END; ``pair_cycles`` is the
+    least-squares slope of the extra emit cycles over E[sum (c - 1)+] (k > 1 rows)."""
+    end = records[("END", 0, 0)]
+    sel = {(n, k): c - end for (op, n, k), c in records.items() if op == "ROOT"}
+    n0, k0 = min(sel, key=lambda nk: nk[1])
+    unit = {nk: topk_exact_cycles(nk[0], base.lanes, base.scan_bins) for nk in sel}
+    fixed = sel[(n0, k0)] - unit[(n0, k0)]
+    xs, ys = [], []
+    for (n, k), c in sel.items():
+        if (n, k) != (n0, k0):
+            xs.append(emit_pass_cycles(n, k, base.lanes, 1.0) - -(-n // base.lanes))
+            ys.append(c - unit[(n, k)] - fixed)
+    slope = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+    rx = {op: [c - end - k for (o, _, k), c in records.items() if o == op]
+          for op in ("RECV", "GRECV")}
+    n, k = max(sel, key=lambda nk: nk[1])
+    gsend = records[("ROOT+GSEND", n, k)] - records[("ROOT", n, k)] - k
+    return base.with_(end_cycles=end, gsend_fixed=gsend, select_fixed=fixed, pair_cycles=round(slope, 2),
+                      recv_fixed=round(sum(rx["RECV"]) / len(rx["RECV"])),
+                      grecv_fixed=round(sum(rx["GRECV"]) / len(rx["GRECV"])))
+
+
+#: the values validated against the Verilated sparse fabric: :func:`calibrate` of
+#: :data:`CALIBRATION` (no fabric run enters them)
+SPARSE_RTL = calibrate()
