@@ -253,7 +253,10 @@ def run_many(configs: list[dict], *, timeout: float = 600.0, log=print) -> list[
     boardsim = None
     try:
         if engine is not None:
-            server = ServerProcess(workers, engine, collective_timeout=60.0, idle_exit=120.0)
+            # idle until the first rtl config's ranks connect: earlier configs of the same
+            # world train first (the server is stopped below; idle_exit only catches orphans)
+            server = ServerProcess(workers, engine, collective_timeout=60.0,
+                                   idle_exit=max(120.0, timeout))
         addr = server.endpoint if server else None
         if any(c["backend"] == "udp" for c in configs):
             addr, boardsim = _udp_boards(configs, workers, log)

@@ -164,13 +164,14 @@ class RTLEngine:
     those images and runs their element count only."""
 
     name = "rtl"
-    #: Sparse schemes :meth:`run_sparse` runs on the Verilated fabric. Empty until the NIC's
-    #: sparse datapath is wired in: every sparse request is then an error on this engine
-    #: (never handed to the golden models behind the caller's back).
+    #: Sparse schemes :meth:`run_sparse` runs on the Verilated fabric; any other is an error
+    #: on this engine (never handed to the golden models behind the caller's back).
     SPARSE_SCHEMES: tuple = RTL_SPARSE
     #: Values of each sparse option (:data:`SPARSE_OPTIONS`) :meth:`run_sparse` runs on the
     #: fabric; a request with another value is an error on this engine, never a golden run.
-    SPARSE_OPTION_VALUES: dict = {"residual": ("local",), "flow_assignment": ("contiguous",)}
+    #: Hash flows: the host lays the buffer out in the hash's flow order (SparseFabricSim).
+    SPARSE_OPTION_VALUES: dict = {"residual": ("local",),
+                                  "flow_assignment": ("contiguous", "hash")}
 
     def __init__(self, schedule: Schedule, images=None):
         self.schedule = schedule
@@ -250,7 +251,8 @@ class RTLEngine:
             from ..hdl.nic.sparse_sim import StatelessSparse
             self._sparse = StatelessSparse(self.schedule.topology.spec)
         try:
-            res, _ = self._sparse.run(accs, density, seed)
+            flow = (options or {}).get("flow_assignment", "contiguous")
+            res, _ = self._sparse.run(accs, density, seed, flow)
         except (ValueError, TimeoutError) as e:
             raise FabricError(f"RTL sparse fabric: {e}") from None
         return res
