@@ -240,6 +240,8 @@ def run_many(configs: list[dict], *, timeout: float = 600.0, log=print) -> list[
                             f"{cycles} cycles, {dt:.2f}s of simulation; ~{steps} steps ≈ "
                             f"{steps * dt / 60:.1f} min (--engine golden runs the same path "
                             "with the golden executor)")
+                        if c["density"]:
+                            _probe_rtl_sparse(eng, c, elements, log)
                 if reason:
                     log(f"NOTICE: {reason}.\nNOTICE: falling back from backend 'rtl' to "
                         "'model' (golden executor): results are the golden model's, not "
@@ -289,6 +291,24 @@ def _sparse_engine_check(c: dict, log) -> None:
         "models', not the RTL's.")
     c["engine"], c["fallback"] = "golden", f"sparse fallback to the golden engine: {reason}"
     c["label"] = c["label"].replace("rtl/", "rtl-server[golden engine]/", 1)
+
+
+def _probe_rtl_sparse(eng, c: dict, elements: int, log) -> None:
+    """One sparse collective on the RTL engine before the world starts: it builds (or loads
+    from build/cosim) the Verilated sparse fabric here, not inside the first training step
+    (where a build outlasts the ranks' request timeout), and times it. A failure is an
+    error: the rtl engine was asked for and cannot serve."""
+    import numpy as np
+    t0 = time.perf_counter()
+    try:
+        res = eng.run_sparse(c["scheme"], np.zeros((c["workers"], elements), np.float32),
+                             c["density"], c["seed"], _sparse_options(c))
+    except Exception as e:
+        raise ValueError(f"--engine rtl: the RTL sparse fabric failed a test collective: "
+                         f"{type(e).__name__}: {str(e)[:300]}") from None
+    dt = time.perf_counter() - t0
+    log(f"NOTICE: RTL sparse fabric: one {c['scheme']} all-reduce of {elements} elements at "
+        f"{c['density']:g} = {res.info.get('cycles')} cycles, {dt:.2f}s (build included)")
 
 
 def _udp_boards(configs, workers, log):
