@@ -41,6 +41,10 @@ from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailabl
 #: (N Verilated NIC cores wired by link models, built with :mod:`treenic.hdl.cosim`).
 RTL_MODULE = "treenic.hdl.nic.fabric_sim"
 
+#: The Verilated sparse NIC fabric the RTL engine runs sparse schemes on.
+RTL_SPARSE_MODULE = "treenic.hdl.nic.sparse_sim"
+RTL_SPARSE_DESCRIPTION = f"Verilated sparse NIC fabric ({RTL_SPARSE_MODULE})"
+
 ENGINES = ("golden", "rtl")
 #: sparse schemes the RTL engine runs (docs/sparse-nic.md)
 RTL_SPARSE = ("multitree-sparse",)
@@ -203,7 +207,8 @@ class RTLEngine:
         self._sims: dict[int, object] = {}
         self._sparse = None
         self.description = f"Verilated NIC fabric ({RTL_MODULE}.FabricSim)"
-        self.dense_description = self.sparse_description = self.description
+        self.dense_description = self.description
+        self.sparse_description = RTL_SPARSE_DESCRIPTION
 
     def sparse_unsupported(self, scheme: str, options: dict | None = None) -> str | None:
         """None: :meth:`run_sparse` runs ``scheme`` with ``options`` on the fabric; else why
