@@ -213,6 +213,8 @@ def run_many(configs: list[dict], *, timeout: float = 600.0, log=print) -> list[
     for c in configs:
         c["requested_backend"], c["fallback"] = c["backend"], None
         c["requested_engine"] = c["engine"]
+        if c["backend"] == "rtl" and c["engine"] == "golden" and c["label"].startswith("rtl/"):
+            c["label"] = c["label"].replace("rtl/", "rtl-server[golden engine]/", 1)
         if c["backend"] == "rtl":
             _sparse_engine_check(c, log)
             if c["engine"] == "rtl":
@@ -407,17 +409,23 @@ def run(backend="rtl", algorithm="multitree", topology=None, density=None, worke
         epochs=8, *, scheme="topka", warmup_iters=20, lr=0.05, batch_size=16, seed=0,
         engine="rtl", compare_dense=True, out_dir="build/demo", progress=True,
         log=print, boards=None, simulated_boards=False, sparse_fallback=False,
-        variant=None, **sparse) -> dict:
+        variant=None, sparse_engine=None, **sparse) -> dict:
     """Train, print per-epoch loss/accuracy and traffic, save a plot; returns the summary.
 
     With ``density`` and ``compare_dense`` a dense run of the same backend is trained in the
     same world so the summary (``dense_reference``) and the plot compare the two.
-    ``sparse``: the techniques of :data:`SPARSE_DEFAULTS`."""
+    ``sparse``: the techniques of :data:`SPARSE_DEFAULTS`. ``sparse_engine``: the fabric
+    server engine of the sparse run (default ``engine``; the dense reference keeps
+    ``engine``)."""
     cfg = _config(backend, algorithm, topology, density, workers, epochs, scheme,
-                  warmup_iters, lr, batch_size, seed=seed, progress=progress, engine=engine,
+                  warmup_iters, lr, batch_size, seed=seed, progress=progress,
+                  engine=(sparse_engine or engine) if density else engine,
                   boards=boards, simulated_boards=simulated_boards,
                   sparse_fallback=sparse_fallback, variant=variant, **sparse)
     cfgs = [cfg]
+    if density and sparse_engine and sparse_engine != engine and backend == "rtl":
+        log(f"NOTICE: the sparse run uses the fabric server's {sparse_engine} engine "
+            f"(--sparse-engine {sparse_engine}); the dense run uses {engine}")
     if density and compare_dense:
         cfgs.append(_config(backend, algorithm, topology, None, workers, epochs, scheme,
                             warmup_iters, lr, batch_size, seed=seed, progress=progress,
@@ -483,6 +491,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--flow-assignment", choices=("contiguous", "hash"), default=None,
                         help="multitree-sparse: elements to trees (NIC option; default "
                              f"{d['flow_assignment']})")
+    parser.add_argument("--sparse-engine", choices=("rtl", "golden"), default=None,
+                        help="fabric server engine of the sparse run (default: --engine)")
     parser.add_argument("--sparse-fallback", action="store_true",
                         help="--engine rtl: when the RTL does not run the sparse scheme, use "
                              "the golden engine (printed notice, JSON 'fallback'); else error")
@@ -507,7 +517,7 @@ def main(args) -> int:
             engine=args.engine, out_dir=args.out, progress=not args.json, log=log,
             boards=getattr(args, "boards", None), lr=args.lr, seed=args.seed,
             simulated_boards=getattr(args, "simulated_boards", False),
-            sparse_fallback=args.sparse_fallback,
+            sparse_fallback=args.sparse_fallback, sparse_engine=args.sparse_engine,
             variant=getattr(args, "variant", None),
             **{k: getattr(args, k) for k in SPARSE_DEFAULTS if getattr(args, k) is not None})
     if args.json:
