@@ -63,5 +63,14 @@ def test_rtl_engine_run_sparse_is_the_golden():
         assert np.array_equal(got.result.view(np.uint32), want.result.view(np.uint32))
         assert np.array_equal(got.residuals.view(np.uint32), want.residuals.view(np.uint32))
         assert got.info["engine"].startswith("Verilated sparse")
-    with pytest.raises(FabricError, match="not in the RTL"):
+    # hash flows (Zen's h0, seed 3): the host lays the buffer out in flow order
+    accs = rng.standard_normal((4, 4096)).astype(np.float32)
+    got = eng.run_sparse("multitree-sparse", accs, 0.01, 3, {"flow_assignment": "hash"})
+    want = MultiTreeSparse(4, 4096, 0.01, seed=3, topology="ring:4",
+                           flow_assignment="hash").step(accs)
+    assert np.array_equal(got.result.view(np.uint32), want.result.view(np.uint32))
+    assert np.array_equal(got.residuals.view(np.uint32), want.residuals.view(np.uint32))
+    with pytest.raises(FabricError, match="does not run sparse scheme 'topka'"):
         eng.run_sparse("topka", accs, 0.01, 0)
+    with pytest.raises(FabricError, match="residual local only"):
+        eng.run_sparse("multitree-sparse", accs, 0.01, 0, {"residual": "global"})

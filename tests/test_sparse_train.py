@@ -285,7 +285,8 @@ def test_train_rtl_multitree_sparse_end_to_end(tmp_path, capsys):
     assert train.main(args) == 0
     s = json.loads(capsys.readouterr().out)
     assert s["fallback"] is None and s["backend"] == "rtl"
-    assert s["engine"].startswith("Verilated NIC fabric")
-    assert s["sparse_engine"] == s["engine"] and s["sparse_calls"] > 0
+    assert s["engine"] == s["sparse_engine"] == F.RTL_SPARSE_DESCRIPTION
+    assert s["dense_engine"].startswith("Verilated NIC fabric") and s["sparse_calls"] > 0
+    assert s["cycles"] > 0
     assert s["sparse_training"]["sparse_options"]["flow_assignment"] == flow
     assert s["params_identical_across_ranks"]

@@ -182,30 +182,37 @@ class StatelessSparse:
     """The fabric server's view (``RTLEngine.run_sparse``): every call is one fresh
     all-reduce of the given accumulators (the driver keeps error feedback on the host), so
     the NICs' residual buffers are cleared (CLEAR, exact +0) before the accumulators are
-    added. Cached per (elements, density): one Verilated build per size (contiguous flows:
-    the seed changes nothing in the RTL run; it seeds the golden traffic log)."""
+    added. Cached per (elements, density, flow assignment, and the seed of hash flows): the
+    Verilated build is cached per size (contiguous flows: the seed changes nothing in the RTL
+    run; it seeds the golden traffic log)."""
 
     def __init__(self, topology: str, *, lanes: int = 16):
         self.topology, self.lanes = topology, lanes
         self._sims: dict = {}
 
-    def run(self, accs: np.ndarray, density: float, seed: int):
-        """MultiTree-Sparse of ``accs`` (P × N) on the RTL; returns the
+    def run(self, accs: np.ndarray, density: float, seed: int,
+            flow_assignment: str = "contiguous"):
+        """MultiTree-Sparse of ``accs`` (P × N) on the RTL (``flow_assignment`` as in
+        :class:`SparseFabricSim`, hash seed ``seed``); returns the
         :class:`~treenic.sparse.base.SparseResult` the golden model returns for the same
         call (result, residuals from the RTL; traffic log and info from the program)."""
         from treenic.sparse.base import SparseResult
         from .sparse_fabric import clear_word
         accs = np.ascontiguousarray(accs, np.float32)
-        key = (accs.shape[1], float(density))
+        # the seed only matters to hash flows (it seeds the hash; contiguous: the traffic log)
+        key = (accs.shape[1], float(density), flow_assignment,
+               int(seed) if flow_assignment == "hash" else None)
         sim = self._sims.get(key)
         if sim is None:
             sim = self._sims[key] = SparseFabricSim(self.topology, accs.shape[1], density,
-                                                    lanes=self.lanes, seed=seed)
+                                                    lanes=self.lanes, seed=seed,
+                                                    flow_assignment=flow_assignment)
         elif sim.loaded:
             sim.sim.run_streams(inputs={f"host_i__{u}": [clear_word(sim.N)]
                                         for u in range(sim.P)})
         r = sim.run(accs)
-        golden = MultiTreeSparse(sim.P, sim.N, density, seed=seed, topology=self.topology)
+        golden = MultiTreeSparse(sim.P, sim.N, density, seed=seed, topology=self.topology,
+                                 flow_assignment=flow_assignment)
         want = golden.step(accs)          # for the traffic log only; values come from the RTL
         info = dict(want.info, engine=ENGINE_NAME, cycles=r.cycles, link_bytes=r.link_bytes,
                     malformed=r.malformed)

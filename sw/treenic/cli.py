@@ -469,9 +469,12 @@ def build_parser() -> argparse.ArgumentParser:
     if train is not None:
         train.add_arguments(d)
         # the demo trains dense and sparse side by side (bytes on the wire, accuracy) with
-        # the NIC's sparse scheme; where the RTL does not run it yet, the golden engine runs
-        # the sparse run, asked for here and labelled as such (never silently)
-        d.set_defaults(density=0.01, scheme="multitree-sparse", sparse_fallback=True)
+        # the NIC's sparse scheme. The sparse run uses the golden engine by default, asked
+        # for here and labelled as such: the Verilated sparse fabric takes seconds a step
+        # and a long first build, and the demo must stay short; `treenic demo
+        # --sparse-engine rtl` runs it on the RTL
+        d.set_defaults(density=0.01, scheme="multitree-sparse", sparse_fallback=True,
+                       sparse_engine="golden")
     d.set_defaults(func=cmd_demo)
     return p
 

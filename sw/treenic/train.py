@@ -213,6 +213,8 @@ def run_many(configs: list[dict], *, timeout: float = 600.0, log=print) -> list[
     for c in configs:
         c["requested_backend"], c["fallback"] = c["backend"], None
         c["requested_engine"] = c["engine"]
+        if c["backend"] == "rtl" and c["engine"] == "golden" and c["label"].startswith("rtl/"):
+            c["label"] = c["label"].replace("rtl/", "rtl-server[golden engine]/", 1)
         if c["backend"] == "rtl":
             _sparse_engine_check(c, log)
             if c["engine"] == "rtl":
@@ -240,6 +242,8 @@ def run_many(configs: list[dict], *, timeout: float = 600.0, log=print) -> list[
                             f"{cycles} cycles, {dt:.2f}s of simulation; ~{steps} steps ≈ "
                             f"{steps * dt / 60:.1f} min (--engine golden runs the same path "
                             "with the golden executor)")
+                        if c["density"]:
+                            _probe_rtl_sparse(eng, c, elements, log)
                 if reason:
                     log(f"NOTICE: {reason}.\nNOTICE: falling back from backend 'rtl' to "
                         "'model' (golden executor): results are the golden model's, not "
@@ -253,7 +257,10 @@ def run_many(configs: list[dict], *, timeout: float = 600.0, log=print) -> list[
     boardsim = None
     try:
         if engine is not None:
-            server = ServerProcess(workers, engine, collective_timeout=60.0, idle_exit=120.0)
+            # idle until the first rtl config's ranks connect: earlier configs of the same
+            # world train first (the server is stopped below; idle_exit only catches orphans)
+            server = ServerProcess(workers, engine, collective_timeout=60.0,
+                                   idle_exit=max(120.0, timeout))
         addr = server.endpoint if server else None
         if any(c["backend"] == "udp" for c in configs):
             addr, boardsim = _udp_boards(configs, workers, log)
@@ -286,6 +293,24 @@ def _sparse_engine_check(c: dict, log) -> None:
         "models', not the RTL's.")
     c["engine"], c["fallback"] = "golden", f"sparse fallback to the golden engine: {reason}"
     c["label"] = c["label"].replace("rtl/", "rtl-server[golden engine]/", 1)
+
+
+def _probe_rtl_sparse(eng, c: dict, elements: int, log) -> None:
+    """One sparse collective on the RTL engine before the world starts: it builds (or loads
+    from build/cosim) the Verilated sparse fabric here, not inside the first training step
+    (where a build outlasts the ranks' request timeout), and times it. A failure is an
+    error: the rtl engine was asked for and cannot serve."""
+    import numpy as np
+    t0 = time.perf_counter()
+    try:
+        res = eng.run_sparse(c["scheme"], np.zeros((c["workers"], elements), np.float32),
+                             c["density"], c["seed"], _sparse_options(c))
+    except Exception as e:
+        raise ValueError(f"--engine rtl: the RTL sparse fabric failed a test collective: "
+                         f"{type(e).__name__}: {str(e)[:300]}") from None
+    dt = time.perf_counter() - t0
+    log(f"NOTICE: RTL sparse fabric: one {c['scheme']} all-reduce of {elements} elements at "
+        f"{c['density']:g} = {res.info.get('cycles')} cycles, {dt:.2f}s (build included)")
 
 
 def _udp_boards(configs, workers, log):
@@ -384,17 +409,23 @@ def run(backend="rtl", algorithm="multitree", topology=None, density=None, worke
         epochs=8, *, scheme="topka", warmup_iters=20, lr=0.05, batch_size=16, seed=0,
         engine="rtl", compare_dense=True, out_dir="build/demo", progress=True,
         log=print, boards=None, simulated_boards=False, sparse_fallback=False,
-        variant=None, **sparse) -> dict:
+        variant=None, sparse_engine=None, **sparse) -> dict:
     """Train, print per-epoch loss/accuracy and traffic, save a plot; returns the summary.
 
     With ``density`` and ``compare_dense`` a dense run of the same backend is trained in the
     same world so the summary (``dense_reference``) and the plot compare the two.
-    ``sparse``: the techniques of :data:`SPARSE_DEFAULTS`."""
+    ``sparse``: the techniques of :data:`SPARSE_DEFAULTS`. ``sparse_engine``: the fabric
+    server engine of the sparse run (default ``engine``; the dense reference keeps
+    ``engine``)."""
     cfg = _config(backend, algorithm, topology, density, workers, epochs, scheme,
-                  warmup_iters, lr, batch_size, seed=seed, progress=progress, engine=engine,
+                  warmup_iters, lr, batch_size, seed=seed, progress=progress,
+                  engine=(sparse_engine or engine) if density else engine,
                   boards=boards, simulated_boards=simulated_boards,
                   sparse_fallback=sparse_fallback, variant=variant, **sparse)
     cfgs = [cfg]
+    if density and sparse_engine and sparse_engine != engine and backend == "rtl":
+        log(f"NOTICE: the sparse run uses the fabric server's {sparse_engine} engine "
+            f"(--sparse-engine {sparse_engine}); the dense run uses {engine}")
     if density and compare_dense:
         cfgs.append(_config(backend, algorithm, topology, None, workers, epochs, scheme,
                             warmup_iters, lr, batch_size, seed=seed, progress=progress,
@@ -460,6 +491,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--flow-assignment", choices=("contiguous", "hash"), default=None,
                         help="multitree-sparse: elements to trees (NIC option; default "
                              f"{d['flow_assignment']})")
+    parser.add_argument("--sparse-engine", choices=("rtl", "golden"), default=None,
+                        help="fabric server engine of the sparse run (default: --engine)")
     parser.add_argument("--sparse-fallback", action="store_true",
                         help="--engine rtl: when the RTL does not run the sparse scheme, use "
                              "the golden engine (printed notice, JSON 'fallback'); else error")
@@ -484,7 +517,7 @@ def main(args) -> int:
             engine=args.engine, out_dir=args.out, progress=not args.json, log=log,
             boards=getattr(args, "boards", None), lr=args.lr, seed=args.seed,
             simulated_boards=getattr(args, "simulated_boards", False),
-            sparse_fallback=args.sparse_fallback,
+            sparse_fallback=args.sparse_fallback, sparse_engine=args.sparse_engine,
             variant=getattr(args, "variant", None),
             **{k: getattr(args, k) for k in SPARSE_DEFAULTS if getattr(args, k) is not None})
     if args.json:

@@ -45,8 +45,8 @@ from ..schedule.ir import Op, Schedule
 from ..topology import Topology, parse
 from . import protocol as P
 from .errors import BadTensor, DriverError, FabricError
-from .fabric import (GoldenEngine, LocalFabric, Request, check_sparse_request, link_bytes,
-                     make_engine)
+from .fabric import (RTL_SPARSE_DESCRIPTION, GoldenEngine, LocalFabric, Request,
+                     check_sparse_request, link_bytes, make_engine)
 from .torch_backend import TorchBackend as _TorchBackend
 
 BACKENDS = ("model", "torch", "rtl", "udp")
@@ -481,7 +481,7 @@ class _RTLBackend:
                 "dense_engine": (GoldenEngine.dense_description if golden
                                  else self.client.engine_description),
                 "sparse_engine": (GoldenEngine.sparse_description if golden
-                                  else self.client.engine_description),
+                                  else RTL_SPARSE_DESCRIPTION),
                 "last_cycles": self._last_cycles,
                 "nic": self.client.status()}
 

@@ -41,6 +41,10 @@ from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailabl
 #: (N Verilated NIC cores wired by link models, built with :mod:`treenic.hdl.cosim`).
 RTL_MODULE = "treenic.hdl.nic.fabric_sim"
 
+#: The Verilated sparse NIC fabric the RTL engine runs sparse schemes on.
+RTL_SPARSE_MODULE = "treenic.hdl.nic.sparse_sim"
+RTL_SPARSE_DESCRIPTION = f"Verilated sparse NIC fabric ({RTL_SPARSE_MODULE})"
+
 ENGINES = ("golden", "rtl")
 #: sparse schemes the RTL engine runs (docs/sparse-nic.md)
 RTL_SPARSE = ("multitree-sparse",)
@@ -164,13 +168,14 @@ class RTLEngine:
     those images and runs their element count only."""
 
     name = "rtl"
-    #: Sparse schemes :meth:`run_sparse` runs on the Verilated fabric. Empty until the NIC's
-    #: sparse datapath is wired in: every sparse request is then an error on this engine
-    #: (never handed to the golden models behind the caller's back).
+    #: Sparse schemes :meth:`run_sparse` runs on the Verilated fabric; any other is an error
+    #: on this engine (never handed to the golden models behind the caller's back).
     SPARSE_SCHEMES: tuple = RTL_SPARSE
     #: Values of each sparse option (:data:`SPARSE_OPTIONS`) :meth:`run_sparse` runs on the
     #: fabric; a request with another value is an error on this engine, never a golden run.
-    SPARSE_OPTION_VALUES: dict = {"residual": ("local",), "flow_assignment": ("contiguous",)}
+    #: Hash flows: the host lays the buffer out in the hash's flow order (SparseFabricSim).
+    SPARSE_OPTION_VALUES: dict = {"residual": ("local",),
+                                  "flow_assignment": ("contiguous", "hash")}
 
     def __init__(self, schedule: Schedule, images=None):
         self.schedule = schedule
@@ -202,7 +207,8 @@ class RTLEngine:
         self._sims: dict[int, object] = {}
         self._sparse = None
         self.description = f"Verilated NIC fabric ({RTL_MODULE}.FabricSim)"
-        self.dense_description = self.sparse_description = self.description
+        self.dense_description = self.description
+        self.sparse_description = RTL_SPARSE_DESCRIPTION
 
     def sparse_unsupported(self, scheme: str, options: dict | None = None) -> str | None:
         """None: :meth:`run_sparse` runs ``scheme`` with ``options`` on the fabric; else why
@@ -250,7 +256,8 @@ class RTLEngine:
             from ..hdl.nic.sparse_sim import StatelessSparse
             self._sparse = StatelessSparse(self.schedule.topology.spec)
         try:
-            res, _ = self._sparse.run(accs, density, seed)
+            flow = (options or {}).get("flow_assignment", "contiguous")
+            res, _ = self._sparse.run(accs, density, seed, flow)
         except (ValueError, TimeoutError) as e:
             raise FabricError(f"RTL sparse fabric: {e}") from None
         return res
@@ -490,9 +497,12 @@ class Rendezvous:
                 res = engine.run_sparse(req.scheme, data, req.density, req.seed,
                                         dict(req.options))
                 sent, recv = res.bytes_sent_per_worker(), res.bytes_received_per_worker()
+                # the RTL engine's run reports its cycles; the golden models do not model time
+                cycles = res.info.get("cycles")
                 rec.outcomes = [Outcome(np.asarray(res.result[r], np.float32),
                                         np.asarray(res.residuals[r], np.float32),
-                                        int(sent[r]), int(recv[r]), res.steps, None)
+                                        int(sent[r]), int(recv[r]), res.steps,
+                                        None if cycles is None else int(cycles))
                                 for r in range(self.world)]
             self.completed += 1
         except Exception as e:        # engine failure: every rank gets the same error
