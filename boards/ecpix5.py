@@ -2,10 +2,21 @@
 
 ::
 
-    clk100 (K23) ─► EHXPLLL ─┬─ CLKOP 125 MHz ─► sync (NIC, host engine)
-                             └─ CLKOS  75 MHz ─► eth  (LiteEth UDP core)
-    rst button (AB1) / PLL unlock ─► reset synchronisers of both domains
+    clk100 (K23) ─► EHXPLLL ─┬─ CLKOP  125 MHz      ─► sync   (NIC, host engine, link TX)
+                             ├─ CLKOS   75 MHz      ─► eth    (LiteEth UDP core)
+                             └─ CLKOS2 125 MHz, 90° ─► sync90 (forwarded link clocks)
+    rst button (AB1) / PLL unlock ─► reset synchronisers of every domain
     eth_rgmii ─► BoardCore (:mod:`treenic.boards.core`)
+    pmod 0..3 ─► NIC ports 0..3: serial links (:mod:`treenic.hdl.link.serial`), pins
+                 1-4 TX (clock, 3 data lanes), pins 7-10 RX (clock, 3 data lanes)
+
+Serial links: data leave ODDRX1F registers on ``sync`` (bit 0 of a lane in the first
+half of the cycle), the clock leaves an ODDRX1F on ``sync90``, so its edges sit in the
+middle of the data bits; the receiver's IDDRX1F samples both edges with the forwarded
+clock (domain ``link<i>_rx``, 125 MHz constraint).  Line rate 250 Mb/s per lane,
+750 Mb/s per direction, 470.6 Mb/s of flit payload per direction (one 68-bit flit per
+17-cycle word).  Cable: a crossover PMOD cable (board A pins 1-4 to board B pins 7-10,
+and back); a port whose cable is absent never trains, and the NIC sees no credits.
 
 LEDs (active low on the board, Amaranth inverts)::
 
@@ -14,6 +25,7 @@ LEDs (active low on the board, Amaranth inverts)::
     rgb_led 2  green: host request seen (toggles per accepted request)
                red  : a malformed datagram was dropped since reset
     rgb_led 3  blue : 75 MHz Ethernet-side heartbeat
+               green: every NIC link trained    red: a link dropped a word / failed a CRC
 
 Pin map: ``docs/boards.md`` (RGMII: amaranth-boards' ``eth_rgmii`` resource; the RGMII
 receive clock gets a 125 MHz constraint here so its domain is timed too).
@@ -21,21 +33,26 @@ receive clock gets a 125 MHz constraint here so its domain is timed too).
 from __future__ import annotations
 
 from amaranth.build import Attrs, Clock, Pins, PinsN, Resource, Subsignal
-from amaranth.hdl import ClockDomain, ClockSignal, Elaboratable, Instance, Module, Signal
+from amaranth.hdl import (Cat, ClockDomain, ClockSignal, Elaboratable, Instance, Module,
+                          Signal)
 from amaranth.lib import io
 from amaranth.lib.cdc import ResetSynchronizer
 
 from treenic.hdl.nic import NicParams
 
-from .core import BoardCore, heartbeat
+from .core import LINKS, SERIAL_LANES, BoardCore, heartbeat
 
 __all__ = ["ECPIX5Top", "ecpix5_platform", "NIC_CLOCK_HZ", "ETH_CLOCK_HZ", "PLL"]
 
 NIC_CLOCK_HZ = 125e6
 ETH_CLOCK_HZ = 75e6
 #: EHXPLLL for 100 MHz in: PFD 25 MHz, VCO 750 MHz, CLKOP /6 = 125 MHz (feedback),
-#: CLKOS /10 = 75 MHz
-PLL = dict(CLKI_DIV=4, CLKFB_DIV=5, CLKOP_DIV=6, CLKOS_DIV=10)
+#: CLKOS /10 = 75 MHz, CLKOS2 /6 = 125 MHz delayed 1.5 VCO cycles = 2 ns = 90°
+#: (CPHASE one more than DIV - 1, FPHASE 4/8)
+PLL = dict(CLKI_DIV=4, CLKFB_DIV=5, CLKOP_DIV=6, CLKOS_DIV=10, CLKOS2_DIV=6,
+           CLKOS2_CPHASE=6, CLKOS2_FPHASE=4)
+#: PMOD connectors carrying NIC ports 0..3
+LINK_PMODS = (0, 1, 2, 3)
 
 
 def ecpix5_platform():
@@ -54,8 +71,18 @@ def ecpix5_platform():
                    Subsignal("rx_data", Pins("B11 A10 B10 A9", dir="i")),
                    Attrs(IO_TYPE="LVCMOS33"))
 
+    links = [Resource("treenic_link", n,
+                      Subsignal("tx_clk", Pins("1", dir="o", conn=("pmod", pmod))),
+                      Subsignal("tx_data", Pins("2 3 4", dir="o", conn=("pmod", pmod))),
+                      Subsignal("rx_clk", Pins("7", dir="i", conn=("pmod", pmod)),
+                                Clock(NIC_CLOCK_HZ)),
+                      Subsignal("rx_data", Pins("8 9 10", dir="i", conn=("pmod", pmod))),
+                      Attrs(IO_TYPE="LVCMOS33", SLEWRATE="FAST"))
+             for n, pmod in enumerate(LINK_PMODS)]
+
     class Platform(ECPIX585Platform):
-        resources = [eth if r.name == "eth_rgmii" else r for r in ECPIX585Platform.resources]
+        resources = [eth if r.name == "eth_rgmii" else r
+                     for r in ECPIX585Platform.resources] + links
     return Platform()
 
 
@@ -79,15 +106,40 @@ class ECPIX5Top(Elaboratable):
         button = io.Buffer("i", platform.request("rst", 0, dir="-"))
         m.submodules.clk100, m.submodules.button = clk100, button
         locked = self._pll(m, clk100.i)
-        for name, hz in (("sync", NIC_CLOCK_HZ), ("eth", ETH_CLOCK_HZ)):
+        domains = ["sync", "eth", "sync90"] + [f"link{i}_rx" for i in range(self.params.ports)]
+        m.submodules.board = board = BoardCore(params=self.params, verilog=self.verilog,
+                                               links=LINKS)
+        self._links(m, platform, board)
+        for name in domains:
             m.submodules[f"rst_{name}"] = ResetSynchronizer(~locked | button.i, domain=name)
-        m.submodules.board = board = BoardCore(params=self.params, verilog=self.verilog)
         self._leds(m, platform, board, locked & ~button.i)
         return m
+
+    def _links(self, m, platform, board):
+        """Each NIC port's serial lanes on its PMOD through DDR buffers."""
+        if self.params.ports > len(LINK_PMODS):
+            raise ValueError(f"{self.params.ports} NIC ports, {len(LINK_PMODS)} link PMODs")
+        n = SERIAL_LANES
+        for i in range(self.params.ports):
+            pins = platform.request("treenic_link", i, dir="-")
+            dom = f"link{i}_rx"
+            m.domains += ClockDomain(dom)
+            rx_clk = m.submodules[f"link{i}_rx_clk"] = io.Buffer("i", pins.rx_clk)
+            m.d.comb += ClockSignal(dom).eq(rx_clk.i)
+            tx_clk = m.submodules[f"link{i}_tx_clk"] = io.DDRBuffer("o", pins.tx_clk,
+                                                                    o_domain="sync90")
+            tx = m.submodules[f"link{i}_tx"] = io.DDRBuffer("o", pins.tx_data)
+            rx = m.submodules[f"link{i}_rx"] = io.DDRBuffer("i", pins.rx_data, i_domain=dom)
+            m.d.comb += [tx_clk.o[0].eq(1), tx_clk.o[1].eq(0),
+                         tx.o[0].eq(Cat(board.lanes_tx[i][2 * k] for k in range(n))),
+                         tx.o[1].eq(Cat(board.lanes_tx[i][2 * k + 1] for k in range(n))),
+                         board.lanes_rx[i].eq(Cat(Cat(rx.i[0][k], rx.i[1][k])
+                                                  for k in range(n)))]
 
     def _pll(self, m, clk_in) -> Signal:
         m.domains.sync = ClockDomain("sync")
         m.domains.eth = ClockDomain("eth")
+        m.domains.sync90 = ClockDomain("sync90")
         locked = Signal()
         m.submodules.pll = Instance(
             "EHXPLLL",
@@ -98,13 +150,16 @@ class ECPIX5Top(Elaboratable):
             p_CLKOP_DIV=PLL["CLKOP_DIV"], p_CLKOP_CPHASE=PLL["CLKOP_DIV"] - 1,
             p_CLKOP_FPHASE=0,
             p_CLKOS_DIV=PLL["CLKOS_DIV"], p_CLKOS_CPHASE=PLL["CLKOS_DIV"] - 1,
-            p_CLKOS_FPHASE=0,
+            p_CLKOS_FPHASE=0, p_CLKOS2_ENABLE="ENABLED",
+            p_CLKOS2_DIV=PLL["CLKOS2_DIV"], p_CLKOS2_CPHASE=PLL["CLKOS2_CPHASE"],
+            p_CLKOS2_FPHASE=PLL["CLKOS2_FPHASE"], a_FREQUENCY_PIN_CLKOS2="125",
             a_FREQUENCY_PIN_CLKI="100", a_FREQUENCY_PIN_CLKOP="125",
             a_FREQUENCY_PIN_CLKOS="75",
             i_CLKI=clk_in, i_CLKFB=ClockSignal("sync"), o_CLKOP=ClockSignal("sync"),
-            o_CLKOS=ClockSignal("eth"), o_LOCK=locked,
+            o_CLKOS=ClockSignal("eth"), o_CLKOS2=ClockSignal("sync90"), o_LOCK=locked,
             i_RST=0, i_STDBY=0, i_PHASESEL0=0, i_PHASESEL1=0, i_PHASEDIR=0,
-            i_PHASESTEP=0, i_PHASELOADREG=0, i_PLLWAKESYNC=0, i_ENCLKOP=0, i_ENCLKOS=0)
+            i_PHASESTEP=0, i_PHASELOADREG=0, i_PLLWAKESYNC=0, i_ENCLKOP=0, i_ENCLKOS=0,
+            i_ENCLKOS2=0)
         return locked
 
     def _leds(self, m, platform, board, ok):
@@ -125,4 +180,5 @@ class ECPIX5Top(Elaboratable):
                      led(0, "r").eq(~ok), led(1, "b").eq(board.running),
                      led(1, "g").eq(board.done), led(1, "r").eq(board.error),
                      led(2, "g").eq(seen), led(2, "r").eq(board.host_dropped != 0),
-                     led(3, "b").eq(heartbeat(m, "eth", 1.5, ETH_CLOCK_HZ))]
+                     led(3, "b").eq(heartbeat(m, "eth", 1.5, ETH_CLOCK_HZ)),
+                     led(3, "g").eq(board.links_up.all()), led(3, "r").eq(board.link_fault)]

@@ -47,12 +47,15 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 
-from treenic.schedule.ir import Op, Schedule, ScheduleError
-from treenic.schedule.table import TableImage, TableLayout, node_entries, order_entries
-from treenic.topology import is_switch
+from treenic.schedule.ir import Op, Schedule, ScheduleError, Transfer
+from treenic.schedule.table import (TableImage, TableLayout, all_node_entries, node_entries,
+                                    order_entries)
+from treenic.topology import TopologyError, is_switch
+from treenic.topology import parse as parse_topology
 
 __all__ = ["MAGIC", "VERSION", "NO_PEER", "ImageError", "ConfigImage", "ImageSet",
-           "compile_images", "build_image", "build_images", "lockstep_estimate"]
+           "compile_images", "build_image", "build_images", "lockstep_estimate",
+           "decode_schedule", "peek_set_header"]
 
 MAGIC = b"TNCF"
 VERSION = 2
@@ -268,13 +271,7 @@ class ImageSet:
     @classmethod
     def from_bytes(cls, data: bytes) -> "ImageSet":
         data = bytes(data)
-        if len(data) < SET_HEADER.size:
-            raise ImageError(f"image set too short ({len(data)} bytes)")
-        magic, version, count, crc = SET_HEADER.unpack_from(data)
-        if magic != SET_MAGIC:
-            raise ImageError(f"not a treenic image set (magic {magic!r})")
-        if version != SET_VERSION:
-            raise ImageError(f"image set version {version} unsupported (expected {SET_VERSION})")
+        count, crc = peek_set_header(data)
         body = data[SET_HEADER.size:]
         if zlib.crc32(body) != crc:
             raise ImageError("image set CRC mismatch")
@@ -297,6 +294,19 @@ class ImageSet:
         if at != len(body):
             raise ImageError(f"image set has {len(body) - at} bytes after its {count} images")
         return cls(images, spec)
+
+
+def peek_set_header(data: bytes) -> tuple[int, int]:
+    """``(image count, body CRC-32)`` of a serialized image set after checking its magic
+    and version: what a receiver reads before it spends any work on the images."""
+    if len(data) < SET_HEADER.size:
+        raise ImageError(f"image set too short ({len(data)} bytes)")
+    magic, version, count, crc = SET_HEADER.unpack_from(data)
+    if magic != SET_MAGIC:
+        raise ImageError(f"not a treenic image set (magic {magic!r})")
+    if version != SET_VERSION:
+        raise ImageError(f"image set version {version} unsupported (expected {SET_VERSION})")
+    return count, crc
 
 
 def _link_map(topology, node: int) -> list[int]:
@@ -341,3 +351,71 @@ def compile_images(topology=None, algorithm="multitree", elements: int = 1024, *
 def build_images(schedule: Schedule, elements: int, **kw) -> list[bytes]:
     """Serialized images for every node, in node order (:func:`compile_images`)."""
     return [im.to_bytes() for im in compile_images(None, schedule, elements, **kw)]
+
+
+# ---- reading a schedule back out of an image set ---------------------------------------
+
+def _row_transfers(images: ImageSet) -> list[Transfer]:
+    """The transfers the NICs loaded with ``images`` perform: each REDUCE row with a parent
+    sends that flow's partial to it, each GATHER row sends the flow's values to every child
+    (one chunk per transfer: a table flow is a chunk)."""
+    out = []
+    for u, im in enumerate(images):
+        for e in im.table.entries:
+            if e.op == Op.REDUCE and e.parent is not None:
+                out.append(Transfer(e.step, u, e.parent, Op.REDUCE, (e.flow,), e.flow))
+            elif e.op == Op.GATHER:
+                out += [Transfer(e.step, u, d, Op.GATHER, (e.flow,), e.flow)
+                        for d in sorted(e.children)]
+    return out
+
+
+def decode_schedule(images: ImageSet, topology=None) -> Schedule:
+    """The schedule an image set makes its NICs run, read back from the table rows.
+
+    This is how a golden engine consumes the images the RTL consumes: the result is what
+    :func:`treenic.schedule.execute.execute` runs.  The set must be exactly the compiler's
+    encoding of that schedule -- every node's table rows, ORDER table and link map equal
+    what :func:`compile_images` emits for it -- else :class:`ImageError` names the first
+    node and field that differ (rows that disagree between nodes, a chunk range that is not
+    the flow's, a missing contribution).  ``topology`` (a Topology) defaults to the set's
+    own spec, which must then be non-empty."""
+    images.validate()
+    if topology is None:
+        if not images.topology:
+            raise ImageError("image set names no topology")
+        try:
+            topology = parse_topology(images.topology)
+        except TopologyError as e:
+            raise ImageError(f"image set topology: {e}") from None
+    images.check_topology(topology)
+    layouts = {(im.table.layout.steps, im.table.layout.flows) for im in images}
+    if len(layouts) != 1:
+        raise ImageError(f"images disagree on (steps, flows): {sorted(layouts)}")
+    ((steps, flows),) = layouts
+    transfers = _row_transfers(images)
+    reduce_steps = max((t.step for t in transfers if t.op == Op.REDUCE), default=0)
+    try:
+        schedule = Schedule("image-set", topology, flows, transfers, reduce_steps,
+                            steps - reduce_steps, meta={"decoded_from": "image set"})
+    except ScheduleError as e:
+        raise ImageError(f"image set rows: {e}") from None
+    _check_canonical(images, schedule)
+    return schedule
+
+
+def _check_canonical(images: ImageSet, schedule: Schedule) -> None:
+    """Every image equals the compiler's image of ``schedule`` (rows, ORDER, layout)."""
+    elements = images.elements
+    want_layout = TableLayout.for_schedule(schedule, elements)
+    for u, (im, rows) in enumerate(zip(images, all_node_entries(schedule, elements))):
+        _require(im.table.layout == want_layout, u, f"field table layout {im.table.layout} "
+                 f"differs from the schedule's {want_layout}")
+        for i, (got, want) in enumerate(zip(im.table.entries, rows)):
+            _require(got == want, u, f"field table row {i} {got} is not the schedule's "
+                     f"{want} (rows of different nodes disagree)")
+        _require(len(im.table.entries) == len(rows), u, f"field table has "
+                 f"{len(im.table.entries)} rows, the schedule it encodes {len(rows)}")
+        want_order = order_entries(schedule, u)
+        _require(sorted(im.order) == want_order, u, f"field order ({len(im.order)} entries) "
+                 f"is not the schedule's ORDER table ({len(want_order)} entries)")

@@ -402,7 +402,9 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
         clock, reset: clock and (active-high, synchronous) reset port names; reset may
             be ``None`` for designs without one.
         opt: C++ optimisation level of the model's per-cycle code (Verilator's "fast"
-            files) and its runtime library.
+            files) and its runtime library; the environment variable ``TREENIC_COSIM_OPT``
+            overrides it (``-O0`` compiles a 16-NIC fabric several times faster on a
+            loaded machine, for runs of a few thousand cycles).
         opt_slow: optimisation level of the code that runs once (Verilator's "slow"
             files: constructors, initial values, reset settling); it costs nothing per
             cycle (``-O0`` here and ``no_inline`` on the NIC together took the ring:4
@@ -415,6 +417,7 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
             a waveform (clock low phase at 10*cycle, high at 10*cycle+5).
     """
     top = top or name
+    opt = os.environ.get("TREENIC_COSIM_OPT") or opt
     if isinstance(design, (str, Path)) and (isinstance(design, Path) or "\n" not in design):
         text = Path(design).read_text()
     elif isinstance(design, str):

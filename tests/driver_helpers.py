@@ -1,8 +1,11 @@
 """Helpers shared by the driver tests: one function per rank in threads (the in-process
-world), one raw host-protocol request, and the check of an ERROR reply."""
+world), one raw host-protocol request, the check of an ERROR reply, and a raw LOAD_CONFIG of
+a configuration image set."""
 import threading
+import zlib
 
 from treenic.driver import protocol as P
+from treenic.firmware.image import compile_images
 
 
 def run_threads(fn, world, timeout=30.0):
@@ -37,3 +40,14 @@ def expect_error(reply, code):
     got, text = P.decode_error(payload)
     assert got == code, (got, text)
     return text
+
+
+def image_set(schedule, elements=64):
+    """The bytes a rank sends with LOAD_CONFIG: the compiler's image set for ``elements``."""
+    return compile_images(None, schedule, elements).to_bytes()
+
+
+def load(sock, data, *, kind=P.IMAGE_SET, crc=None):
+    """Raw LOAD_CONFIG of ``data`` (an image set, or anything a test wants refused)."""
+    crc = zlib.crc32(data) if crc is None else crc
+    return req(sock, P.Msg.LOAD_CONFIG, P.LOAD_CONFIG.pack(kind, crc) + data)

@@ -9,7 +9,7 @@ import zlib
 import numpy as np
 import pytest
 import driver_helpers
-from driver_helpers import expect_error, req
+from driver_helpers import expect_error, image_set, load, req
 
 from treenic import algorithms
 from treenic.driver import (DriverError, FabricDisconnected, FabricError, FabricTimeout,
@@ -154,14 +154,14 @@ def test_server_rejects_bad_input_and_survives(server, schedules):
         # START before any config
         expect_error(req(c, P.Msg.START, P.START.pack(1, 0, 0, 0, 0.0, 0)),
                      P.ErrorCode.NOT_READY)
-        image = schedule_image(s)
-        expect_error(req(c, P.Msg.LOAD_CONFIG, P.LOAD_CONFIG.pack(1, 123) + image),
-                     P.ErrorCode.BAD_CONFIG)                       # wrong CRC
-        bad = b'{"format": "treenic-schedule", "version": 1}'
-        expect_error(req(c, P.Msg.LOAD_CONFIG, P.LOAD_CONFIG.pack(1, zlib.crc32(bad)) + bad),
-                     P.ErrorCode.BAD_CONFIG)
-        ack = req(c, P.Msg.LOAD_CONFIG, P.LOAD_CONFIG.pack(1, zlib.crc32(image)) + image)
+        image = image_set(s, 4)
+        expect_error(load(c, image, crc=123), P.ErrorCode.BAD_CONFIG)           # wrong CRC
+        assert "kind 2" in expect_error(load(c, schedule_image(s), kind=1),     # version 2's
+                                        P.ErrorCode.BAD_CONFIG)
+        expect_error(load(c, b"TNIS" + bytes(8)), P.ErrorCode.BAD_CONFIG)      # not a set
+        ack = load(c, image)
         assert ack[0] == P.Msg.CONFIG_ACK
+        assert P.CONFIG_ACK.unpack(ack[3]) == (zlib.crc32(image), WORLD, s.steps, 4)
         # wrong dtype, wrong sizes
         text = expect_error(req(c, P.Msg.WRITE_BUFFER, P.BUFFER.pack(1, 2, 0, 0, 4) + bytes(32)),
                             P.ErrorCode.UNSUPPORTED_DTYPE)
@@ -265,13 +265,14 @@ def test_server_stopped_mid_collective_times_out(schedules):
             with pytest.raises(FabricTimeout,
                                # the stop can land before or after START is answered
                                match=r"rank 1: .*within 1\.0s at collective #1 step "
-                                     r"(START|WRITE_BUFFER)"):
+                                     r"(START|WRITE_BUFFER|LOAD_CONFIG)"):
                 clients[1].allreduce(np.ones(64, np.float32))
         finally:
             os.kill(srv.pid, signal.SIGKILL)               # server killed
         srv.proc.wait(5)
         with pytest.raises(FabricDisconnected, match=r"rank 2: .*closed the connection at "
-                                                     r"collective #1 step (START|WRITE_BUFFER)"):
+                                                     r"collective #1 step "
+                                                     r"(START|WRITE_BUFFER|LOAD_CONFIG)"):
             clients[2].allreduce(np.ones(64, np.float32))
 
 
@@ -340,8 +341,10 @@ def test_rtl_engine_unavailable_is_explicit(schedules):
     srv = FabricServer(WORLD, "rtl")
     srv.start_thread()
     try:
-        with pytest.raises(RTLFabricUnavailable, match="rank 0: .*RTL fabric engine "
-                                                       "unavailable"):
-            open_nic("rtl", 0, WORLD, algorithm=s, **srv.endpoint, timeout=5)
+        # the image set is for the first collective's element count: loaded with it
+        with open_nic("rtl", 0, WORLD, algorithm=s, **srv.endpoint, timeout=5) as c, \
+                pytest.raises(RTLFabricUnavailable, match="rank 0: .*RTL fabric engine "
+                                                          "unavailable"):
+            c.allreduce(np.ones(8, np.float32))
     finally:
         srv.stop()

@@ -10,10 +10,12 @@ import zlib
 import numpy as np
 import pytest
 import driver_helpers
-from driver_helpers import expect_error, req
+from driver_helpers import expect_error, image_set, load, req
 
 from treenic import algorithms
-from treenic.driver import FabricError, open_nic, schedule_image
+from treenic.driver import FabricError, open_nic
+from treenic.firmware.image import ImageSet, compile_images
+from treenic.schedule.ir import Schedule
 from treenic.driver import protocol as P
 from treenic.driver.server import FabricServer
 from treenic.schedule.execute import execute
@@ -163,16 +165,17 @@ def test_server_survives_emfile_and_keeps_serving(tmp_path):
 
 # ---- defects 3, 6 and 4 (configuration): inline, bounded, checked, per rank ----------------
 
-def load(sock, image):
-    return req(sock, P.Msg.LOAD_CONFIG, P.LOAD_CONFIG.pack(1, zlib.crc32(image)) + image)
+def with_topology(schedule, spec, elements=64):
+    """The compiler's image set of ``schedule``, claiming to be for topology ``spec``."""
+    return ImageSet(compile_images(None, schedule, elements).images, spec).to_bytes()
 
 
-def with_topology(schedule, spec, **fields):
-    d = schedule.to_json()
-    d["topology"] = spec
-    d.update(fields)
-    import json
-    return json.dumps(d).encode()
+def with_transfers(schedule, transfers, elements=64):
+    """The compiler's image set of ``schedule`` cut down to ``transfers`` (every node's rows
+    agree: only the schedule checkers can tell it is partial)."""
+    part = Schedule(schedule.algorithm, schedule.topology, schedule.num_chunks, transfers,
+                    schedule.reduce_steps, schedule.gather_steps)
+    return image_set(part, elements)
 
 
 def hello_conn(server, rank):
@@ -200,7 +203,8 @@ def test_huge_topology_refused_before_building_and_hello_not_blocked(server, rin
     image = with_topology(ring4, "mesh:300x300")
     with hello_conn(server, 0) as c:
         t0 = time.monotonic()
-        c.sendall(P.encode(P.Msg.LOAD_CONFIG, P.LOAD_CONFIG.pack(1, zlib.crc32(image)) + image))
+        c.sendall(P.encode(P.Msg.LOAD_CONFIG,
+                           P.LOAD_CONFIG.pack(P.IMAGE_SET, zlib.crc32(image)) + image))
         with hello_conn(server, 1):                 # HELLO answered while LOAD_CONFIG runs
             assert time.monotonic() - t0 < 1.0
         text = expect_error(P.read_frame(c), P.ErrorCode.BAD_CONFIG)
@@ -211,13 +215,42 @@ def test_huge_topology_refused_before_building_and_hello_not_blocked(server, rin
 def test_config_with_empty_or_partial_schedule_refused(server, ring4):
     """An empty schedule used to be accepted: every rank got its own input back."""
     with hello_conn(server, 0) as c:
-        text = expect_error(load(c, with_topology(ring4, "ring:4", transfers=[])),
-                            P.ErrorCode.BAD_CONFIG)
+        text = expect_error(load(c, with_transfers(ring4, [])), P.ErrorCode.BAD_CONFIG)
         assert "checkers" in text and "postcondition" in text
-        d = ring4.to_json()
-        half = with_topology(ring4, "ring:4", transfers=d["transfers"][: len(d["transfers"]) // 2])
+        half = with_transfers(ring4, ring4.transfers[: len(ring4.transfers) // 2])
         expect_error(load(c, half), P.ErrorCode.BAD_CONFIG)
-        assert load(c, schedule_image(ring4))[0] == P.Msg.CONFIG_ACK
+        assert load(c, image_set(ring4))[0] == P.Msg.CONFIG_ACK
+
+
+def test_image_set_whose_nodes_disagree_refused(server, ring4):
+    """CRC-valid images that are not one schedule's (node 1 lost a REDUCE row that node 0's
+    rows send to it): the RTL would wait for ever, so the set is refused naming the node."""
+    ims = compile_images(None, ring4, 64)
+    table = ims[1].table
+    drop = next(i for i, e in enumerate(table.entries) if e.op.name == "REDUCE")
+    table.entries = table.entries[:drop] + table.entries[drop + 1:]
+    with hello_conn(server, 0) as c:
+        text = expect_error(load(c, ImageSet(ims.images, "ring:4").to_bytes()),
+                            P.ErrorCode.BAD_CONFIG)
+    assert "node 1" in text and "table" in text
+
+
+def test_oversized_image_set_refused_from_its_header(server):
+    """The declared LOAD_CONFIG length is held to the image set bound before any of its
+    bytes are received (the frame is refused on its 16 header bytes)."""
+    with hello_conn(server, 0) as c:
+        c.sendall(P.HEADER.pack(P.MAGIC, P.PROTOCOL_VERSION, P.Msg.LOAD_CONFIG, 0, 1,
+                                P.LOAD_CONFIG.size + P.MAX_IMAGE_SET_BYTES + 1))
+        text = expect_error(P.read_frame(c), P.ErrorCode.FRAME_TOO_LARGE)
+        assert "LOAD_CONFIG" in text
+
+
+def test_old_client_told_why(server, ring4):
+    """A version-2 client (schedule JSON in LOAD_CONFIG) learns that version 3 ships the
+    image set."""
+    with conn(server) as c:
+        text = expect_error(req(c, P.Msg.HELLO, b"", version=2), P.ErrorCode.VERSION_MISMATCH)
+    assert "version 2" in text and "image set" in text
 
 
 def test_ranks_with_different_configs_get_config_mismatch(server):
@@ -232,7 +265,7 @@ def test_ranks_with_different_configs_get_config_mismatch(server):
     t0 = time.monotonic()
     _, errs = run_threads(rank)
     assert time.monotonic() - t0 < 5
-    ids = [zlib.crc32(schedule_image(s)) for s in (ring, tree)]
+    ids = [zlib.crc32(image_set(s, 64)) for s in (ring, tree)]
     for e in errs:
         assert isinstance(e, FabricError) and e.code == "CONFIG_MISMATCH", e
         assert f"rank 2: {ids[1]:#010x}" in str(e) and f"rank 0: {ids[0]:#010x}" in str(e)
@@ -257,7 +290,7 @@ def test_client_verifies_config_id(ring4):
     t.start()
     client = NICClient(lsock.getsockname(), 0, WORLD, timeout=5, secret=P.new_secret())
     with pytest.raises(FabricError, match="acknowledged config 0x00001234") as e:
-        client.load_config(schedule_image(ring4))
+        client.load_config(image_set(ring4))
     assert e.value.code == "CONFIG_MISMATCH"
     client.sock.close()
     lsock.close()
@@ -307,7 +340,7 @@ def test_rank_needs_the_secret(server, ring4, monkeypatch):
 def test_refused_start_keeps_the_staged_buffer(server, ring4):
     g = np.random.default_rng(7).standard_normal((WORLD, 50)).astype(np.float32)
     with hello_conn(server, 0) as c:
-        assert load(c, schedule_image(ring4))[0] == P.Msg.CONFIG_ACK
+        assert load(c, image_set(ring4, 50))[0] == P.Msg.CONFIG_ACK
         raw = g[0].astype("<f4").tobytes()
         assert req(c, P.Msg.WRITE_BUFFER, P.BUFFER.pack(1, 1, 0, 0, 50) + raw)[0] == \
             P.Msg.WRITE_ACK

@@ -5,7 +5,6 @@ buffers of every size and dtype, bad STARTs, ABORTs, corrupted and garbage frame
 full collectives of all four ranks); a model of the server predicts every reply. The server
 must answer each request as the model says, never die, and keep serving. Bounded: a fixed
 number of examples and steps (about 20 s here)."""
-import json
 import socket
 import threading
 import time
@@ -16,18 +15,23 @@ from hypothesis import HealthCheck, event, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from treenic import algorithms
-from treenic.driver import schedule_image
 from treenic.driver import protocol as P
 from treenic.driver.server import FabricServer
+from treenic.firmware.image import ImageSet, compile_images
 from treenic.schedule.execute import execute
+from treenic.schedule.ir import Schedule
 
 WORLD = 4
-SCHEDULES = [algorithms.build("ring", "ring:4"), algorithms.build("multitree", "ring:4")]
-IMAGES = [schedule_image(s) for s in SCHEDULES]
-_bad = json.loads(IMAGES[0])
-BAD_IMAGES = [b"{not json", json.dumps(dict(_bad, transfers=[])).encode(),
-              json.dumps(dict(_bad, topology="file:/etc/passwd")).encode(),
-              json.dumps(dict(_bad, topology="mesh:900x900")).encode()]
+#: (schedule, element count) of each valid image set; a collective runs the loaded count
+CONFIGS = [(algorithms.build("ring", "ring:4"), 12), (algorithms.build("multitree", "ring:4"), 12),
+           (algorithms.build("ring", "ring:4"), 30)]
+IMAGES = [compile_images(None, s, e).to_bytes() for s, e in CONFIGS]
+_ring = CONFIGS[0][0]
+_empty = Schedule("ring", _ring.topology, _ring.num_chunks, [], _ring.reduce_steps,
+                  _ring.gather_steps)
+BAD_IMAGES = [b"TNIS not an image set", compile_images(None, _empty, 12).to_bytes(),
+              ImageSet(compile_images(None, _ring, 12).images, "file:/etc/passwd").to_bytes(),
+              ImageSet(compile_images(None, _ring, 12).images, "mesh:900x900").to_bytes()]
 MAX_CLIENTS = 6
 
 
@@ -141,7 +145,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         c = self.pick(i)
         image = (IMAGES + BAD_IMAGES)[which]
         crc = zlib.crc32(image) ^ (1 if corrupt_crc else 0)
-        reply = c.request(P.Msg.LOAD_CONFIG, P.LOAD_CONFIG.pack(1, crc) + image)
+        reply = c.request(P.Msg.LOAD_CONFIG, P.LOAD_CONFIG.pack(P.IMAGE_SET, crc) + image)
         if c.rank is None:
             assert error_code(reply) == P.ErrorCode.NOT_READY
         elif corrupt_crc or which >= len(IMAGES):
@@ -234,12 +238,14 @@ class ProtocolMachine(RuleBasedStateMachine):
                                     and c.config}) == WORLD
                   and len({c.config for c in self.clients if c.rank is not None}) == 1
                   and all(len(c.staged) < 4 for c in self.clients))
-    @rule(n=st.integers(1, 50), data=st.data())
-    def collective(self, n, data):
-        """All four ranks run one dense collective; every result is the golden executor's."""
+    @rule(data=st.data())
+    def collective(self, data):
+        """All four ranks run one dense collective of the loaded image set's element count;
+        every result is the golden executor's on the schedule the set was compiled from."""
         self.collective_seq += 1
         seq = self.collective_seq
         ranks = {c.rank: c for c in self.clients if c.rank is not None}
+        sched, n = CONFIGS[[zlib.crc32(i) for i in IMAGES].index(ranks[0].config)]
         g = np.asarray(data.draw(st.lists(st.floats(-1e3, 1e3, width=32), min_size=WORLD * n,
                                           max_size=WORLD * n)), np.float32).reshape(WORLD, n)
         out = [None] * WORLD
@@ -259,7 +265,6 @@ class ProtocolMachine(RuleBasedStateMachine):
         for t in ts:
             t.join(10)
         event("collective ran")
-        sched = SCHEDULES[[zlib.crc32(i) for i in IMAGES].index(ranks[0].config)]
         want = execute(sched, g)
         for r in range(WORLD):
             assert out[r] is not None and np.array_equal(out[r].view(np.uint32),

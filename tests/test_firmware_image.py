@@ -245,3 +245,57 @@ def test_host_loader_rejects_a_bad_image_before_any_write():
         sent.extend(host_writes(params, blobs))
     assert sent == []
     assert len(host_writes(params, images)) == 16
+
+
+# ---- decode_schedule: the schedule a set's rows describe (what the golden engine runs) ----
+
+@pytest.mark.parametrize("spec, alg", [("ring:4", "ring"), ("torus:4x4", "multitree"),
+                                       ("torus:4x4", "dbtree"), ("ring:8", "halving-doubling"),
+                                       ("torus:4x4", "ring2d"), ("fattree:4", "multitree")])
+@pytest.mark.parametrize("elements", [0, 7, 257])
+def test_decoded_schedule_executes_bit_identically(spec, alg, elements):
+    """Encode, serialize, decode, read the schedule back: the golden executor on it gives
+    the compiled schedule's bits (non-neighbour senders and switch networks included)."""
+    import numpy as np
+    from treenic.firmware.image import decode_schedule
+    from treenic.schedule.execute import execute
+    s = build(alg, spec)
+    decoded = decode_schedule(ImageSet.from_bytes(compile_images(None, s, elements).to_bytes()))
+    assert (decoded.n, decoded.steps, decoded.num_chunks) == (s.n, s.steps, s.num_chunks)
+    g = np.random.default_rng(elements).standard_normal((s.n, elements)).astype(np.float32)
+    assert np.array_equal(execute(decoded, g).view(np.uint32), execute(s, g).view(np.uint32))
+
+
+def test_decoded_schedule_refuses_sets_that_are_not_one_schedule():
+    """Each node valid on its own, but the rows do not describe one schedule: named."""
+    from treenic.firmware.image import decode_schedule
+    from treenic.schedule.table import Entry
+    s = build("multitree", "ring:4")
+    ims = compile_images(None, s, 64)
+    with pytest.raises(ImageError, match="names no topology"):
+        decode_schedule(ImageSet(ims.images, ""))
+    rows = ims[2].table.entries
+    i = next(k for k, e in enumerate(rows) if e.op == Op.REDUCE and e.parent is not None)
+    e = rows[i]
+    rows[i] = Entry(e.op, e.flow, e.step, e.parent, e.children, e.parent_port,
+                    e.child_ports, e.start, e.size + 1)             # range not the flow's
+    with pytest.raises(ImageError, match=r"node \d+: field table"):
+        decode_schedule(ImageSet(ims.images, "ring:4"))
+    ims = compile_images(None, s, 64)
+    ims[3].order = ims[3].order[1:]                                  # one ORDER entry lost
+    with pytest.raises(ImageError, match="node 3: field order"):
+        decode_schedule(ImageSet(ims.images, "ring:4"))
+
+
+def test_nic_model_consumes_the_decoded_images():
+    """hdl.nic.model.expected_buffers reads the image bytes the RTL loads."""
+    import numpy as np
+    from treenic.hdl.nic.model import expected_buffers
+    from treenic.schedule.execute import execute
+    s = build("multitree", "torus:4x4")
+    data = compile_images(None, s, 100).to_bytes()
+    g = np.random.default_rng(5).standard_normal((16, 100)).astype(np.float32)
+    assert np.array_equal(expected_buffers(data, g).view(np.uint32),
+                          execute(s, g).view(np.uint32))
+    with pytest.raises(ImageError, match="CRC"):
+        expected_buffers(data[:-1] + bytes([data[-1] ^ 1]), g)

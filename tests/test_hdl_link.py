@@ -5,6 +5,7 @@ import gc
 import random
 import traceback
 
+import numpy as np
 import pytest
 from amaranth.hdl import Module
 from amaranth.lib import wiring
@@ -14,7 +15,7 @@ from treenic.hdl.link import model
 from treenic.hdl.link.flit import ErrorCause, FlitFormat, FlitType
 from treenic.hdl.link.packetiser import Packetiser
 from treenic.hdl.link.depacketiser import Depacketiser
-from treenic.hdl.link.link import LinkChannel, lfsr16_next
+from treenic.hdl.link.link import LinkChannel, lfsr16_next, stall_pattern
 from treenic.schedule.ir import Op as IrOp
 
 FMT = FlitFormat()
@@ -234,6 +235,28 @@ def test_lfsr_model_and_link_params():
     assert len(seen) == 1000                    # no short cycle
     with pytest.raises(ValueError):
         LinkChannel(FMT, latency=0)
+
+
+@pytest.mark.parametrize("seed,stall", [(0xACE1, 30), (7 * 7919 + 132, 60), (1, 200)])
+def test_stall_pattern_equals_rtl(seed, stall):
+    """The golden stall enable (what the network model replays) is the RTL's, cycle by
+    cycle from reset: the link's stall counter equals the pattern's running sum."""
+    lk = LinkChannel(FMT, stall=stall, seed=seed)
+    n = 300
+    want = np.cumsum(stall_pattern(seed, stall, 0, n))
+    got = []
+
+    async def tb(ctx):
+        for _ in range(n):
+            await ctx.tick()
+            got.append(ctx.get(lk.stalls))
+
+    run_sim(lk, [tb], n + 10)
+    assert got == want.tolist()
+    # the pattern after k steps is the tail of the pattern from 0 (one LFSR sequence)
+    assert (stall_pattern(seed, stall, 17, 50) == stall_pattern(seed, stall, 0, 67)[17:]).all()
+    with pytest.raises(ValueError, match="stall"):
+        stall_pattern(seed, 257, 0, 1)
 
 
 # ------------------------------------------------------------------------ RTL helpers

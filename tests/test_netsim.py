@@ -168,6 +168,43 @@ def test_model_within_5_percent_of_recorded_rtl_cycles():
         assert abs(v["error"]) <= bound, v
 
 
+def _replay(stall, steps=0, spec="torus:4x4", elements=400):
+    from treenic.netsim.stalls import fabric_stalls
+    s = build("multitree", spec)
+    timing = RTL.with_(link_latency_cycles=1, credits=8)
+    st = fabric_stalls(s.topology, ports=s.topology.max_ports(), seed=7, stall=stall,
+                       lfsr_steps_at_start=steps, latency=1, credits=8,
+                       credit_return=timing.credit_return)
+    return simulate(s, elements, timing, stalls=st), simulate(s, elements, timing,
+                                                              engine="event")
+
+
+def test_stall_replay_without_stalls_is_the_message_model():
+    """Flit by flit through the credit loop with no stalled cycle, a link that keeps up
+    with its round trip (8 credits, 1-cycle links) gives the message-level times."""
+    replay, plain = _replay(0)
+    assert replay.cycles == plain.cycles
+    assert replay.step_cycles_node0 == plain.step_cycles_node0
+
+
+def test_stall_replay_costs_the_stalled_cycles():
+    """More stalled cycles cost more; a different LFSR start is a different sample; a
+    replayed schedule and a mean rate together are refused."""
+    light, plain = _replay(30)
+    heavy, _ = _replay(120)
+    other, _ = _replay(30, steps=12345)
+    assert plain.cycles < light.cycles < heavy.cycles
+    assert other.cycles != light.cycles
+    from treenic.netsim.stalls import fabric_stalls
+    s = build("ring", "ring:4")
+    st = fabric_stalls(s.topology, ports=2, seed=1, stall=8, lfsr_steps_at_start=0,
+                       latency=1, credits=8, credit_return=6)
+    with pytest.raises(NetsimError, match="not both"):
+        simulate(s, 100, RTL.with_(stall=8), stalls=st)
+    with pytest.raises(NetsimError, match="sweep"):
+        simulate(s, 100, RTL, stalls=st, engine="sweep")
+
+
 def test_dnn_layer_shapes_give_published_parameter_counts():
     from treenic.netsim.paper import DNN_MODELS
     assert sum(DNN_MODELS["AlexNet"]()) == 61_100_840        # torchvision alexnet

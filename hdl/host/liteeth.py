@@ -58,22 +58,25 @@ def core_config(*, ip: str, mac: int, clk_freq: float = ETH_CLOCK_HZ,
             "data_width": 32, "udp_ports": {"raw": {"data_width": 32, "mode": "raw"}}}
 
 
-def generate(out_dir: Path, config: dict) -> Path:
+def generate(out_dir: Path, config: dict, *, name: str = "liteeth_core") -> Path:
     """Run ``liteeth_gen`` for *config* into *out_dir* (skipped when the same config was
-    generated there already); returns the path of ``liteeth_core.v``."""
+    generated there already); returns the path of ``<name>.v`` (module *name*)."""
     import yaml
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     text = yaml.safe_dump(config, sort_keys=True)
+    if name != "liteeth_core":                     # (keeps existing caches valid)
+        text += f"# module {name}\n"
     yml = out_dir / "core.yml"
-    verilog = out_dir / "gateware" / "liteeth_core.v"
+    verilog = out_dir / "gateware" / f"{name}.v"
     stamp = out_dir / "core.sha1"
     digest = hashlib.sha1(text.encode()).hexdigest()
     if verilog.is_file() and stamp.is_file() and stamp.read_text() == digest:
         return verilog
     yml.write_text(text)
-    r = subprocess.run([sys.executable, "-m", "liteeth.gen", "--output-dir", ".", "core.yml"],
+    r = subprocess.run([sys.executable, "-m", "liteeth.gen", "--output-dir", ".", "--name",
+                        name, "core.yml"],
                        cwd=out_dir, capture_output=True, text=True)
     if r.returncode != 0 or not verilog.is_file():
         raise RuntimeError(f"liteeth_gen failed in {out_dir}:\n{r.stdout[-2000:]}\n"
@@ -97,9 +100,14 @@ class LiteEthHost(wiring.Component):
     Parameters
     ----------
     verilog : Path
-        ``liteeth_core.v`` from :func:`generate` (added to the platform's build).
+        The core's Verilog from :func:`generate` (added to the platform's build).
     port : int
         The board's UDP port.
+    module : str
+        The core's module name (``generate(..., name=)``; two cores need two names).
+    resource : int
+        Which ``eth_rgmii`` resource the core drives on a board.  A resource without
+        ``rst``/``mdc``/``mdio`` (a second PHY sharing them with the first) is fine.
 
     Members
     -------
@@ -114,10 +122,12 @@ class LiteEthHost(wiring.Component):
     The ``eth`` domain (the core's 75 MHz clock) must be provided by the board top.
     """
 
-    def __init__(self, *, verilog, port: int = UDP_PORT):
+    def __init__(self, *, verilog, port: int = UDP_PORT, module: str = "liteeth_core",
+                 resource: int = 0):
         if not 0 < port < 65536:
             raise ValueError(f"UDP port must be 1..65535, not {port}")
         self.verilog, self.port = Path(verilog), port
+        self.module, self.resource = module, resource
         layout = datagram_layout()
         super().__init__({"rx": Out(stream.Signature(layout)),
                           "tx": In(stream.Signature(layout)),
@@ -157,9 +167,9 @@ class LiteEthHost(wiring.Component):
         for name, s in src.items():
             ports[("i_" if name == "ready" else "o_") + f"raw_source_{name}"] = s
         ports.update(self._pins(m, platform))
-        m.submodules.core = Instance("liteeth_core", **ports)
+        m.submodules.core = Instance(self.module, **ports)
         if platform is not None:
-            platform.add_file("liteeth_core.v", self.verilog.read_text())
+            platform.add_file(f"{self.module}.v", self.verilog.read_text())
         return m
 
     def _pins(self, m, platform) -> dict:
@@ -170,11 +180,16 @@ class LiteEthHost(wiring.Component):
                         i_rgmii_rx_ctl=r.rx_ctl, i_rgmii_rx_data=r.rx_data,
                         o_rgmii_rst_n=r.rst_n, o_rgmii_mdc=Signal(name="mdc"),
                         i_rgmii_mdio=Const(1), i_rgmii_int_n=Const(1))
-        p = platform.request("eth_rgmii", 0, dir="-")
+        p = platform.request("eth_rgmii", self.resource, dir="-")
         ctl = "ctrl" if hasattr(p, "tx_ctrl") else "ctl"       # ECPIX-5 vs Colorlight names
         # raw pad ports (.io): the PHY reset pin is active low on the pad, as rst_n is
-        return dict(o_rgmii_clocks_tx=p.tx_clk.io, o_rgmii_tx_ctl=getattr(p, f"tx_{ctl}").io,
+        pins = dict(o_rgmii_clocks_tx=p.tx_clk.io, o_rgmii_tx_ctl=getattr(p, f"tx_{ctl}").io,
                     o_rgmii_tx_data=p.tx_data.io, i_rgmii_clocks_rx=p.rx_clk.io,
                     i_rgmii_rx_ctl=getattr(p, f"rx_{ctl}").io, i_rgmii_rx_data=p.rx_data.io,
-                    o_rgmii_rst_n=p.rst.io, o_rgmii_mdc=p.mdc.io, i_rgmii_mdio=p.mdio.io,
                     i_rgmii_int_n=Const(1))
+        if hasattr(p, "rst"):                  # else shared with (and driven by) another core
+            pins.update(o_rgmii_rst_n=p.rst.io, o_rgmii_mdc=p.mdc.io, i_rgmii_mdio=p.mdio.io)
+        else:
+            pins.update(o_rgmii_rst_n=Signal(name="rst_n_shared"),
+                        o_rgmii_mdc=Signal(name="mdc_shared"), i_rgmii_mdio=Const(1))
+        return pins

@@ -15,12 +15,21 @@ Receive path::
   below count as if they used room), so the pop is a few gates away from registers.  A
   head flit's own checks (flow, op, length) are made on the input FIFO's output register
   and registered with the flit.
-* **Check** (one cycle, never stalls): the popped flit is checked against its VC's context,
-  which it updates, and written into the buffer; all of it is enabled by the register's
-  valid bit, not by a decision of the same cycle.
-* **Commit register**: a fragment's header and length are registered, then written into
-  the hdr / len FIFOs (room was reserved at the pop).  A fragment reaches the FIFOs two
-  cycles after the pop of its last flit.
+* **Check** (:class:`FragmentCheck`, one cycle, never stalls): the popped flit is checked
+  against its VC's context, which it updates; all of it is enabled by the register's valid
+  bit, not by a decision of the same cycle.
+* **Commit** (:class:`FragmentCommit`): the flit is written into the buffer; a fragment's
+  header and length are registered, then written into the hdr / len FIFOs (room was
+  reserved at the pop).  A fragment reaches the FIFOs two cycles after the pop of its last
+  flit.
+
+Components, in flit order: :class:`FlitInput` (input FIFOs, head checks, arbiter, check
+register), :class:`FragmentCheck`, :class:`FragmentCommit`, :class:`FragmentReader`
+(committed fragments out), :class:`DepacketiserStatusCounters`; :class:`Depacketiser` joins
+them with the fragment buffer, the descriptor FIFOs and the pop flags.  Each stage has a
+golden function in :mod:`treenic.hdl.link.model` (:func:`~treenic.hdl.link.model.check_flit`,
+:func:`~treenic.hdl.link.model.commit_stage`, and :func:`~treenic.hdl.link.model.depacketise`
+for the whole).
 * One message context per VC (IDLE / ACTIVE / DISCARD, header, words left, words in and
   offset of the open fragment) and one buffer region per VC, so the arbiter may switch VC
   on every flit: flits of different VCs interleave freely and a VC stuck mid-message (e.g.
@@ -49,19 +58,20 @@ from .flit import ErrorCause, FlitFormat, FlitType, LinkSignature, N_CAUSES, Op
 from .model import DEFAULT_SUB_WORDS
 
 __all__ = ["Depacketiser", "DepacketiserStatusSignature", "DepacketiserStatusCounters",
-           "FragmentReader", "FlitInput"]
+           "FragmentReader", "FlitInput", "FragmentCheck", "FragmentCommit", "DECISION",
+           "CHECK_ERRORS", "HEAD_CHECKS"]
 
 IDLE, ACTIVE, DISCARD = 0, 1, 2
 
-#: signals the receive stages share (built in ``elaborate``)
-_SHARED = frozenset([
-    'fmt', 'W', 'V', 'rx', 'D', 'abits', 'wp', 'rp', 'wptr', 'cptr', 'rptr', 'fragw',
-    'hdr_fifo', 'len_fifo', 'f_v', 'f_vc', 'f', 'chk_layout', 'f_chk', 'cq_hv', 'cq_lv',
-    'cq_hd', 'cq_len', 'in_chk'])
-#: what the check stage hands the actions
-_CHECKED = frozenset([
-    't', 'd', 'is_head', 'is_tailtype', 'is_ht', 'is_subtail', 'ph', 'frag_len', 'exp',
-    'c_st', 'c_hd', 'c_fo', 'n_st'])
+#: the check stage's decision on the flit it holds
+DECISION = data.StructLayout({
+    "accept": 1,      # the flit is used (else dropped)
+    "write": 1,       # an accepted payload flit: it stays in the buffer
+    "rollback": 1,    # the open fragment is dropped
+    "commit": 1,      # the flit completes a fragment
+})
+#: the errors the check stage raises for the flit it holds
+CHECK_ERRORS = data.StructLayout({"orphan": 1, "seq": 1, "flow": 1, "op": 1, "length": 1})
 
 
 class DepacketiserStatusSignature(wiring.Signature):
@@ -88,7 +98,7 @@ class DepacketiserStatusCounters(wiring.Component):
 
     Members
     -------
-    events : ``In(StructLayout(orphan, seq, flow, op, length))``
+    events : ``In(CHECK_ERRORS)``
         The check stage's error decisions for the flit it holds.
     check_valid : ``In(1)``
         The check stage holds a flit (the events and ``accepted``/``committed`` count only
@@ -102,8 +112,7 @@ class DepacketiserStatusCounters(wiring.Component):
 
     def __init__(self):
         super().__init__({
-            "events": In(data.StructLayout({"orphan": 1, "seq": 1, "flow": 1, "op": 1,
-                                            "length": 1})),
+            "events": In(CHECK_ERRORS),
             "check_valid": In(1), "overflow": In(1), "accepted": In(1), "committed": In(1),
             "status": Out(DepacketiserStatusSignature())})
 
@@ -364,175 +373,78 @@ class FlitInput(wiring.Component):
         m.d.sync += [f_v.eq(pop), f_vc.eq(sel), f.eq(cur), f_chk.eq(cur_chk)]
 
 
-class Depacketiser(wiring.Component):
-    """Flit stream -> fragments.
+class FragmentCheck(wiring.Component):
+    """Check stage of the depacketiser: the held flit against its VC's message context.
 
-    Ports:
-        rx: ``In(LinkSignature(fmt))`` -- flits in, credits out (one per popped flit).
-        hdr: ``Out(stream.Signature(fmt.header))`` -- one per fragment: ``vc``,
-            ``packet`` (came as normal packets), ``last`` (ends the message), route fields,
-            ``flow, op, step``, ``offset`` of the fragment's first word, ``length`` (words).
-        data: ``Out(stream.Signature(fmt.out_beat))`` -- ``ceil(length/lanes)`` beats per
-            fragment (``last`` on the final one; none for a zero-length fragment).
-        flow_enable: ``In(fmt.flows)`` -- bit f set: flow f is known.
-        status: ``Out(DepacketiserStatusSignature())``.
+    One context per VC: state (IDLE / ACTIVE / DISCARD), message header, words left, words
+    in and offset of the open fragment, and two flags kept ahead in registers so that no
+    subtract/compare sits between the context and the decision (a timing path): ``lastf``
+    (the next payload flit is the message's last) and ``subtf`` (it ends a sub-packet).
+    Every held flit updates its VC's context at the clock edge (the enable is the check
+    register's valid bit, not a decision of the same cycle).  The decision, the errors and
+    the header and length of the fragment the flit would commit are combinational from
+    registers only (the held flit and the contexts); they are meaningful while
+    ``held_valid``.  Semantics: the golden :func:`treenic.hdl.link.model.check_flit`.
 
-    Args:
-        sub_words: sub-packet length (words) the sender uses (message mode).
-        credits: input buffer depth per VC (the sender's initial credits).
-        buf_flits: fragment buffer region per VC (flits, power of 2, >= the largest
-            fragment); default twice the largest fragment.
-        desc_depth: hdr / len FIFO depth (>= 2).  The pop reserves room for the commits
-            still in flight, so one fragment per cycle needs 7 (a distributed RAM holds
-            16 entries at the same cost).
+    Parameters
+    ----------
+    fmt : FlitFormat
+    sub_words : int
+        Sub-packet length (words) the sender uses in message mode.
+    length_bits : int
+        Width of a fragment length (no fragment is longer than ``2**length_bits - 1``).
+
+    Members
+    -------
+    held_valid : ``In(1)``
+        The check register holds a flit.
+    held_vc : ``In(fmt.vc_bits)``
+    held : ``In(fmt.flit)``
+    held_checks : ``In(HEAD_CHECKS)``
+        The held flit's head checks (made by :class:`FlitInput` before the arbiter).
+    decision : ``Out(DECISION)``
+        accept / write (an accepted payload flit) / rollback / commit.
+    errors : ``Out(CHECK_ERRORS)``
+    commit_header : ``Out(fmt.header)``
+        Header of the fragment the flit would commit (offset and length of the fragment,
+        ``last`` if it ends the message).
+    fragment_length : ``Out(length_bits)``
+        Words in the open fragment once the (payload) flit is in.
     """
 
-    def __init__(self, fmt: FlitFormat | None = None, *, sub_words: int = DEFAULT_SUB_WORDS,
-                 credits: int = 8, buf_flits: int | None = None, desc_depth: int = 8):
-        self.fmt = fmt = fmt or FlitFormat()
+    def __init__(self, fmt: FlitFormat, *, sub_words: int, length_bits: int):
         if sub_words <= 0 or sub_words % fmt.lanes:
             raise ValueError("sub_words must be a positive multiple of the words per flit")
-        self.sub_words = sub_words
-        self.credits = credits
-        self.max_frag = max(sub_words, fmt.max_packet_words)
-        need = self.max_frag // fmt.lanes
-        if buf_flits is None:
-            buf_flits = 1 << ceil_log2(2 * need)
-        if buf_flits < need or buf_flits & (buf_flits - 1):
-            raise ValueError(f"buf_flits must be a power of 2 >= {need}")
-        if desc_depth < 2:
-            raise ValueError("desc_depth must be >= 2")
-        self.buf_flits = buf_flits
-        self.desc_depth = desc_depth
+        if length_bits < 1:
+            raise ValueError(f"length_bits must be positive, not {length_bits}")
+        self.fmt, self.sub_words, self.length_bits = fmt, sub_words, length_bits
         super().__init__({
-            "rx": In(LinkSignature(fmt)),
-            "hdr": Out(stream.Signature(fmt.header)),
-            "data": Out(stream.Signature(fmt.out_beat)),
-            "flow_enable": In(fmt.flows),
-            "status": Out(DepacketiserStatusSignature()),
-        })
+            "held_valid": In(1), "held_vc": In(fmt.vc_bits), "held": In(fmt.flit),
+            "held_checks": In(HEAD_CHECKS),
+            "decision": Out(DECISION), "errors": Out(CHECK_ERRORS),
+            "commit_header": Out(fmt.header), "fragment_length": Out(length_bits)})
 
     def elaborate(self, platform):
         m = Module()
-        fmt = self.fmt
-        W = fmt.lanes
-        V = fmt.vcs
-        rx = self.rx
-
-        # ---------------------------------------------------------------- input side
-        m.submodules.input = inp = FlitInput(fmt, credits=self.credits)
-        wiring.connect(m, wiring.flipped(rx), inp.rx)
-        m.d.comb += inp.flow_enable.eq(self.flow_enable)
-        overflow = inp.overflow
-
-        # ---------------------------------------------------------------- fragment buffer
-        # one circular region of D flits per VC: speculative write pointer, committed end,
-        # read pointer
-        D = self.buf_flits
-        abits = ceil_log2(D)
-        m.submodules.buf = buf = memory.Memory(shape=fmt.width, depth=D * V, init=[])
-        wp = buf.write_port()
-        rp = buf.read_port()
-        wptr = [Signal(abits + 1, name=f"wptr{v}") for v in range(V)]
-        cptr = [Signal(abits + 1, name=f"cptr{v}") for v in range(V)]
-        rptr = [Signal(abits + 1, name=f"rptr{v}") for v in range(V)]
-
-        fragw = ceil_log2(self.max_frag + 1)
-        m.submodules.hdr_fifo = hdr_fifo = fifo.SyncFIFOBuffered(
-            width=fmt.header.size, depth=self.desc_depth)
-        m.submodules.len_fifo = len_fifo = fifo.SyncFIFOBuffered(
-            width=fragw + fmt.vc_bits, depth=self.desc_depth)
-        m.d.comb += [self.hdr.valid.eq(hdr_fifo.r_rdy),
-                     self.hdr.payload.eq(hdr_fifo.r_data),
-                     hdr_fifo.r_en.eq(self.hdr.ready)]
-
-        # ---------------------------------------------------------------- stage registers
-        # check stage: the popped flit, its VC (``f_v``: valid) and its head checks,
-        # registered in the input side
-        f_v, f_vc, f, f_chk = inp.held_valid, inp.held_vc, inp.held, inp.held_checks
-        chk_layout = HEAD_CHECKS
-        # commit register: a fragment's header and length, written into the FIFOs next
-        cq_hv = Signal()              # write the hdr FIFO
-        cq_lv = Signal()              # write the len FIFO (a commit with words)
-        cq_hd = Signal(fmt.header)
-        cq_len = Signal(fragw + fmt.vc_bits)
-        # the check stage holds a flit of VC v
+        V, f_v, f_vc = self.fmt.vcs, self.held_valid, self.held_vc
+        # the check register holds a flit of VC v
         in_chk = [f_v if V == 1 else f_v & (f_vc == v) for v in range(V)]
-
-        here = locals()
-        s = SimpleNamespace(**{n: here[n] for n in _SHARED})
-        ok_idle, ok_same, ok_other = self._pop_flags(m, s)
-        m.d.comb += [inp.room_idle.eq(ok_idle), inp.room_same.eq(ok_same),
-                     inp.room_other.eq(ok_other)]
-        x = self._check_stage(m, s)
-        e_orphan, e_seq, e_flow, e_op, e_len, accept, commit = self._actions(m, s, x)
-        self._read_side(m, s)
-        self._status(m, s, overflow, (e_orphan, e_seq, e_flow, e_op, e_len), accept, commit)
+        x = self._context(m, in_chk)
+        self._decide(m, x)
+        self._commit_header(m, x)
         return m
 
-    def _pop_flags(self, m, s):
-        """Per VC: may the arbiter pop a flit (registered a cycle ahead)."""
-        (V, D, abits, wptr, rptr, hdr_fifo, len_fifo, cq_hv, cq_lv, f_v, in_chk) = (
-         s.V, s.D, s.abits, s.wptr, s.rptr, s.hdr_fifo, s.len_fifo, s.cq_hv,
-         s.cq_lv, s.f_v, s.in_chk)
-        # ---------------------------------------------------------------- pop flags
-        # Registered a cycle ahead, so that no subtract/compare of pointers or FIFO levels
-        # sits between them and the pop (a timing path).  A flit popped next cycle writes
-        # its buffer slot the cycle after, and its commit reaches the FIFOs one later.
-        # Bounds on what it will find, from this cycle's registers:
-        # * its VC's region holds <= wptr - rptr + the flit checked now (if of that VC) +
-        #   the flit popped now (if of that VC; it is checked next cycle);
-        # * a FIFO holds <= level + the commit register + the flit checked now + the flit
-        #   popped now (each may commit once).
-        # The flit popped now is not known yet: one flag per case, picked next cycle by
-        # what the check register then holds (``ok_idle``: nothing, ``ok_same``: a flit of
-        # this VC, ``ok_other``: one of another VC).  Reads only free room and rollbacks
-        # only move wptr back, so the flags err on the safe side by at most the flits and
-        # commits in flight, and are exact once the stages are empty.
-        # (x + n < limit for the few n in flight: compares with constants, selected by the
-        # in-flight bits, rather than an adder in front of a compare)
-        def below(x, n, limit):
-            return x < limit - n if limit > n else Const(0)
-
-        def fits(x, extra, limit):          # x + sum(extra) < limit
-            return Cat(*(below(x, i, limit) for i in range(len(extra) + 1))).bit_select(
-                sum(extra), 1)
-
-        nd = self.desc_depth - 1      # entries the FIFOs' w_rdy counts (RAM part)
-        room0 = Signal()              # room for the commits in flight
-        room1 = Signal()              # ... and for one more
-        m.d.comb += [
-            room0.eq(fits(hdr_fifo.level, [cq_hv, f_v], nd) &
-                     fits(len_fifo.level, [cq_lv, f_v], nd)),
-            room1.eq(fits(hdr_fifo.level, [cq_hv, f_v, 1], nd) &
-                     fits(len_fifo.level, [cq_lv, f_v, 1], nd)),
-        ]
-        ok_idle = Signal(V)
-        ok_same = Signal(V)
-        ok_other = Signal(V)
-        for v in range(V):
-            occ = (wptr[v] - rptr[v])[:abits + 1]
-            m.d.sync += [ok_idle[v].eq(fits(occ, [in_chk[v]], D) & room0),
-                         ok_same[v].eq(fits(occ, [in_chk[v], 1], D) & room1)]
-            if V > 1:
-                m.d.sync += ok_other[v].eq(fits(occ, [in_chk[v]], D) & room1)
-
-        return ok_idle, ok_same, ok_other
-
-    def _check_stage(self, m, s):
-        """The checked flit's VC context, its decode and the context's next value."""
-        fmt, W, V, fragw, f, f_vc, f_chk, in_chk = \
-            s.fmt, s.W, s.V, s.fragw, s.f, s.f_vc, s.f_chk, s.in_chk
+    def _context(self, m, in_chk):
+        """The held flit's VC context, its decode and the context's next value."""
+        fmt, W, V, fragw = self.fmt, self.fmt.lanes, self.fmt.vcs, self.length_bits
+        f, f_vc, f_chk = self.held, self.held_vc, self.held_checks
         # ---------------------------------------------------------------- per-VC contexts
         st = [Signal(2, name=f"state{v}") for v in range(V)]
         pk = [Signal(name=f"pmode{v}") for v in range(V)]
         hd = [Signal(fmt.header, name=f"hdr{v}") for v in range(V)]
-        # words left in the message, words in the open fragment, the fragment's offset, and
-        # two flags kept ahead in registers so that no subtract/compare sits between the
-        # context and the accept/commit decision (a timing path): ``lastf`` = the next
-        # payload flit is the message's last (left <= W), ``subtf`` = it ends a sub-packet
-        # (in the fragment >= sub_words - W).  A fragment never exceeds max_frag words,
-        # so ``sub`` is only as wide as a fragment length.
+        # words left in the message, words in the open fragment, the fragment's offset and
+        # the two flags kept ahead.  A fragment never exceeds max_frag words, so ``sub`` is
+        # only as wide as a fragment length.
         rm = [Signal(fmt.length_bits, name=f"left{v}") for v in range(V)]
         sb = [Signal(fragw, name=f"sub{v}") for v in range(V)]
         OW = len(hd[0].offset)
@@ -590,7 +502,7 @@ class Depacketiser(wiring.Component):
         k = Signal(range(W + 1))
         m.d.comb += k.eq(Mux(last_flit, c_rm, W))
         # words in the fragment once this flit is in (a fragment fits ``fragw`` bits)
-        frag_len = Signal(fragw)
+        frag_len = self.fragment_length
         m.d.comb += frag_len.eq(c_sb + k)
         # ``subtf`` after a fragment starts, and after a W-word payload flit
         sub_tail_at_0 = Const(self.sub_words - W <= 0)
@@ -607,11 +519,11 @@ class Depacketiser(wiring.Component):
             m.d.comb += exp.eq(FlitType.SUB_BODY)
 
         # ---------------------------------------------------------------- next context
-        # Only the state depends on the checks.  Everything else is loaded by any head and
-        # advanced by any other flit: a context that is not ACTIVE is never read, and only
-        # a good head makes it ACTIVE (after reloading it), so the checks stay off these
-        # registers' paths.  (A payload flit that is not the message's last carries W
-        # words; a SUB_TAIL never is the last.)
+        # Only the state depends on the checks (:meth:`_decide`).  Everything else is
+        # loaded by any head and advanced by any other flit: a context that is not ACTIVE
+        # is never read, and only a good head makes it ACTIVE (after reloading it), so the
+        # checks stay off these registers' paths.  (A payload flit that is not the
+        # message's last carries W words; a SUB_TAIL never is the last.)
         with m.If(is_head):
             m.d.comb += [n_hd.eq(new_hd), n_rm.eq(new_hd.length), n_sb.eq(0),
                          n_fo.eq(new_hd.offset), n_lf.eq(f_chk.short),
@@ -625,115 +537,322 @@ class Depacketiser(wiring.Component):
             with m.If(is_subtail):
                 m.d.comb += n_fo.eq(c_fo + c_sb + W)
 
-        here = locals()
-        return SimpleNamespace(**{n: here[n] for n in _CHECKED})
+        return SimpleNamespace(t=t, is_head=is_head, is_tailtype=is_tailtype, is_ht=is_ht,
+                               is_subtail=is_subtail, ph=ph, exp=exp, c_st=c_st, c_hd=c_hd,
+                               c_fo=c_fo, n_st=n_st)
 
-    def _actions(self, m, s, x):
-        """Accept / drop, commit / rollback, the buffer pointers and the commit register."""
-        (fmt, V, abits, wptr, cptr, wp, hdr_fifo, len_fifo, f_v, f_vc, in_chk,
-         cq_hv, cq_lv, cq_hd, cq_len) = (
-         s.fmt, s.V, s.abits, s.wptr, s.cptr, s.wp, s.hdr_fifo, s.len_fifo, s.f_v,
-         s.f_vc, s.in_chk, s.cq_hv, s.cq_lv, s.cq_hd, s.cq_len)
-        (t, d, is_head, is_tailtype, is_ht, is_subtail, ph, frag_len, exp, c_st, c_hd, c_fo,
-         n_st) = (x.t, x.d, x.is_head, x.is_tailtype, x.is_ht, x.is_subtail, x.ph,
-                  x.frag_len, x.exp, x.c_st, x.c_hd, x.c_fo, x.n_st)
-        f_chk = s.f_chk
-        # ---------------------------------------------------------------- actions
-        e_orphan, e_seq, e_flow, e_op, e_len = (Signal(name=n) for n in
-                                                ("e_orphan", "e_seq", "e_flow", "e_op",
-                                                 "e_len"))
-        accept = Signal()
-        wr = Signal()
-        rollback = Signal()
-        commit = Signal()
-
-        with m.If(is_head):
+    def _decide(self, m, x):
+        """Accept / drop, commit / rollback, the errors and the VC's next state."""
+        f_chk, n_st, c_st = self.held_checks, x.n_st, x.c_st
+        e, dec = self.errors, self.decision
+        with m.If(x.is_head):
             with m.If(c_st == ACTIVE):
-                m.d.comb += [e_seq.eq(1), rollback.eq(1)]
-            m.d.comb += [e_flow.eq(f_chk.e_flow), e_op.eq(f_chk.e_op),
-                         e_len.eq(f_chk.e_len)]
+                m.d.comb += [e.seq.eq(1), dec.rollback.eq(1)]
+            m.d.comb += [e.flow.eq(f_chk.e_flow), e.op.eq(f_chk.e_op),
+                         e.length.eq(f_chk.e_len)]
             with m.If(f_chk.e_flow | f_chk.e_op | f_chk.e_len):
-                m.d.comb += n_st.eq(Mux(is_ht, IDLE, DISCARD))
+                m.d.comb += n_st.eq(Mux(x.is_ht, IDLE, DISCARD))
             with m.Else():
-                m.d.comb += accept.eq(1)
-                with m.If(is_ht):
-                    m.d.comb += [n_st.eq(IDLE), commit.eq(1)]
+                m.d.comb += dec.accept.eq(1)
+                with m.If(x.is_ht):
+                    m.d.comb += [n_st.eq(IDLE), dec.commit.eq(1)]
                 with m.Else():
                     m.d.comb += n_st.eq(ACTIVE)
         with m.Elif(c_st == IDLE):
-            m.d.comb += [e_orphan.eq(1), n_st.eq(Mux(is_tailtype, IDLE, DISCARD))]
+            m.d.comb += [e.orphan.eq(1), n_st.eq(Mux(x.is_tailtype, IDLE, DISCARD))]
         with m.Elif(c_st == DISCARD):
-            m.d.comb += n_st.eq(Mux(is_tailtype, IDLE, DISCARD))
+            m.d.comb += n_st.eq(Mux(x.is_tailtype, IDLE, DISCARD))
         with m.Else():  # ACTIVE, payload flit
-            with m.If(t == exp):
-                m.d.comb += [accept.eq(1), wr.eq(1)]
-                with m.If(is_tailtype | is_subtail):
-                    m.d.comb += commit.eq(1)
-                with m.If(is_tailtype):
+            with m.If(x.t == x.exp):
+                m.d.comb += [dec.accept.eq(1), dec.write.eq(1)]
+                with m.If(x.is_tailtype | x.is_subtail):
+                    m.d.comb += dec.commit.eq(1)
+                with m.If(x.is_tailtype):
                     m.d.comb += n_st.eq(IDLE)
             with m.Else():
-                m.d.comb += [e_seq.eq(1), rollback.eq(1),
-                             n_st.eq(Mux(is_tailtype, IDLE, DISCARD))]
+                m.d.comb += [e.seq.eq(1), dec.rollback.eq(1),
+                             n_st.eq(Mux(x.is_tailtype, IDLE, DISCARD))]
 
-        # buffer pointers.  The pop made sure that the slot at wptr is free, so every
-        # checked flit is written there (the write enable is a register); only an accepted
-        # payload flit moves wptr past it.
-        c_wptr = Signal(abits + 1)
-        for v in range(V):
-            with m.If(f_vc == v):
-                m.d.comb += c_wptr.eq(wptr[v])
-            with m.If(in_chk[v]):
-                with m.If(rollback):
-                    m.d.sync += wptr[v].eq(cptr[v])
-                with m.Elif(wr):
-                    m.d.sync += wptr[v].eq(wptr[v] + 1)
-                    with m.If(commit):
-                        m.d.sync += cptr[v].eq(wptr[v] + 1)
-        m.d.comb += [wp.addr.eq(Cat(c_wptr[:abits], f_vc)), wp.data.eq(d), wp.en.eq(f_v)]
-
-        # commit register: the header / length of the fragment this flit would commit
-        # (its data depend on the type alone: a HEAD_TAIL's own header, else the context's
-        # with the fragment's offset and length); the FIFOs are written from registers
-        commit_hd = Signal(fmt.header)
-        with m.If(is_ht):
+    def _commit_header(self, m, x):
+        """The header of the fragment this flit would commit.  Its data depend on the type
+        alone: a HEAD_TAIL's own header, else the context's with the fragment's offset and
+        length."""
+        commit_hd, ph = self.commit_header, x.ph
+        with m.If(x.is_ht):
             # (a good HEAD_TAIL has length 0)
             m.d.comb += [commit_hd.dest.eq(ph.dest), commit_hd.src.eq(ph.src),
                          commit_hd.flow.eq(ph.flow), commit_hd.op.eq(ph.op),
                          commit_hd.step.eq(ph.step), commit_hd.offset.eq(ph.offset),
                          commit_hd.packet.eq(1), commit_hd.last.eq(1)]
         with m.Else():
-            m.d.comb += [commit_hd.eq(c_hd), commit_hd.offset.eq(c_fo),
-                         commit_hd.length.eq(frag_len), commit_hd.last.eq(is_tailtype)]
-        m.d.comb += commit_hd.vc.eq(f_vc)
-        m.d.sync += [cq_hd.eq(commit_hd), cq_len.eq(Cat(frag_len, f_vc)),
-                     cq_hv.eq(f_v & commit),
+            m.d.comb += [commit_hd.eq(x.c_hd), commit_hd.offset.eq(x.c_fo),
+                         commit_hd.length.eq(self.fragment_length),
+                         commit_hd.last.eq(x.is_tailtype)]
+        m.d.comb += commit_hd.vc.eq(self.held_vc)
+
+
+class FragmentCommit(wiring.Component):
+    """Commit stage of the depacketiser: the fragment buffer's write side and the commit
+    register.
+
+    One circular region of ``2**region_bits`` flits per VC with a speculative write pointer
+    and a committed end.  The pop made sure the slot at the write pointer is free, so every
+    held flit is written there (the write enable is the check register's valid bit); only
+    an accepted payload flit moves the write pointer past it, a commit moves the committed
+    end with it, and a rollback moves the write pointer back to the committed end.  A
+    commit's header and length (with the VC) are registered, then written into the
+    descriptor FIFOs (room was reserved at the pop); a fragment without words queues no
+    length.  Semantics: the golden :func:`treenic.hdl.link.model.commit_stage`.
+
+    Parameters
+    ----------
+    fmt : FlitFormat
+    region_bits : int
+        log2 of a VC's buffer region (flits); the pointers carry one bit more.
+    length_bits : int
+        Width of a fragment length.
+
+    Members
+    -------
+    held_valid : ``In(1)``
+    held_vc : ``In(fmt.vc_bits)``
+    held_data : ``In(fmt.width)``
+        The held flit's data field.
+    decision : ``In(DECISION)``
+    commit_header : ``In(fmt.header)``
+    fragment_length : ``In(length_bits)``
+        From :class:`FragmentCheck`.
+    buf_addr, buf_data, buf_en : ``Out``
+        The fragment buffer's write port (address = VC, region pointer).
+    write_ptr : ``Out(region_bits + 1).array(fmt.vcs)``
+        Each region's write pointer (the pop's room check reads them).
+    header_valid, header : ``Out``
+        The commit register: write the header FIFO.
+    length_valid, length : ``Out``
+        The commit register: write the length FIFO (fragment length, then VC).
+    """
+
+    def __init__(self, fmt: FlitFormat, *, region_bits: int, length_bits: int):
+        if region_bits < 0 or length_bits < 1:
+            raise ValueError("region_bits must be >= 0 and length_bits positive")
+        self.fmt, self.region_bits, self.length_bits = fmt, region_bits, length_bits
+        super().__init__({
+            "held_valid": In(1), "held_vc": In(fmt.vc_bits), "held_data": In(fmt.width),
+            "decision": In(DECISION), "commit_header": In(fmt.header),
+            "fragment_length": In(length_bits),
+            "buf_addr": Out(region_bits + fmt.vc_bits), "buf_data": Out(fmt.width),
+            "buf_en": Out(1),
+            "write_ptr": Out(region_bits + 1).array(fmt.vcs),
+            "header_valid": Out(1), "header": Out(fmt.header),
+            "length_valid": Out(1), "length": Out(length_bits + fmt.vc_bits)})
+
+    def elaborate(self, platform):
+        m = Module()
+        V, abits = self.fmt.vcs, self.region_bits
+        f_v, f_vc, dec = self.held_valid, self.held_vc, self.decision
+        wptr = self.write_ptr
+        cptr = [Signal(abits + 1, name=f"cptr{v}") for v in range(V)]
+        in_chk = [f_v if V == 1 else f_v & (f_vc == v) for v in range(V)]
+        c_wptr = Signal(abits + 1)
+        for v in range(V):
+            with m.If(f_vc == v):
+                m.d.comb += c_wptr.eq(wptr[v])
+            with m.If(in_chk[v]):
+                with m.If(dec.rollback):
+                    m.d.sync += wptr[v].eq(cptr[v])
+                with m.Elif(dec.write):
+                    m.d.sync += wptr[v].eq(wptr[v] + 1)
+                    with m.If(dec.commit):
+                        m.d.sync += cptr[v].eq(wptr[v] + 1)
+        m.d.comb += [self.buf_addr.eq(Cat(c_wptr[:abits], f_vc)),
+                     self.buf_data.eq(self.held_data), self.buf_en.eq(f_v)]
+        # the commit register: the FIFOs are written from registers
+        m.d.sync += [self.header.eq(self.commit_header),
+                     self.length.eq(Cat(self.fragment_length, f_vc)),
+                     self.header_valid.eq(f_v & dec.commit),
                      # a payload commit has words (a message of length 0 is HEAD_TAIL)
-                     cq_lv.eq(f_v & commit & wr)]
-        m.d.comb += [hdr_fifo.w_data.eq(cq_hd), hdr_fifo.w_en.eq(cq_hv),
-                     len_fifo.w_data.eq(cq_len), len_fifo.w_en.eq(cq_lv)]
+                     self.length_valid.eq(f_v & dec.commit & dec.write)]
+        return m
 
-        return e_orphan, e_seq, e_flow, e_op, e_len, accept, commit
 
-    def _read_side(self, m, s):
-        """Committed fragments out of the buffer (:class:`FragmentReader`)."""
-        fmt, V, abits, fragw = s.fmt, s.V, s.abits, s.fragw
+class Depacketiser(wiring.Component):
+    """Flit stream -> checked fragments (see the module docstring for the stages).
+
+    Parameters
+    ----------
+    fmt : FlitFormat
+        Default ``FlitFormat()``.
+    sub_words : int
+        Sub-packet length (words) the sender uses (message mode).
+    credits : int
+        Input buffer depth per VC (the sender's initial credits).
+    buf_flits : int or None
+        Fragment buffer region per VC (flits, power of 2, >= the largest fragment);
+        default twice the largest fragment.
+    desc_depth : int
+        hdr / len FIFO depth (>= 2).  The pop reserves room for the commits still in
+        flight, so one fragment per cycle needs 7 (a distributed RAM holds 16 entries at
+        the same cost).
+
+    Members
+    -------
+    rx : ``In(LinkSignature(fmt))``
+        Flits in, credits out (one per popped flit).
+    hdr : ``Out(stream.Signature(fmt.header))``
+        One per fragment: ``vc``, ``packet`` (came as normal packets), ``last`` (ends the
+        message), route fields, ``flow, op, step``, ``offset`` of the fragment's first
+        word, ``length`` (words).
+    data : ``Out(stream.Signature(fmt.out_beat))``
+        ``ceil(length/lanes)`` beats per fragment (``last`` on the final one; none for a
+        zero-length fragment).
+    flow_enable : ``In(fmt.flows)``
+        Bit f set: flow f is known.
+    status : ``Out(DepacketiserStatusSignature())``
+    """
+
+    def __init__(self, fmt: FlitFormat | None = None, *, sub_words: int = DEFAULT_SUB_WORDS,
+                 credits: int = 8, buf_flits: int | None = None, desc_depth: int = 8):
+        self.fmt = fmt = fmt or FlitFormat()
+        if sub_words <= 0 or sub_words % fmt.lanes:
+            raise ValueError("sub_words must be a positive multiple of the words per flit")
+        self.sub_words = sub_words
+        self.credits = credits
+        self.max_frag = max(sub_words, fmt.max_packet_words)
+        need = self.max_frag // fmt.lanes
+        if buf_flits is None:
+            buf_flits = 1 << ceil_log2(2 * need)
+        if buf_flits < need or buf_flits & (buf_flits - 1):
+            raise ValueError(f"buf_flits must be a power of 2 >= {need}")
+        if desc_depth < 2:
+            raise ValueError("desc_depth must be >= 2")
+        self.buf_flits = buf_flits
+        self.desc_depth = desc_depth
+        super().__init__({
+            "rx": In(LinkSignature(fmt)),
+            "hdr": Out(stream.Signature(fmt.header)),
+            "data": Out(stream.Signature(fmt.out_beat)),
+            "flow_enable": In(fmt.flows),
+            "status": Out(DepacketiserStatusSignature()),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        fmt, V = self.fmt, self.fmt.vcs
+
+        # ---------------------------------------------------------------- input side
+        m.submodules.input = inp = FlitInput(fmt, credits=self.credits)
+        wiring.connect(m, wiring.flipped(self.rx), inp.rx)
+        m.d.comb += inp.flow_enable.eq(self.flow_enable)
+
+        # ---------------------------------------------------------------- fragment buffer
+        # one circular region of D flits per VC: speculative write pointer, committed end
+        # (FragmentCommit), read pointer (FragmentReader)
+        D = self.buf_flits
+        abits = ceil_log2(D)
+        m.submodules.buf = buf = memory.Memory(shape=fmt.width, depth=D * V, init=[])
+        wp = buf.write_port()
+        rp = buf.read_port()
+        fragw = ceil_log2(self.max_frag + 1)
+        m.submodules.hdr_fifo = hdr_fifo = fifo.SyncFIFOBuffered(
+            width=fmt.header.size, depth=self.desc_depth)
+        m.submodules.len_fifo = len_fifo = fifo.SyncFIFOBuffered(
+            width=fragw + fmt.vc_bits, depth=self.desc_depth)
+        m.d.comb += [self.hdr.valid.eq(hdr_fifo.r_rdy),
+                     self.hdr.payload.eq(hdr_fifo.r_data),
+                     hdr_fifo.r_en.eq(self.hdr.ready)]
+
+        # ---------------------------------------------------------------- check, commit
+        # the check register (the popped flit, its VC and head checks) is in the input
+        # side; the check stage decides, the commit stage writes the buffer and registers
+        # the commit (header, length) for the descriptor FIFOs
+        m.submodules.check = chk = FragmentCheck(fmt, sub_words=self.sub_words,
+                                                 length_bits=fragw)
+        m.submodules.commit = cmt = FragmentCommit(fmt, region_bits=abits, length_bits=fragw)
+        m.d.comb += [chk.held_valid.eq(inp.held_valid), chk.held_vc.eq(inp.held_vc),
+                     chk.held.eq(inp.held), chk.held_checks.eq(inp.held_checks),
+                     cmt.held_valid.eq(inp.held_valid), cmt.held_vc.eq(inp.held_vc),
+                     cmt.held_data.eq(inp.held.data), cmt.decision.eq(chk.decision),
+                     cmt.commit_header.eq(chk.commit_header),
+                     cmt.fragment_length.eq(chk.fragment_length),
+                     wp.addr.eq(cmt.buf_addr), wp.data.eq(cmt.buf_data), wp.en.eq(cmt.buf_en),
+                     hdr_fifo.w_data.eq(cmt.header), hdr_fifo.w_en.eq(cmt.header_valid),
+                     len_fifo.w_data.eq(cmt.length), len_fifo.w_en.eq(cmt.length_valid)]
+
+        # ---------------------------------------------------------------- read side
         m.submodules.reader = rd = FragmentReader(fmt, vcs=V, ptr_bits=abits + 1,
                                                   length_bits=fragw)
         wiring.connect(m, rd.data, wiring.flipped(self.data))
-        m.d.comb += [rd.lengths.payload.eq(s.len_fifo.r_data),
-                     rd.lengths.valid.eq(s.len_fifo.r_rdy),
-                     s.len_fifo.r_en.eq(rd.lengths.ready),
-                     s.rp.addr.eq(rd.buf_addr), s.rp.en.eq(rd.buf_en),
-                     rd.buf_data.eq(s.rp.data)]
-        m.d.comb += [rptr.eq(rd.read_ptr[v]) for v, rptr in enumerate(s.rptr)]
+        m.d.comb += [rd.lengths.payload.eq(len_fifo.r_data),
+                     rd.lengths.valid.eq(len_fifo.r_rdy),
+                     len_fifo.r_en.eq(rd.lengths.ready),
+                     rp.addr.eq(rd.buf_addr), rp.en.eq(rd.buf_en),
+                     rd.buf_data.eq(rp.data)]
 
-    def _status(self, m, s, overflow, errors, accept, commit):
-        """The status counters (a component of their own) fed from the check stage."""
+        # ---------------------------------------------------------------- pop flags
+        f_v, f_vc = inp.held_valid, inp.held_vc
+        in_chk = [f_v if V == 1 else f_v & (f_vc == v) for v in range(V)]
+        ok_idle, ok_same, ok_other = self._pop_flags(
+            m, SimpleNamespace(D=D, abits=abits, wptr=cmt.write_ptr, rptr=rd.read_ptr,
+                               hdr_fifo=hdr_fifo, len_fifo=len_fifo, cq_hv=cmt.header_valid,
+                               cq_lv=cmt.length_valid, f_v=f_v, in_chk=in_chk))
+        m.d.comb += [inp.room_idle.eq(ok_idle), inp.room_same.eq(ok_same),
+                     inp.room_other.eq(ok_other)]
+
+        # ---------------------------------------------------------------- status
         m.submodules.status = counters = DepacketiserStatusCounters()
         wiring.connect(m, counters.status, wiring.flipped(self.status))
-        ev = counters.events
-        e_orphan, e_seq, e_flow, e_op, e_len = errors
-        m.d.comb += [ev.orphan.eq(e_orphan), ev.seq.eq(e_seq), ev.flow.eq(e_flow),
-                     ev.op.eq(e_op), ev.length.eq(e_len), counters.check_valid.eq(s.f_v),
-                     counters.overflow.eq(overflow), counters.accepted.eq(accept),
-                     counters.committed.eq(commit)]
+        m.d.comb += [counters.events.eq(chk.errors), counters.check_valid.eq(f_v),
+                     counters.overflow.eq(inp.overflow),
+                     counters.accepted.eq(chk.decision.accept),
+                     counters.committed.eq(chk.decision.commit)]
+        return m
+
+    def _pop_flags(self, m, s):
+        """Per VC: may the arbiter pop a flit (registered a cycle ahead)."""
+        V = self.fmt.vcs
+        (D, abits, wptr, rptr, hdr_fifo, len_fifo, cq_hv, cq_lv, f_v, in_chk) = (
+         s.D, s.abits, s.wptr, s.rptr, s.hdr_fifo, s.len_fifo, s.cq_hv,
+         s.cq_lv, s.f_v, s.in_chk)
+        # ---------------------------------------------------------------- pop flags
+        # Registered a cycle ahead, so that no subtract/compare of pointers or FIFO levels
+        # sits between them and the pop (a timing path).  A flit popped next cycle writes
+        # its buffer slot the cycle after, and its commit reaches the FIFOs one later.
+        # Bounds on what it will find, from this cycle's registers:
+        # * its VC's region holds <= wptr - rptr + the flit checked now (if of that VC) +
+        #   the flit popped now (if of that VC; it is checked next cycle);
+        # * a FIFO holds <= level + the commit register + the flit checked now + the flit
+        #   popped now (each may commit once).
+        # The flit popped now is not known yet: one flag per case, picked next cycle by
+        # what the check register then holds (``ok_idle``: nothing, ``ok_same``: a flit of
+        # this VC, ``ok_other``: one of another VC).  Reads only free room and rollbacks
+        # only move wptr back, so the flags err on the safe side by at most the flits and
+        # commits in flight, and are exact once the stages are empty.
+        # (x + n < limit for the few n in flight: compares with constants, selected by the
+        # in-flight bits, rather than an adder in front of a compare)
+        def below(x, n, limit):
+            return x < limit - n if limit > n else Const(0)
+
+        def fits(x, extra, limit):          # x + sum(extra) < limit
+            return Cat(*(below(x, i, limit) for i in range(len(extra) + 1))).bit_select(
+                sum(extra), 1)
+
+        nd = self.desc_depth - 1      # entries the FIFOs' w_rdy counts (RAM part)
+        room0 = Signal()              # room for the commits in flight
+        room1 = Signal()              # ... and for one more
+        m.d.comb += [
+            room0.eq(fits(hdr_fifo.level, [cq_hv, f_v], nd) &
+                     fits(len_fifo.level, [cq_lv, f_v], nd)),
+            room1.eq(fits(hdr_fifo.level, [cq_hv, f_v, 1], nd) &
+                     fits(len_fifo.level, [cq_lv, f_v, 1], nd)),
+        ]
+        ok_idle = Signal(V)
+        ok_same = Signal(V)
+        ok_other = Signal(V)
+        for v in range(V):
+            occ = (wptr[v] - rptr[v])[:abits + 1]
+            m.d.sync += [ok_idle[v].eq(fits(occ, [in_chk[v]], D) & room0),
+                         ok_same[v].eq(fits(occ, [in_chk[v], 1], D) & room1)]
+            if V > 1:
+                m.d.sync += ok_other[v].eq(fits(occ, [in_chk[v]], D) & room1)
+
+        return ok_idle, ok_same, ok_other

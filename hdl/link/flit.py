@@ -79,13 +79,15 @@ class Op(enum.IntEnum, shape=2):
     and the NIC's table row (:attr:`treenic.hdl.nic.params.NicParams.row`) all use this
     enum; every op field is ``shape=Op``, so its width is :data:`OP_BITS` everywhere.  An
     ``IntEnum`` so that software sorts and serializes it as a number and gateware compares
-    plain values with it.  Code 3 is unused today (the NIC rejects a table row carrying
-    it); the sparse operations to come take the next codes, widening ``shape`` -- and with
-    it every op field at once.
+    plain values with it.  Further operations take the next codes, widening ``shape`` --
+    and with it every op field at once.  ``SPARSE`` (code 3) heads a pair message of the sparse engine
+    (:mod:`treenic.hdl.nic.sparse_engine`); the dense NIC still rejects it in a table row
+    and on its links (the sparse program has its own row format, versioned separately).
     """
     NOP = 0          # a table row that only holds the lockstep; never valid on the link
     REDUCE = 1       # receiver adds the carried partial sums into its chunk
     GATHER = 2       # receiver overwrites its chunk with the carried final values
+    SPARSE = 3       # a sparse message: (index u32, value f32) pair flits (docs/sparse-nic.md)
 
 
 #: width of every op field (flit heads, schedule table rows, the NIC's native row)

@@ -15,19 +15,55 @@ With ``crc_width`` > 0 the link also carries the CRC sideband of
 :class:`~treenic.hdl.link.crc.CrcLinkSignature` (delayed and buffered with its flit).
 """
 
+from functools import lru_cache
+
+import numpy as np
 from amaranth.hdl import Module, Signal, Cat
 from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 
 from .flit import FlitFormat, LinkSignature
 
-__all__ = ["LinkChannel", "lfsr16_next"]
+__all__ = ["LinkChannel", "lfsr16_next", "stall_pattern"]
 
 
 def lfsr16_next(x: int) -> int:
     """Golden model of the LFSR step (same sequence as the RTL)."""
     bit = ((x >> 15) ^ (x >> 13) ^ (x >> 12) ^ (x >> 10)) & 1
     return ((x << 1) | bit) & 0xFFFF
+
+
+LFSR16_PERIOD = (1 << 16) - 1
+
+
+@lru_cache(maxsize=1)
+def _lfsr16_cycle() -> tuple[np.ndarray, np.ndarray]:
+    """The LFSR's one cycle of non-zero states from 1 (the polynomial is maximal: every seed
+    lies on it) and each state's position on it."""
+    seq = np.empty(LFSR16_PERIOD, np.uint16)
+    x = 1
+    for k in range(LFSR16_PERIOD):
+        seq[k] = x
+        x = lfsr16_next(x)
+    if x != 1:
+        raise AssertionError("LFSR polynomial is not maximal")
+    pos = np.zeros(1 << 16, np.int64)
+    pos[seq] = np.arange(LFSR16_PERIOD)
+    return seq, pos
+
+
+def stall_pattern(seed: int, stall: int, start: int, cycles: int) -> np.ndarray:
+    """Golden model of a :class:`LinkChannel`'s stall enable: ``cycles`` booleans, the cycles
+    after its LFSR has advanced ``start`` times from ``seed`` (it advances every cycle from
+    reset release; ``seed`` as the constructor masks it).  The pattern repeats every
+    ``LFSR16_PERIOD`` cycles."""
+    if not 0 <= stall <= 256:
+        raise ValueError("stall must be in 0..256")
+    if start < 0 or cycles < 0:
+        raise ValueError("start and cycles must be >= 0")
+    seq, pos = _lfsr16_cycle()
+    idx = (pos[(seed & 0xFFFF) or 1] + start + np.arange(cycles)) % LFSR16_PERIOD
+    return (seq[idx] & 0xFF) < stall
 
 
 class LinkChannel(wiring.Component):

@@ -36,7 +36,8 @@ from dataclasses import dataclass
 
 from .flit import ErrorCause, FlitFormat, FlitType, Op, WORD_BITS
 
-__all__ = ["packetise", "depacketise", "mutate_flits", "Fragment", "efficiency", "link_stats",
+__all__ = ["packetise", "depacketise", "check_flit", "new_contexts", "head_checks",
+           "FlitDecision", "commit_stage", "mutate_flits", "Fragment", "efficiency", "link_stats",
            "efficiency_report", "format_report", "load_rtl_counts", "MESSAGE", "PACKET", "DEFAULT_SUB_WORDS"]
 
 MESSAGE = "message"
@@ -139,103 +140,190 @@ class _Ctx:
         self.buf = []
 
 
+@dataclass
+class FlitDecision:
+    """What the receive side makes of one flit (:func:`check_flit`).
+
+    ``accept``: the flit is used (else it is dropped); ``write``: an accepted payload flit
+    (its words enter the open fragment); ``rollback``: the open fragment is dropped;
+    ``commit``: the fragment this flit completes, or None; ``causes``: the errors it
+    raised, in the order they are counted."""
+    accept: bool = False
+    write: bool = False
+    rollback: bool = False
+    commit: Fragment | None = None
+    causes: tuple = ()
+
+
+def head_checks(fmt: FlitFormat, t: FlitType, d: int, flow_enable: int):
+    """``(unpacked head, cause or None, short)`` of a head flit of type ``t``: the checks
+    the input side makes before the arbiter (flow, then op, then length; ``short``: the
+    message fits one payload flit)."""
+    sub = t == FlitType.SUB_HEAD
+    h = fmt.unpack_sub_head(d) if sub else fmt.unpack_pkt_head(d)
+    if t == FlitType.SUB_HEAD:
+        bad_len = h["length"] == 0
+    elif t == FlitType.HEAD:
+        bad_len = h["length"] == 0 or h["length"] > fmt.max_packet_words
+    else:
+        bad_len = h["length"] != 0
+    if not (flow_enable >> h["flow"]) & 1:
+        cause = ErrorCause.FLOW
+    elif h["op"] not in (Op.REDUCE.value, Op.GATHER.value):
+        cause = ErrorCause.OP
+    elif bad_len:
+        cause = ErrorCause.LENGTH
+    else:
+        cause = None
+    return h, cause, h["length"] <= fmt.lanes
+
+
+def _commit(fmt: FlitFormat, c: _Ctx, last: bool) -> Fragment:
+    h = dict(c.hdr)
+    h["offset"] = (h["offset"] + c.done - c.sub) & ((1 << fmt.offset_bits) - 1)
+    h["length"] = c.sub
+    h["last"] = int(last)
+    frag = Fragment(h, list(c.buf))
+    c.buf = []
+    c.sub = 0
+    return frag
+
+
+def _check_head(fmt, c: _Ctx, t, vc, d, flow_enable) -> FlitDecision:
+    out = FlitDecision()
+    causes = []
+    if c.state == "ACTIVE":
+        causes.append(ErrorCause.SEQ)
+        out.rollback = True
+        c.buf, c.sub = [], 0
+    h, cause, _ = head_checks(fmt, t, d, flow_enable)
+    sub = t == FlitType.SUB_HEAD
+    if cause is not None:
+        causes.append(cause)
+        c.state = "IDLE" if t == FlitType.HEAD_TAIL else "DISCARD"
+    else:
+        out.accept = True
+        hdr = {k: 0 for k in HEADER_FIELDS}
+        hdr.update({k: h[k] for k in h})
+        hdr["vc"] = vc
+        hdr["packet"] = 0 if sub else 1
+        c.hdr, c.done, c.sub, c.buf = hdr, 0, 0, []
+        c.mode = MESSAGE if sub else PACKET
+        if t == FlitType.HEAD_TAIL:
+            out.commit = _commit(fmt, c, True)
+            c.state = "IDLE"
+        else:
+            c.state = "ACTIVE"
+    out.causes = tuple(causes)
+    return out
+
+
+def _check_payload(fmt, c: _Ctx, t, d, sub_words) -> FlitDecision:
+    W = fmt.lanes
+    rem = c.hdr["length"] - c.done
+    k = min(W, rem)
+    if c.mode == MESSAGE:
+        exp = (FlitType.MSG_TAIL if rem <= W else
+               FlitType.SUB_TAIL if sub_words - c.sub <= W else FlitType.SUB_BODY)
+    else:
+        exp = FlitType.TAIL if rem <= W else FlitType.BODY
+    if t != exp:
+        c.buf, c.sub = [], 0
+        c.state = "IDLE" if t in _TAIL_TYPES else "DISCARD"
+        return FlitDecision(rollback=True, causes=(ErrorCause.SEQ,))
+    out = FlitDecision(accept=True, write=True)
+    c.buf += fmt.unpack_words(d, k)
+    c.done += k
+    c.sub += k
+    if t in _TAIL_TYPES:
+        out.commit = _commit(fmt, c, True)
+        c.state = "IDLE"
+    elif t == FlitType.SUB_TAIL:
+        out.commit = _commit(fmt, c, False)
+    return out
+
+
+def check_flit(ctx: list, flit: int, fmt: FlitFormat, *, sub_words: int = DEFAULT_SUB_WORDS,
+               flow_enable: int | None = None) -> FlitDecision:
+    """Golden check stage: one flit against its VC's message context (``ctx``: one
+    :func:`new_contexts` entry per VC, updated in place).  Same semantics as the RTL's
+    :class:`~treenic.hdl.link.depacketiser.FragmentCheck`; :func:`depacketise` is this,
+    flit after flit."""
+    if flow_enable is None:
+        flow_enable = (1 << fmt.flows) - 1
+    t, vc, d = fmt.split_flit(int(flit))
+    if vc >= fmt.vcs:
+        raise ValueError("flit on a non-existent VC")
+    c = ctx[vc]
+    if t in _HEAD_TYPES:
+        return _check_head(fmt, c, t, vc, d, flow_enable)
+    if c.state == "IDLE":
+        c.state = "IDLE" if t in _TAIL_TYPES else "DISCARD"
+        return FlitDecision(causes=(ErrorCause.ORPHAN,))
+    if c.state == "DISCARD":
+        c.state = "IDLE" if t in _TAIL_TYPES else "DISCARD"
+        return FlitDecision()
+    return _check_payload(fmt, c, t, d, sub_words)
+
+
+def new_contexts(fmt: FlitFormat) -> list:
+    """Fresh (IDLE) message contexts, one per VC, for :func:`check_flit`."""
+    return [_Ctx() for _ in range(fmt.vcs)]
+
+
 def depacketise(flits, fmt: FlitFormat | None = None, *, sub_words: int = DEFAULT_SUB_WORDS,
                 flow_enable: int | None = None):
     """Golden receive side.  Returns ``(fragments, errors)``: a list of :class:`Fragment`
     in delivery order per VC (VCs do not reorder within themselves) and a dict
     ``{ErrorCause: count}`` plus ``"dropped"`` (flits discarded)."""
     fmt = fmt or FlitFormat()
-    W = fmt.lanes
-    if flow_enable is None:
-        flow_enable = (1 << fmt.flows) - 1
-    omask = (1 << fmt.offset_bits) - 1
-    ctx = [_Ctx() for _ in range(fmt.vcs)]
+    ctx = new_contexts(fmt)
     frags: list[Fragment] = []
     errs = {c: 0 for c in ErrorCause if c != ErrorCause.NONE}
     errs["dropped"] = 0
-
-    def commit(c, vc, last):
-        h = dict(c.hdr)
-        h["offset"] = (h["offset"] + c.done - c.sub) & omask
-        h["length"] = c.sub
-        h["last"] = int(last)
-        frags.append(Fragment(h, list(c.buf)))
-        c.buf = []
-        c.sub = 0
-
     for f in flits:
-        t, vc, d = fmt.split_flit(int(f))
-        if vc >= fmt.vcs:
-            raise ValueError("flit on a non-existent VC")
-        c = ctx[vc]
-        accepted = False
-        if t in _HEAD_TYPES:
-            if c.state == "ACTIVE":
-                errs[ErrorCause.SEQ] += 1
-                c.buf, c.sub = [], 0
-            sub = t == FlitType.SUB_HEAD
-            h = fmt.unpack_sub_head(d) if sub else fmt.unpack_pkt_head(d)
-            if t == FlitType.SUB_HEAD:
-                bad_len = h["length"] == 0
-            elif t == FlitType.HEAD:
-                bad_len = h["length"] == 0 or h["length"] > fmt.max_packet_words
-            else:
-                bad_len = h["length"] != 0
-            if not (flow_enable >> h["flow"]) & 1:
-                cause = ErrorCause.FLOW
-            elif h["op"] not in (Op.REDUCE.value, Op.GATHER.value):
-                cause = ErrorCause.OP
-            elif bad_len:
-                cause = ErrorCause.LENGTH
-            else:
-                cause = None
-            if cause is not None:
-                errs[cause] += 1
-                c.state = "IDLE" if t == FlitType.HEAD_TAIL else "DISCARD"
-            else:
-                accepted = True
-                hdr = {k: 0 for k in HEADER_FIELDS}
-                hdr.update({k: h[k] for k in h})
-                hdr["vc"] = vc
-                hdr["packet"] = 0 if sub else 1
-                c.hdr, c.done, c.sub, c.buf = hdr, 0, 0, []
-                c.mode = MESSAGE if sub else PACKET
-                if t == FlitType.HEAD_TAIL:
-                    commit(c, vc, True)
-                    c.state = "IDLE"
-                else:
-                    c.state = "ACTIVE"
-        elif c.state == "IDLE":
-            errs[ErrorCause.ORPHAN] += 1
-            c.state = "IDLE" if t in _TAIL_TYPES else "DISCARD"
-        elif c.state == "DISCARD":
-            c.state = "IDLE" if t in _TAIL_TYPES else "DISCARD"
-        else:  # ACTIVE
-            n = c.hdr["length"]
-            rem = n - c.done
-            k = min(W, rem)
-            if c.mode == MESSAGE:
-                exp = (FlitType.MSG_TAIL if rem <= W else
-                       FlitType.SUB_TAIL if sub_words - c.sub <= W else FlitType.SUB_BODY)
-            else:
-                exp = FlitType.TAIL if rem <= W else FlitType.BODY
-            if t == exp:
-                accepted = True
-                c.buf += fmt.unpack_words(d, k)
-                c.done += k
-                c.sub += k
-                if t in _TAIL_TYPES:
-                    commit(c, vc, True)
-                    c.state = "IDLE"
-                elif t == FlitType.SUB_TAIL:
-                    commit(c, vc, False)
-            else:
-                errs[ErrorCause.SEQ] += 1
-                c.buf, c.sub = [], 0
-                c.state = "IDLE" if t in _TAIL_TYPES else "DISCARD"
-        if not accepted:
+        out = check_flit(ctx, f, fmt, sub_words=sub_words, flow_enable=flow_enable)
+        for cause in out.causes:
+            errs[cause] += 1
+        if out.commit is not None:
+            frags.append(out.commit)
+        if not out.accept:
             errs["dropped"] += 1
     return frags, errs
+
+
+def commit_stage(events, *, vcs: int, region_flits: int):
+    """Golden commit stage of the depacketiser (the RTL's
+    :class:`~treenic.hdl.link.depacketiser.FragmentCommit`): per VC a write pointer and a
+    committed end in a circular region of ``region_flits`` flits.
+
+    ``events``: per cycle None (no flit checked) or ``(vc, write, rollback, commit,
+    length, header)`` -- the check stage's decision.  Every checked flit is written at its
+    VC's write pointer; a rollback moves the write pointer back to the committed end; an
+    accepted payload flit advances it (and a commit moves the committed end past it).
+    Returns per cycle ``(buffer address or None, header queued or None, (length, vc)
+    queued or None)``; the queue writes appear the cycle after their event (a register),
+    and a fragment without words queues no length."""
+    wptr, cptr = [0] * vcs, [0] * vcs
+    wrap = 2 * region_flits                  # pointers carry one bit above the region
+    out, queued = [], (None, None)
+    for ev in events:
+        addr = None
+        nxt = (None, None)
+        if ev is not None:
+            vc, write, rollback, commit, length, header = ev
+            addr = vc * region_flits + wptr[vc] % region_flits
+            if rollback:
+                wptr[vc] = cptr[vc]
+            elif write:
+                wptr[vc] = (wptr[vc] + 1) % wrap
+                if commit:
+                    cptr[vc] = wptr[vc]
+            if commit:
+                nxt = (header, (length, vc) if write else None)
+        out.append((addr,) + queued)
+        queued = nxt
+    return out
 
 
 def mutate_flits(flits, rng, fmt: FlitFormat | None = None, n: int = 1):

@@ -45,7 +45,15 @@ from .core import HOST_READ_LATENCY, Nic
 from .tx import buffer_abits
 from .params import NicParams
 
-__all__ = ["Fabric", "wiring_plan", "nic_verilog", "fabric_verilog"]
+__all__ = ["Fabric", "wiring_plan", "link_seed", "nic_verilog", "fabric_verilog"]
+
+
+def link_seed(seed: int, u: int, port: int, ports: int) -> int:
+    """Stall-LFSR seed of the link out of NIC ``u``'s port ``port`` in a fabric seeded
+    ``seed`` (``ports``: the NIC's port count): distinct per link, so links stall
+    independently; the network model replays the same patterns
+    (:func:`~treenic.hdl.link.link.stall_pattern`)."""
+    return (seed * 7919 + 131 * (u * ports + port) + 1) & 0xFFFF
 
 
 def wiring_plan(topology: Topology) -> list[tuple[int, int, int, int]]:
@@ -135,7 +143,7 @@ class Fabric(wiring.Component):
         injectors = []
         for k, (u, i, v, j) in enumerate(self.plan):
             lk = LinkChannel(p.fmt, latency=self.latency, stall=self.stall,
-                           seed=(self.seed * 7919 + 131 * (u * p.ports + i) + 1) & 0xFFFF,
+                           seed=link_seed(self.seed, u, i, p.ports),
                            depth=max(8, p.credits),
                            crc_width=LINK_CRC.crc_width if self.crc else 0)
             m.submodules[f"link_{u}_{i}"] = lk

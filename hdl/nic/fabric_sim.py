@@ -143,6 +143,9 @@ class FabricSim:
         self.build_seconds = time.time() - t0
         self.sim = self.lib.new()
         self.sim.reset()
+        #: the cycle reset was released: the links' stall LFSRs advance once a cycle from
+        #: here (see :attr:`last_timing` ``lfsr_steps_at_start``)
+        self._reset_end = self.sim.cycle
         nb = fab.hw_layout["node"].width
         ab = fab.hw_layout["addr"].width
         self._nb, self._ab = nb, ab
@@ -343,7 +346,10 @@ class FabricSim:
         self.last_timing = {"load_s": t1 - t0, "run_s": t2 - t1, "readback_s": t3 - t2,
                             "load_host_cycles": int(load_cycles),
                             "readback_host_cycles": int(self.last_read_cycles),
-                            "allreduce_cycles": cycles}
+                            "allreduce_cycles": cycles,
+                            # clock edges from reset release through the START edge: every
+                            # link's stall LFSR has advanced this often when the run begins
+                            "lfsr_steps_at_start": int(c0 - self._reset_end)}
         return np.ascontiguousarray(out).view(np.float32).reshape(n, E), cycles
 
     def errors(self) -> dict:

@@ -1,11 +1,13 @@
 """Golden model of the NIC fabric's observable behaviour.
 
-It derives everything from the project's single sources of truth -- no second schedule
-logic: final buffers from the golden executor (:func:`treenic.schedule.execute.execute`),
-the messages each NIC port sends from the decoded configuration images -- the same table
-rows the host loader writes into the RTL (:func:`treenic.firmware.image.compile_images`,
+It consumes the decoded configuration images -- the same table rows the host loader writes
+into the RTL (:func:`treenic.firmware.image.compile_images`,
 :func:`treenic.hdl.nic.host.decode_images`), so the image encode/decode path is itself
-under test -- their flit counts from the link-layer golden packetiser
+under test -- and derives everything else from the project's single sources of truth, with
+no second schedule logic: final buffers from the golden executor
+(:func:`treenic.schedule.execute.execute`) run on the schedule the images' rows describe
+(:func:`treenic.firmware.image.decode_schedule`), the messages each NIC port sends from the
+rows, their flit counts from the link-layer golden packetiser
 (:func:`treenic.hdl.link.model.packetise`), and the schedule's ideal time (per step, the
 most-loaded directed link's flits, summed over the steps).
 """
@@ -16,8 +18,9 @@ from functools import lru_cache
 
 import numpy as np
 
+from treenic.firmware.image import decode_schedule
 from treenic.schedule.execute import execute
-from treenic.schedule.ir import Op, Schedule
+from treenic.schedule.ir import Op
 
 from ..link.model import packetise
 from .host import decode_image, decode_images
@@ -27,8 +30,11 @@ __all__ = ["expected_buffers", "port_messages", "message_flits", "expected_port_
            "ideal_cycles", "step_link_flits"]
 
 
-def expected_buffers(schedule: Schedule, buffers: np.ndarray) -> np.ndarray:
-    return execute(schedule, buffers)
+def expected_buffers(images, buffers: np.ndarray) -> np.ndarray:
+    """Every NIC's buffer after the fabric loaded with ``images`` (an image set, or its
+    images / bytes) ran on ``buffers`` (N x elements float32): the golden executor on the
+    schedule the decoded rows describe."""
+    return execute(decode_schedule(decode_images(images)), buffers)
 
 
 def port_messages(image) -> dict[int, list[tuple]]:

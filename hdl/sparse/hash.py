@@ -3,12 +3,16 @@
 Contract
 --------
 ``Murmur3HashUnit(lanes=W, partition_bits=P)`` takes a stream of W u32 keys per beat and
-returns, per lane, ``hash = murmur3_32(key, seed)`` and ``partition = hash mod 2**P`` --
-bit-exact with ``treenic.sparse.zen.murmur3_32`` / ``zen.partition_of(key, 2**P, seed)``
+returns, per lane, ``hash = murmur3_32(key, seed)`` and ``partition = hash mod n`` --
+bit-exact with ``treenic.sparse.zen.murmur3_32`` / ``zen.partition_of(key, n, seed)``
 (and with the ``mmh3`` package). ``seed`` is a configuration input sampled with each beat
-(change it only while the unit is idle). The hardware partition reduction is a mask, so the
-worker count must be a power of two (docs/sparse-models.md, Zen Z-4.2: ``mod`` by a power of two; a
-non-power-of-two ``n`` would need a divider and is not supported by this unit).
+(change it only while the unit is idle). The worker count n is an elaboration parameter:
+``partition_bits=P`` (n = 2**P, the reduction is a mask, latency 11) or ``workers=n`` for any
+n in 1..65536. A power of two is still a mask; any other n goes through a constant-divisor
+modulo (multiply-high, Granlund-Montgomery: q = (h * M) >> (32 + l) with
+l = ceil(log2 n), M = ceil(2**(32 + l) / n) < 2**33, exact for every 32-bit h; then
+partition = h - q * n), :data:`MOD_STAGES` more pipeline stages (latency
+``LATENCY + MOD_STAGES`` = 17, the instance's ``latency``).
 
 Pipeline (11 stages, latency 11 cycles, one beat = W keys per cycle); every multiply by a
 constant is split into 16x16 partial products (one MULT18X18D each) and a 16-bit sum::
@@ -19,7 +23,10 @@ constant is split into 16x16 partial products (one MULT18X18D each) and a 16-bit
     S6      h = (t + n) ^ 4; h ^= h >> 16
     S7/S8   h *= f1
     S9/S10  h = (h ^ h >> 13) * f2
-    S11     h ^= h >> 16; partition = h & (2**P - 1)
+    S11     h ^= h >> 16; partition = h & (n - 1)            (n a power of two: done)
+    M1      four 16x17 partial products of h * M                 (n not a power of two)
+    M2      two partial sums;  M3  q = (h * M) >> (32 + l)
+    M4      q * n as two 16x16 partial products;  M5  their sum;  M6  h - q * n
 
 At most one carry chain per stage: the first version (one 32x32 multiply per stage and
 x5 + n in one stage) placed at 89.6 MHz on the ECP5 85F. Stall-together flow control (see
@@ -31,15 +38,27 @@ from amaranth.lib.wiring import In, Out
 
 from .pipeline import StallPipeline
 
-__all__ = ["Murmur3HashUnit", "LATENCY"]
+__all__ = ["Murmur3HashUnit", "LATENCY", "MOD_STAGES", "modulo_magic"]
 
 LATENCY = 11
+MOD_STAGES = 6
+MAX_WORKERS = 1 << 16
 _C1, _C2, _N = 0xCC9E2D51, 0x1B873593, 0xE6546B64
 _F1, _F2 = 0x85EBCA6B, 0xC2B2AE35
 
 
 def _rotl(v, r):
     return Cat(v[32 - r:], v[:32 - r])
+
+
+def modulo_magic(n: int) -> tuple[int, int]:
+    """(M, shift) with ``h // n == (h * M) >> shift`` for every 0 <= h < 2**32
+    (round-up method, Granlund & Montgomery 1994, Thm 4.2: l = ceil(log2 n),
+    M = ceil(2**(32 + l) / n), M < 2**33)."""
+    if not isinstance(n, int) or not 1 <= n <= MAX_WORKERS:
+        raise ValueError(f"workers must be an integer in 1..{MAX_WORKERS}, got {n!r}")
+    shift = 32 + (n - 1).bit_length()
+    return -(-(1 << shift) // n), shift
 
 
 class Murmur3HashUnit(wiring.Component):
@@ -51,6 +70,9 @@ class Murmur3HashUnit(wiring.Component):
         Keys per beat (W >= 1).
     partition_bits : int
         log2 of the worker count n (0..16); ``partition = hash mod 2**partition_bits``.
+    workers : int or None
+        The worker count n itself (1..65536, any value; overrides ``partition_bits``, which
+        must then be 0 or equal log2 n); ``partition = hash mod n``.
 
     Members
     -------
@@ -62,21 +84,31 @@ class Murmur3HashUnit(wiring.Component):
         Per lane the 32-bit hash and its partition, in input order.
     """
 
-    def __init__(self, *, lanes: int = 2, partition_bits: int = 0):
+    def __init__(self, *, lanes: int = 2, partition_bits: int = 0, workers: int | None = None):
         if not isinstance(lanes, int) or lanes < 1:
             raise ValueError(f"lanes must be a positive integer, got {lanes!r}")
         if not isinstance(partition_bits, int) or not 0 <= partition_bits <= 16:
             raise ValueError(f"partition_bits must be an integer in 0..16, got {partition_bits!r}")
-        self.lanes, self.partition_bits = lanes, partition_bits
+        if workers is None:
+            workers = 1 << partition_bits
+        else:
+            modulo_magic(workers)                   # validates the range
+            if partition_bits and workers != 1 << partition_bits:
+                raise ValueError(f"partition_bits={partition_bits} contradicts workers={workers}")
+        self.lanes, self.workers = lanes, workers
+        self.power_of_two = workers & (workers - 1) == 0
+        # partition field width: log2 n for a power of two (as before), else ceil(log2 n)
+        self.partition_bits = (workers - 1).bit_length()
+        self.latency = LATENCY if self.power_of_two else LATENCY + MOD_STAGES
         out = data.StructLayout({"hash": data.ArrayLayout(32, lanes),
-                                 "partition": data.ArrayLayout(max(1, partition_bits), lanes)})
+                                 "partition": data.ArrayLayout(max(1, self.partition_bits), lanes)})
         super().__init__({"i": In(stream.Signature(data.ArrayLayout(32, lanes))),
                           "seed": In(32),
                           "o": Out(stream.Signature(out))})
 
     def elaborate(self, platform):
         m = Module()
-        pipe = StallPipeline(m, self.i, self.o, LATENCY)
+        pipe = StallPipeline(m, self.i, self.o, self.latency)
         seed = Signal(32)
         m.d.sync += seed.eq(self.seed)          # configuration register (cuts the input path)
         for lane in range(self.lanes):
@@ -109,6 +141,37 @@ class Murmur3HashUnit(wiring.Component):
         out = reg("out")
         with m.If(advance):
             m.d.sync += out.eq(h10 ^ (h10 >> 16))
-        m.d.comb += self.o.payload.hash[lane].eq(out)
-        if self.partition_bits:
-            m.d.comb += self.o.payload.partition[lane].eq(out[:self.partition_bits])
+        if self.power_of_two:
+            m.d.comb += self.o.payload.hash[lane].eq(out)
+            if self.partition_bits:
+                m.d.comb += self.o.payload.partition[lane].eq(out[:self.partition_bits])
+            return
+        hash_out, part = self._modulo(m, advance, out, lane)
+        m.d.comb += [self.o.payload.hash[lane].eq(hash_out),
+                     self.o.payload.partition[lane].eq(part)]
+
+    def _modulo(self, m, advance, h, lane):
+        """h mod n for a constant non-power-of-two n in MOD_STAGES stages (see the module
+        docstring); the hash travels beside it. One carry chain per stage."""
+        n = self.workers
+        magic, shift = modulo_magic(n)
+        m_lo, m_hi = magic & 0x1FFFF, magic >> 17            # 17 + 16 bits (16x17 products)
+
+        def regs(count, width, name):
+            return [Signal(width, name=f"l{lane}_{name}{i}") for i in range(count)]
+
+        hs = regs(MOD_STAGES, 32, "mod_h")                # the hash, delayed alongside
+        pp = regs(4, 34, "mod_pp")
+        s0, s1 = regs(2, 51, "mod_sum")
+        q, qn_lo, qn_hi, qn, rem = (Signal(32, name=f"l{lane}_mod_{x}")
+                                    for x in ("q", "qn_lo", "qn_hi", "qn", "rem"))
+        with m.If(advance):
+            m.d.sync += [hs[0].eq(h)] + [hs[i].eq(hs[i - 1]) for i in range(1, MOD_STAGES)]
+            m.d.sync += [pp[0].eq(h[:16] * m_lo), pp[1].eq(h[16:] * m_lo),
+                         pp[2].eq(h[:16] * m_hi), pp[3].eq(h[16:] * m_hi)]
+            m.d.sync += [s0.eq(pp[0] + (pp[1] << 16)), s1.eq(pp[2] + (pp[3] << 16))]
+            m.d.sync += q.eq((s0 + (s1 << 17)) >> shift)
+            m.d.sync += [qn_lo.eq(q[:16] * n), qn_hi.eq((q[16:] * n)[:16])]
+            m.d.sync += qn.eq((qn_lo + (qn_hi << 16))[:32])
+            m.d.sync += rem.eq(hs[4] - qn)
+        return hs[5], rem[:self.partition_bits]

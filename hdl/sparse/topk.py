@@ -29,6 +29,12 @@ Modes (``cmd.mode``), each equal to a golden selector of ``treenic.sparse.select
 ``BAND`` (2) -- one count pass (``#key > hi``), then one emit pass: every key > hi plus the
     keys in (lo, hi] in index order until k are out: the band fill of a non-converged
     binary search (``select._band_fill``).
+``SEARCH`` (3) -- the RedSync threshold binary search itself, replayed from histograms in
+    the unit (``select.binary_search_histogram`` with ``hist_bits = search_bits``): count
+    passes over 2**H - 1 grid thresholds each, the decision loop on the count table, then
+    THRESHOLD's emit pass (converged) or BAND's two passes; the grid thresholds come from a
+    threshold source over ``grid``/``thr`` (see :mod:`.search`). ``k``, ``sign``,
+    ``depth`` (1..30) and ``strict`` as in the golden.
 
 Every pass takes C/W cycles at full input rate, independent of k (the emit pass can be
 slowed only by output backpressure). EXACT total at full rate: 5 C/W + 4 * 133 + 4 cycles
@@ -41,17 +47,20 @@ from amaranth.lib.wiring import In, Out
 
 from treenic.sparse import select
 
+from .search import GRID_LAYOUT, MAX_SEARCH_BITS, SearchReplay
+
 __all__ = ["TopKUnit", "Mode", "HIST_PASSES", "SCAN_CYCLES", "PASSES", "chunk_beats", "chunk_words",
-           "decode_pairs", "command_word", "search_command"]
+           "decode_pairs", "command_word", "search_command", "search_requests",
+           "search_passes", "grid_thresholds"]
 
 KEY_BITS = 31
 DIGIT_BITS = 8
 BINS = 1 << DIGIT_BITS
 DIGIT_SHIFTS = (24, 16, 8, 0)                 # most significant digit first (7 bits, then 8)
 HIST_PASSES = len(DIGIT_SHIFTS)
-ROW_BINS = 2                                 # bins per histogram memory word (scan reads 2/cycle)
+ROW_BINS = 2                                 # default bins per histogram memory word (scan reads
+#                                              ROW_BINS bins a cycle; ``scan_bins`` sets it)
 ROWS = BINS // ROW_BINS
-assert ROW_BINS == 2, "the row address is digit[1:] and the bin select digit[0]"
 ROW_BITS = (ROWS - 1).bit_length()
 SCAN_CYCLES = ROWS + 3                       # read latency, registered sums, decision
 
@@ -60,8 +69,10 @@ class Mode(enum.Enum, shape=2):
     EXACT = 0
     THRESHOLD = 1
     BAND = 2
+    SEARCH = 3
 
 
+#: data passes per mode (SEARCH: data-dependent, see :func:`search_passes`)
 PASSES = {Mode.EXACT: HIST_PASSES + 1, Mode.THRESHOLD: 1, Mode.BAND: 2}
 
 
@@ -105,13 +116,17 @@ def output_is_last(word: int, lanes: int) -> bool:
     return bool((word >> lanes.bit_length()) & 1)
 
 
-def command_word(mode: Mode, *, k=0, threshold=0, lo=0, limit=0, sign=0) -> int:
+def command_word(mode: Mode, *, k=0, threshold=0, lo=0, limit=0, sign=0, depth=16,
+                 strict=False) -> int:
     """Packed ``cmd`` payload (field order of the layout: mode, sign, k, threshold, lo,
-    limit). ``sign`` as in ``select.signed_keys``: 0, +1 or -1."""
+    limit, depth, strict). ``sign`` as in ``select.signed_keys``: 0, +1 or -1; ``depth``
+    and ``strict``: the SEARCH mode's (``select.binary_search_histogram``)."""
     code = {0: 0, 1: 1, -1: 2}[sign]
+    if Mode(mode) == Mode.SEARCH and not (isinstance(depth, int) and 1 <= depth <= 30):
+        raise ValueError(f"search depth must be an integer in 1..30, got {depth!r}")
     word, pos = 0, 0
     for value, width in ((Mode(mode).value, 2), (code, 2), (k, 32), (threshold, KEY_BITS),
-                         (lo, KEY_BITS), (limit, 32)):
+                         (lo, KEY_BITS), (limit, 32), (depth, 5), (int(strict), 1)):
         word |= (int(value) & ((1 << width) - 1)) << pos
         pos += width
     return word
@@ -133,6 +148,35 @@ def search_command(x, k: int, **search_args) -> tuple[int, "select.SearchSelecti
                         sign=search_args.get("sign", 0)), res
 
 
+def search_requests(res: "select.SearchSelection", keys, depth: int,
+                    search_bits: int) -> list[tuple[int, int, int]]:
+    """The threshold requests SEARCH makes for the golden outcome ``res``: its count passes
+    (``res.grids``), the band's (lo, 1, 2) when not converged; an all-zero chunk
+    (golden: no pass) still costs the first count pass over the first grid."""
+    if not keys.size or not keys.max():
+        levels = min(search_bits, depth)
+        step = 1 << (depth - levels)
+        return [(step, step, (1 << levels) - 1)]
+    return list(res.grids) + ([] if res.converged else [(res.lo, 1, 2)])
+
+
+def search_passes(res: "select.SearchSelection", keys) -> int:
+    """Data passes SEARCH takes: count passes, then 1 (converged, or an all-zero chunk) or
+    2 (band fill)."""
+    if not keys.size or not keys.max():
+        return 2
+    return len(res.grids) + (1 if res.converged else 2)
+
+
+def grid_thresholds(x, start: int, step: int, count: int, *, depth=16, sign=0,
+                    lower="mean") -> list[int]:
+    """A threshold source's answer to one request: the golden's grid thresholds
+    ``select._grid_threshold`` of points ``start + j * step``."""
+    _, _, base, top = select._search_setup(x, 1, sign, depth, lower)
+    return [int(select._grid_threshold(base, top, start + j * step, depth))
+            for j in range(count)]
+
+
 class TopKUnit(wiring.Component):
     """Streaming top-k / threshold selection over W lanes.
 
@@ -142,6 +186,8 @@ class TopKUnit(wiring.Component):
         W, values per input beat (2..32).
     max_chunk : int
         Largest chunk C supported (sizes the counters; up to 2**24).
+    search_bits : int
+        H of the SEARCH mode (1..4): grid thresholds per count pass 2**H - 1.
 
     Members
     -------
@@ -153,6 +199,13 @@ class TopKUnit(wiring.Component):
         The chunk, once per pass.
     o : Out(stream.Signature(StructLayout{count, last, index, value}))
         Selected pairs, ascending index, compacted to lanes 0..count-1.
+    grid : Out(stream.Signature(StructLayout{start, step, count}))
+        SEARCH: thresholds wanted for grid points start + j * step, j < count.
+    thr : In(stream.Signature(31))
+        SEARCH: the answers to ``grid``, one threshold key per transfer, in j order.
+    converged, search_passes, search_threshold : Out(1), Out(5), Out(31)
+        SEARCH outcome (``SearchSelection.converged``, ``.passes``, ``.threshold_key``),
+        valid once ``busy`` falls.
     busy : Out(1)
         A selection is in progress.
     pass_index : Out(3)
@@ -162,24 +215,39 @@ class TopKUnit(wiring.Component):
         raises; the result is then unspecified and the caller falls back to dense).
     """
 
-    def __init__(self, *, lanes: int = 2, max_chunk: int = 65536):
+    def __init__(self, *, lanes: int = 2, max_chunk: int = 65536, search_bits: int = 3,
+                 scan_bins: int = ROW_BINS):
         if not isinstance(lanes, int) or not 2 <= lanes <= 32 or lanes & (lanes - 1):
             raise ValueError(f"lanes must be a power of two in 2..32, got {lanes!r}")
         if not isinstance(max_chunk, int) or not lanes <= max_chunk <= 1 << 24 \
                 or max_chunk % lanes:
             raise ValueError(f"max_chunk must be a multiple of lanes in [lanes, 2**24], "
                              f"got {max_chunk!r}")
-        self.lanes, self.max_chunk = lanes, max_chunk
+        if not isinstance(search_bits, int) or not 1 <= search_bits <= MAX_SEARCH_BITS:
+            raise ValueError(f"search_bits must be an integer in 1..{MAX_SEARCH_BITS}, "
+                             f"got {search_bits!r}")
+        if scan_bins not in (2, 4, 8, 16, 32):
+            raise ValueError(f"scan_bins must be 2, 4, 8, 16 or 32, got {scan_bins!r}")
+        self.lanes, self.max_chunk, self.search_bits = lanes, max_chunk, search_bits
+        # histogram rows of scan_bins bins: the row address is digit[RB:], the bin in the
+        # row digit[:RB]; a scan reads one row a cycle (SCAN: rows + 3 cycles a pass)
+        self.row_bins, self.rb = scan_bins, scan_bins.bit_length() - 1
+        self.rows = BINS // scan_bins
+        self.row_bits = (self.rows - 1).bit_length()
+        self.scan_cycles = self.rows + 3
         self.count_bits = max_chunk.bit_length()
         cmd = data.StructLayout({"mode": Mode, "sign": 2, "k": 32, "threshold": KEY_BITS,
-                                 "lo": KEY_BITS, "limit": 32})
+                                 "lo": KEY_BITS, "limit": 32, "depth": 5, "strict": 1})
         inp = data.StructLayout({"value": data.ArrayLayout(32, lanes), "last": 1})
         out = data.StructLayout({"count": range(lanes + 1), "last": 1,
                                  "index": data.ArrayLayout(32, lanes),
                                  "value": data.ArrayLayout(32, lanes)})
         super().__init__({"cmd": In(stream.Signature(cmd)), "i": In(stream.Signature(inp)),
                           "o": Out(stream.Signature(out)), "busy": Out(1),
-                          "pass_index": Out(3), "nonfinite": Out(1)})
+                          "pass_index": Out(3), "nonfinite": Out(1),
+                          "grid": Out(stream.Signature(GRID_LAYOUT)),
+                          "thr": In(stream.Signature(KEY_BITS)), "converged": Out(1),
+                          "search_passes": Out(5), "search_threshold": Out(KEY_BITS)})
 
     def elaborate(self, platform):
         m = Module()
@@ -191,6 +259,9 @@ class TopKUnit(wiring.Component):
         with m.If(accepted):
             m.d.sync += beat.eq(Mux(self.i.payload.last, 0, beat + 1))
         hist_sum, scanning_bin, hist_ready = self._histograms(m, st, keys, accepted)
+        # before the controller: its clear of the counts at a new count pass overrides this
+        st.search.count_pipeline(m, keys, (st.phase == _Phase.SEARCH_COUNT) & accepted)
+        st.search.geometry(m)
         self._control(m, st, keys, accepted, hist_sum, scanning_bin, hist_ready)
         self._emit(m, st, keys, beat, accepted)
         return m
@@ -216,13 +287,14 @@ class TopKUnit(wiring.Component):
             for p, shift in enumerate(DIGIT_SHIFTS):
                 with m.Case(p):
                     m.d.comb += match_mask.eq(((1 << KEY_BITS) - 1) & ~((1 << (shift + DIGIT_BITS)) - 1))
-        scan_addr = Signal(ROW_BITS + 1)        # counts 0..ROWS; row read = ROWS-1-scan_addr
+        R, RB, ROWS_, RBITS = self.row_bins, self.rb, self.rows, self.row_bits
+        scan_addr = Signal(RBITS + 1)           # counts 0..rows; row read = rows-1-scan_addr
         scan_valid = Signal()                   # rdata holds row scanning_row this cycle
-        scanning_row = Signal(ROW_BITS)
-        sums = [0] * ROW_BINS
+        scanning_row = Signal(RBITS)
+        sums = [0] * R
         for l in range(W):
             # one memory word holds ROW_BINS adjacent bins: the scan reads them together
-            m.submodules[f"hist{l}"] = mem = memory.Memory(shape=CB * ROW_BINS, depth=ROWS, init=[])
+            m.submodules[f"hist{l}"] = mem = memory.Memory(shape=CB * R, depth=ROWS_, init=[])
             wp = mem.write_port()
             rp = mem.read_port(transparent_for=(wp,))
             d = Signal(DIGIT_BITS, name=f"digit{l}")
@@ -233,16 +305,16 @@ class TopKUnit(wiring.Component):
             hit = accepted & in_hist & (((keys[l] ^ st.prefix) & match_mask) == 0)
             hit_b, bin_b = Signal(name=f"hit{l}"), Signal(DIGIT_BITS, name=f"bin{l}")
             m.d.sync += [hit_b.eq(hit), bin_b.eq(d)]
-            m.d.comb += rp.addr.eq(Mux(in_hist, d[1:], ROWS - 1 - scan_addr[:ROW_BITS]))
-            fields = [rp.data[h * CB:(h + 1) * CB] for h in range(ROW_BINS)]
+            m.d.comb += rp.addr.eq(Mux(in_hist, d[RB:], ROWS_ - 1 - scan_addr[:RBITS]))
+            fields = [rp.data[h * CB:(h + 1) * CB] for h in range(R)]
             with m.If(scan_valid):
                 m.d.comb += [wp.addr.eq(scanning_row), wp.data.eq(0), wp.en.eq(1)]
             with m.Else():
-                bumped = Cat(*[(f + (bin_b[:1] == h))[:CB] for h, f in enumerate(fields)])
-                m.d.comb += [wp.addr.eq(bin_b[1:]), wp.data.eq(bumped), wp.en.eq(hit_b)]
+                bumped = Cat(*[(f + (bin_b[:RB] == h))[:CB] for h, f in enumerate(fields)])
+                m.d.comb += [wp.addr.eq(bin_b[RB:]), wp.data.eq(bumped), wp.en.eq(hit_b)]
             sums = [acc + f for acc, f in zip(sums, fields)]
         hist_sums = [Signal(CB + (W - 1).bit_length() + 1, name=f"hist_sum{h}")
-                     for h in range(ROW_BINS)]
+                     for h in range(R)]
         m.d.comb += [hs.eq(v) for hs, v in zip(hist_sums, sums)]
         st.scan_addr, st.scan_valid, st.match_mask = scan_addr, scan_valid, match_mask
         return hist_sums, scanning_row, None
@@ -298,6 +370,50 @@ class TopKUnit(wiring.Component):
                 m.d.comb += self.i.ready.eq(~self.o.valid | self.o.ready)
             with m.Case(_Phase.EMIT_FLUSH):
                 pass                                    # stage A drains (see _emit)
+            self._search_cases(m, st, keys, accepted, bad)
+
+    def _search_cases(self, m, st, keys, accepted, bad):
+        """SEARCH: threshold request, count pass, decision loop (see :mod:`.search`)."""
+        sr = st.search
+        m.d.comb += [self.converged.eq(sr.converged), self.search_passes.eq(sr.passes),
+                     self.search_threshold.eq(sr.threshold)]
+        with m.Case(_Phase.SEARCH_REQ):
+            with m.If(sr.request(m, self.grid)):
+                m.d.sync += st.phase.eq(_Phase.SEARCH_LOAD)
+        with m.Case(_Phase.SEARCH_LOAD):
+            with m.If(sr.take_threshold(m, self.thr)):
+                with m.If(sr.band):                 # thr(lo) stored, thr(hi) arriving
+                    m.d.sync += [st.phase.eq(_Phase.COUNT), st.lo.eq(sr.table[0]),
+                                 st.hi.eq(self.thr.payload), sr.threshold.eq(sr.table[0]),
+                                 st.acc.eq(0), st.room.eq(self.max_chunk)]
+                with m.Else():
+                    m.d.sync += st.phase.eq(_Phase.SEARCH_COUNT)
+        with m.Case(_Phase.SEARCH_COUNT):
+            m.d.comb += self.i.ready.eq(1)
+            with m.If(accepted):
+                with m.If(sr.passes == 0):
+                    m.d.sync += sr.any_key.eq(sr.any_key | Cat(k != 0 for k in keys).any())
+                    with m.If(bad):
+                        m.d.sync += st.nonfinite.eq(1)
+                with m.If(self.i.payload.last):
+                    m.d.sync += [st.phase.eq(_Phase.SEARCH_DRAIN), sr.drain.eq(0)]
+        with m.Case(_Phase.SEARCH_DRAIN):
+            m.d.sync += sr.drain.eq(sr.drain + 1)
+            with m.If(sr.drain == 2):               # counts final (compare, popcount, add)
+                sr.begin_decision(m)
+                with m.If(sr.any_key):
+                    m.d.sync += st.phase.eq(_Phase.SEARCH_DECIDE)
+                with m.Else():                      # all keys zero: one empty emit pass
+                    m.d.sync += [st.phase.eq(_Phase.EMIT), st.hi.eq((1 << KEY_BITS) - 1),
+                                 st.lo.eq((1 << KEY_BITS) - 1), st.ties_left.eq(0),
+                                 st.room.eq(self.max_chunk)]
+        with m.Case(_Phase.SEARCH_DECIDE):
+            accepted_thr, exhausted = sr.decide(m, st, st.k_total)
+            with m.If(accepted_thr):
+                m.d.sync += [st.phase.eq(_Phase.EMIT), st.ties_left.eq(0),
+                             st.room.eq(self.max_chunk)]
+            with m.Elif(exhausted):
+                m.d.sync += [st.phase.eq(_Phase.SEARCH_REQ), sr.band.eq(sr.shift == 0)]
 
     def _start(self, m, st, cmd):
         m.d.sync += [st.pass_index.eq(0), st.prefix.eq(0), st.nonzero.eq(0), st.nonfinite.eq(0),
@@ -312,30 +428,39 @@ class TopKUnit(wiring.Component):
             with m.Case(Mode.BAND):
                 m.d.sync += [st.phase.eq(_Phase.COUNT), st.hi.eq(cmd.threshold),
                              st.lo.eq(cmd.lo), st.room.eq(self.max_chunk)]
+            with m.Case(Mode.SEARCH):
+                # depth outside 1..30 (command_word refuses it) is clamped into range
+                depth = Mux(cmd.depth == 0, 1, Mux(cmd.depth > 30, 30, cmd.depth))
+                st.search.start(m, depth, cmd.strict)
+                m.d.sync += st.phase.eq(_Phase.SEARCH_REQ)
 
     def _scan(self, m, st, hist_sums, scanning_row):
-        """Bins from the top down, two per cycle: the first bin where (#keys in higher bins)
+        """Bins from the top down, ``scan_bins`` per cycle: the first bin where (#keys in higher bins)
         + hist >= k_left holds the k-th largest key; keys in higher bins are all selected.
         The lane sums of a row are registered before the decision (block RAM output ->
         adder tree -> compare would not fit one 8 ns cycle)."""
-        s_valid, s_row = Signal(), Signal(ROW_BITS)
-        s_top, s_pair = Signal.like(hist_sums[1]), Signal(len(hist_sums[1]) + 1)
-        m.d.sync += [st.scan_valid.eq(st.scan_addr < ROWS),
-                     scanning_row.eq(ROWS - 1 - st.scan_addr[:ROW_BITS]),
-                     s_valid.eq(st.scan_valid), s_row.eq(scanning_row), s_top.eq(hist_sums[1]),
-                     s_pair.eq(hist_sums[0] + hist_sums[1])]
-        with m.If(st.scan_addr < ROWS):
+        R, ROWS_ = self.row_bins, self.rows
+        s_valid, s_row = Signal(), Signal(self.row_bits)
+        # s_cum[h]: keys in bins h..R-1 of the row (the higher bins first), registered
+        width = len(hist_sums[0]) + self.rb + 1
+        s_cum = [Signal(width, name=f"s_cum{h}") for h in range(R)]
+        m.d.sync += [st.scan_valid.eq(st.scan_addr < ROWS_),
+                     scanning_row.eq(ROWS_ - 1 - st.scan_addr[:self.row_bits]),
+                     s_valid.eq(st.scan_valid), s_row.eq(scanning_row)]
+        for h in range(R):
+            m.d.sync += s_cum[h].eq(sum(hist_sums[h:]))
+        with m.If(st.scan_addr < ROWS_):
             m.d.sync += st.scan_addr.eq(st.scan_addr + 1)
-        with m.If(s_valid):
-            with m.If(~st.found & (st.acc + s_top >= st.k_left)):
-                m.d.sync += [st.found.eq(1), st.k_left.eq(st.k_left - st.acc),
-                             st.digit.eq(Cat(Const(1, 1), s_row))]
-            with m.Elif(~st.found & (st.acc + s_pair >= st.k_left)):
-                m.d.sync += [st.found.eq(1), st.k_left.eq(st.k_left - st.acc - s_top),
-                             st.digit.eq(Cat(Const(0, 1), s_row))]
-            with m.Elif(~st.found):
-                m.d.sync += st.acc.eq(st.acc + s_pair)
-        with m.Elif(~st.scan_valid & (st.scan_addr == ROWS)):
+        with m.If(s_valid & ~st.found):
+            # the highest bin h where (#keys above it) + its count reaches k_left
+            for n, h in enumerate(reversed(range(R))):
+                above = st.acc + (s_cum[h + 1] if h + 1 < R else 0)
+                with (m.If if n == 0 else m.Elif)(st.acc + s_cum[h] >= st.k_left):
+                    m.d.sync += [st.found.eq(1), st.k_left.eq(st.k_left - above),
+                                 st.digit.eq(Cat(Const(h, self.rb), s_row))]
+            with m.Else():
+                m.d.sync += st.acc.eq(st.acc + s_cum[0])
+        with m.Elif(~s_valid & ~st.scan_valid & (st.scan_addr == ROWS_)):
             # once the last row's sum has left the register stage (``s_valid``) and no row
             # is in flight: all bins read and cleared; fix the digit, start the next pass
             with m.Switch(st.pass_index):
@@ -430,6 +555,11 @@ class _Phase(enum.Enum, shape=4):
     EMIT = 6
     EMIT_FLUSH = 7
     COUNT_DONE = 8
+    SEARCH_REQ = 9
+    SEARCH_LOAD = 10
+    SEARCH_COUNT = 11
+    SEARCH_DRAIN = 12
+    SEARCH_DECIDE = 13
 
 
 class _State:
@@ -452,3 +582,4 @@ class _State:
         self.found = Signal()
         self.nonzero = Signal(CB + 1)
         self.nonfinite = Signal()
+        self.search = SearchReplay(unit)

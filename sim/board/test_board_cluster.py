@@ -1,6 +1,6 @@
 """System bench: an all-reduce over 4 simulated boards (``treenic boardsim``: 4 Verilated
-BoardCores, LiteEth RGMII driven by cocotbext-eth, NIC links through the fabric's link
-model) driven by the unchanged ``udp`` backend over loopback UDP, bit-exact against the
+BoardCores, LiteEth RGMII driven by cocotbext-eth, NIC links pin to pin through the
+serial link PHY) driven by the unchanged ``udp`` backend over loopback UDP, bit-exact against the
 golden executor.  The first run builds the 4-board simulation (long: see docs/boards.md)."""
 import json
 import threading

@@ -90,10 +90,10 @@ async def nic_vs_golden_neighbours(dut):
     node, E = prm["node"], prm["elements"]
     rng = np.random.default_rng(bench_seed())
     bufs = rng.standard_normal((sched.n, E)).astype(np.float32)
-    gold = expected_buffers(sched, bufs)
+    imgs = ImageSet.from_bytes(bytes.fromhex(prm["images"]))   # the compiler's, as built
+    gold = expected_buffers(imgs, bufs)
     rx_msgs = messages(sched, bufs, node, params, "in")
     tx_msgs = messages(sched, bufs, node, params, "out")
-    imgs = ImageSet.from_bytes(bytes.fromhex(prm["images"]))   # the compiler's, as built
     P = params.ports
     # causality: a neighbour's step-t message depends on everything this node sent
     # before step t; release it once the NIC has sent all its flits of steps < t

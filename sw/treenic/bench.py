@@ -35,6 +35,7 @@ SECTIONS = {
     "paper": ("treenic.netsim.paper", "MultiTree paper's studies under the network model"),
     "boards": ("treenic.boards.bench", "Boards: host link over UDP, bitstreams"),
     "faults": ("treenic.faults", "Fault campaign: link CRC, watchdog (Verilated RTL)"),
+    "sparse_fabric": ("treenic.hdl.nic.sparse_bench", "MultiTree-Sparse on the NIC fabric vs dense (Verilated RTL)"),
 }
 
 

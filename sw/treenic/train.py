@@ -70,11 +70,20 @@ def _train_one(rank, world, cfg, fabric):
         schedule = schedule_for(cfg["algorithm"], cfg["topology"], world,
                                 **variant_options(cfg["algorithm"], cfg["variant"]))
         comm = open_nic(cfg["backend"], rank, world, algorithm=schedule, **opts)
-        state = TreenicHookState(comm, scheme=cfg["scheme"] if cfg["density"] else None,
+        sparse = cfg["density"] is not None
+        corrected = sparse and cfg["momentum_correction"]
+        state = TreenicHookState(comm, scheme=cfg["scheme"] if sparse else None,
                                  density=cfg["density"] or 0.01,
-                                 warmup_iters=cfg["warmup_iters"], seed=cfg["seed"])
+                                 warmup_iters=cfg["warmup_iters"], seed=cfg["seed"],
+                                 momentum=MOMENTUM if corrected else 0.0,
+                                 momentum_masking=cfg["momentum_masking"],
+                                 clip_norm=cfg["clip_norm"] if sparse else None,
+                                 warmup=cfg["warmup"],
+                                 sparse_options=_sparse_options(cfg) if sparse else None)
         model.register_comm_hook(state, treenic_hook)
-    opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"], momentum=0.9)
+    # momentum correction: the hook applies the momentum, the optimizer is plain SGD
+    opt = torch.optim.SGD(model.parameters(), lr=cfg["lr"],
+                          momentum=0.0 if state is not None and state.momentum else MOMENTUM)
     loss_fn = torch.nn.CrossEntropyLoss()
     gen = torch.Generator().manual_seed(cfg["seed"] + rank)
     bs = cfg["batch_size"]
@@ -128,7 +137,7 @@ def _train_one(rank, world, cfg, fabric):
                    host_bytes_sent=c.host_bytes_sent, cycles=c.cycles,
                    dense_bytes=state.dense_bytes, sparse_bytes=state.sparse_bytes,
                    dense_calls=state.dense_calls, sparse_calls=state.sparse_calls,
-                   engine=comm.status().get("engine"),
+                   **_engines(comm.status()),
                    # what the workers really ran (e.g. which --variant built it)
                    schedule={"steps": comm.schedule.steps,
                              "construction": comm.schedule.meta.get("construction")})
@@ -136,24 +145,51 @@ def _train_one(rank, world, cfg, fabric):
     return out
 
 
+def _engines(status: dict) -> dict:
+    """What ran the dense and the sparse collectives (the communicator's own words)."""
+    engine = status.get("engine")
+    return {"engine_name": engine, "dense_engine": status.get("dense_engine", engine),
+            "sparse_engine": status.get("sparse_engine", engine)}
+
+
+def _sparse_options(cfg) -> dict:
+    """The NIC options of the sparse request (MultiTree-Sparse's; none for other schemes)."""
+    from .driver.fabric import SCHEMES_WITH_OPTIONS
+    if cfg["scheme"] not in SCHEMES_WITH_OPTIONS:
+        return {}
+    return {"residual": cfg["residual"], "flow_assignment": cfg["flow_assignment"]}
+
+
 def _world_worker(rank, world, cfgs, fabric):
     return [_train_one(rank, world, cfg, fabric) for cfg in cfgs]
+
+
+#: Momentum of the training's SGD (applied by the hook under momentum correction).
+MOMENTUM = 0.9
+#: Sparse-training techniques (DGC / RedSync) and their defaults; see docs/training.md for
+#: what each is worth, measured.
+SPARSE_DEFAULTS = dict(momentum_correction=True, momentum_masking=True, clip_norm=None,
+                       warmup="dense", residual="local", flow_assignment="contiguous")
 
 
 def _config(backend="rtl", algorithm="multitree", topology=None, density=None, workers=4,
             epochs=8, scheme="topka", warmup_iters=20, lr=0.05, batch_size=16, hidden=64,
             seed=0, timeout=30.0, progress=True, engine="rtl", label=None, boards=None,
-            simulated_boards=False, variant=None):
+            simulated_boards=False, sparse_fallback=False, variant=None, **sparse):
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     if density is not None and not 0.0 < float(density) <= 1.0:
         raise ValueError(f"density must be in (0, 1], got {density}")
+    unknown = set(sparse) - set(SPARSE_DEFAULTS)
+    if unknown:
+        raise ValueError(f"unknown sparse training option(s) {', '.join(sorted(unknown))}")
     topology = topology or f"ring:{workers}"
     return dict(backend=backend, algorithm=algorithm, variant=variant, topology=topology,
                 density=float(density) if density else None, workers=workers, epochs=epochs,
                 scheme=scheme, warmup_iters=warmup_iters, lr=lr, batch_size=batch_size,
                 hidden=hidden, seed=seed, timeout=timeout, progress=progress, engine=engine,
                 boards=boards, simulated_boards=simulated_boards,
+                sparse_fallback=bool(sparse_fallback), **{**SPARSE_DEFAULTS, **sparse},
                 label=label or f"{backend}/{algorithm}" + (f"[{variant}]" if variant else "")
                 + (f"/{scheme}@{density}"
                                                            if density else ""))
@@ -173,11 +209,9 @@ def run_many(configs: list[dict], *, timeout: float = 600.0, log=print) -> list[
     server, engine = None, None
     for c in configs:
         c["requested_backend"], c["fallback"] = c["backend"], None
+        c["requested_engine"] = c["engine"]
         if c["backend"] == "rtl":
-            if c["engine"] == "rtl" and c["density"]:
-                log("NOTICE: the RTL fabric runs dense schedules only; this sparse run uses "
-                    "the fabric server with the golden engine.")
-                c["engine"], c["fallback"] = "golden", "sparse scheme: golden engine"
+            _sparse_engine_check(c, log)
             if c["engine"] == "rtl":
                 # build (or load from build/cosim) the fabric for the model's one DDP bucket
                 h = c["hidden"]
@@ -231,6 +265,26 @@ def run_many(configs: list[dict], *, timeout: float = 600.0, log=print) -> list[
     return [_summarise(cfg, [r[i] for r in per_rank], wall) for i, cfg in enumerate(configs)]
 
 
+def _sparse_engine_check(c: dict, log) -> None:
+    """A sparse run on ``--engine rtl`` whose scheme the RTL does not run: an error, unless
+    the golden fallback was asked for (``sparse_fallback``): then the whole run uses the
+    fabric server's golden engine, with a printed notice, the ``fallback`` field and a label
+    that names the golden engine."""
+    from .driver.fabric import rtl_sparse_unsupported
+    if c["engine"] != "rtl" or not c["density"]:
+        return
+    reason = rtl_sparse_unsupported(c["scheme"], _sparse_options(c))
+    if reason is None:
+        return
+    if not c["sparse_fallback"]:
+        raise ValueError(f"--backend rtl --engine rtl: {reason}")
+    log(f"NOTICE: {reason}.\nNOTICE: --sparse-fallback: this run uses the fabric server's "
+        "golden engine for every step (dense warm-up included); results are the golden "
+        "models', not the RTL's.")
+    c["engine"], c["fallback"] = "golden", f"sparse fallback to the golden engine: {reason}"
+    c["label"] = c["label"].replace("rtl/", "rtl-server[golden engine]/", 1)
+
+
 def _udp_boards(configs, workers, log):
     """Driver options of the ``udp`` backend: the boards' addresses (``--boards``), or
     simulated boards started here (``--simulated-boards``; returned to be stopped)."""
@@ -255,9 +309,13 @@ def _summarise(cfg, ranks, wall):
     import numpy as np
     r0 = ranks[0]
     s = {k: cfg[k] for k in ("backend", "requested_backend", "fallback", "algorithm",
-                             "variant", "topology", "workers", "density", "epochs", "warmup_iters",
-                             "label")}
+                             "variant", "topology", "workers", "density", "epochs",
+                             "warmup_iters", "label", "lr", "seed")}
+    s["requested_engine"] = cfg["requested_engine"]
+    s["server_engine"] = cfg["engine"] if cfg["backend"] == "rtl" else None
     s["scheme"] = cfg["scheme"] if cfg["density"] else None
+    s["sparse_training"] = ({k: cfg[k] for k in SPARSE_DEFAULTS} | {
+        "sparse_options": _sparse_options(cfg)} if cfg["density"] else None)
     s["losses"] = [e["loss"] for e in r0["epochs"]]
     s["accuracies"] = [e["accuracy"] for e in r0["epochs"]]
     s["final_accuracy"] = s["accuracies"][-1]
@@ -270,7 +328,9 @@ def _summarise(cfg, ranks, wall):
         for r in ranks))
     s["params"] = r0["params"]
     if "bytes_sent" in r0:
-        s["engine"] = r0["engine"]
+        # "engine": what ran the sparse steps of a sparse run, the dense ones of a dense run
+        s["dense_engine"], s["sparse_engine"] = r0["dense_engine"], r0["sparse_engine"]
+        s["engine"] = r0["sparse_engine"] if r0["sparse_calls"] else r0["dense_engine"]
         s["schedule"] = r0["schedule"]
         s["bytes_sent_per_worker"] = [int(r["bytes_sent"]) for r in ranks]
         s["dense_bytes_per_worker"] = [int(r["dense_bytes"]) for r in ranks]
@@ -286,7 +346,8 @@ def _summarise(cfg, ranks, wall):
         s["epoch_bytes"] = [{"dense": e["dense_bytes"], "sparse": e["sparse_bytes"]}
                             for e in r0["epochs"]]
     else:
-        s["engine"] = "torch DDP all_reduce"
+        s["engine"] = s["dense_engine"] = "torch DDP all_reduce"
+        s["sparse_engine"] = None
         s["bytes_sent_per_worker"] = None
     return s
 
@@ -319,14 +380,17 @@ def plot(summaries: list[dict], path: Path) -> Path:
 def run(backend="rtl", algorithm="multitree", topology=None, density=None, workers=4,
         epochs=8, *, scheme="topka", warmup_iters=20, lr=0.05, batch_size=16, seed=0,
         engine="rtl", compare_dense=True, out_dir="build/demo", progress=True,
-        log=print, boards=None, simulated_boards=False, variant=None) -> dict:
+        log=print, boards=None, simulated_boards=False, sparse_fallback=False,
+        variant=None, **sparse) -> dict:
     """Train, print per-epoch loss/accuracy and traffic, save a plot; returns the summary.
 
     With ``density`` and ``compare_dense`` a dense run of the same backend is trained in the
-    same world so the summary (``dense_reference``) and the plot compare the two."""
+    same world so the summary (``dense_reference``) and the plot compare the two.
+    ``sparse``: the techniques of :data:`SPARSE_DEFAULTS`."""
     cfg = _config(backend, algorithm, topology, density, workers, epochs, scheme,
                   warmup_iters, lr, batch_size, seed=seed, progress=progress, engine=engine,
-                  boards=boards, simulated_boards=simulated_boards, variant=variant)
+                  boards=boards, simulated_boards=simulated_boards,
+                  sparse_fallback=sparse_fallback, variant=variant, **sparse)
     cfgs = [cfg]
     if density and compare_dense:
         cfgs.append(_config(backend, algorithm, topology, None, workers, epochs, scheme,
@@ -341,13 +405,15 @@ def run(backend="rtl", algorithm="multitree", topology=None, density=None, worke
     if len(summaries) > 1:
         main_s["dense_reference"] = {k: summaries[1][k] for k in (
             "final_accuracy", "final_loss", "bytes_sent_per_worker", "bytes_per_dense_call",
-            "losses", "accuracies")}
+            "losses", "accuracies", "engine", "label")}
     path = plot(summaries, Path(out_dir) / f"train_{main_s['backend']}_{algorithm}"
                 f"{'_' + variant if variant else ''}{'_sparse' if density else ''}.png")
     main_s["plot"] = str(path)
     for s in summaries:
-        log(f"== {s['label']} (backend {s['backend']}, engine {s.get('engine')}, "
-            f"{s['topology']}, {workers} workers)")
+        engines = (f"dense steps: {s['dense_engine']}; sparse steps: {s['sparse_engine']}"
+                   if s.get("sparse_calls") else f"engine: {s.get('engine')}")
+        log(f"== {s['label']} (backend {s['backend']}, {s['topology']}, {workers} workers; "
+            f"{engines})")
         for e, (l, a) in enumerate(zip(s["losses"], s["accuracies"]), 1):
             log(f"   epoch {e:2d}  loss {l:.4f}  test accuracy {a:.4f}")
         if s.get("bytes_sent_per_worker"):
@@ -369,7 +435,32 @@ def add_arguments(parser) -> None:
     parser.add_argument("--density", type=float, default=None,
                         help="sparse all-reduce at this density after the warm-up")
     parser.add_argument("--scheme", default="topka", help="sparse scheme (treenic.sparse)")
-    parser.add_argument("--warmup-iters", type=int, default=20)
+    parser.add_argument("--warmup-iters", type=int, default=20,
+                        help="iterations of warm-up (dense, or the density ramp)")
+    d = SPARSE_DEFAULTS
+    parser.add_argument("--warmup", choices=("dense", "ramp"), default=d["warmup"],
+                        help="warm-up: dense all-reduce (RedSync) or DGC's density ramp "
+                             "25%%, 6.25%%, ... down to --density")
+    parser.add_argument("--no-momentum-correction", dest="momentum_correction",
+                        action="store_false", default=d["momentum_correction"],
+                        help="sparse: momentum in the optimizer (default: DGC momentum "
+                             "correction, the residual accumulates velocity)")
+    parser.add_argument("--no-momentum-masking", dest="momentum_masking",
+                        action="store_false", default=d["momentum_masking"],
+                        help="sparse: keep the momentum of elements just sent")
+    parser.add_argument("--clip-norm", type=float, default=d["clip_norm"],
+                        help="sparse: local gradient clipping at this global L2 norm "
+                             "(per rank: / sqrt(workers)); default off")
+    parser.add_argument("--residual", choices=("local", "global"), default=d["residual"],
+                        help="multitree-sparse: residual each node keeps (NIC option)")
+    parser.add_argument("--flow-assignment", choices=("contiguous", "hash"),
+                        default=d["flow_assignment"],
+                        help="multitree-sparse: elements to trees (NIC option)")
+    parser.add_argument("--sparse-fallback", action="store_true",
+                        help="--engine rtl: when the RTL does not run the sparse scheme, use "
+                             "the golden engine (printed notice, JSON 'fallback'); else error")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--epochs", type=int, default=8)
     parser.add_argument("--engine", choices=("rtl", "golden"), default="rtl",
@@ -387,9 +478,11 @@ def main(args) -> int:
     s = run(args.backend, args.algorithm, args.topology, args.density, args.workers,
             args.epochs, scheme=args.scheme, warmup_iters=args.warmup_iters,
             engine=args.engine, out_dir=args.out, progress=not args.json, log=log,
-            boards=getattr(args, "boards", None),
+            boards=getattr(args, "boards", None), lr=args.lr, seed=args.seed,
             simulated_boards=getattr(args, "simulated_boards", False),
-            variant=getattr(args, "variant", None))
+            sparse_fallback=args.sparse_fallback,
+            variant=getattr(args, "variant", None),
+            **{k: getattr(args, k) for k in SPARSE_DEFAULTS})
     if args.json:
         print(json.dumps(s, indent=1, default=float))
     return 0

@@ -5,20 +5,21 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from treenic.hdl.sparse.hash import LATENCY, Murmur3HashUnit
+from treenic.hdl.sparse.hash import LATENCY, MOD_STAGES, Murmur3HashUnit, modulo_magic
 from treenic.hdl.sparse.simdrive import pack, run_stream_unit, unpack
 from treenic.sparse.zen import murmur3_32, partition_of
 
 EDGE_KEYS = [0, 1, 2, 3, 1000, 0xFFFFFFFE, 0xFFFFFFFF, 0x74736574, 0x80000000]
 
 
-def _hash_rtl(keys, *, lanes, seed, pbits, p_valid=1.0, p_ready=1.0, rng_seed=0):
+def _hash_rtl(keys, *, lanes, seed, pbits=0, workers=None, p_valid=1.0, p_ready=1.0,
+              rng_seed=0):
     keys = list(keys) + [0] * (-len(keys) % lanes)
     beats = [pack(keys[b:b + lanes], 32) for b in range(0, len(keys), lanes)]
-    dut = Murmur3HashUnit(lanes=lanes, partition_bits=pbits)
+    dut = Murmur3HashUnit(lanes=lanes, partition_bits=pbits, workers=workers)
     out, cycles = run_stream_unit(dut, beats, p_valid=p_valid, p_ready=p_ready, seed=rng_seed,
                                   setup=lambda ctx: ctx.set(dut.seed, seed))
-    pw = max(1, pbits)
+    pw = max(1, dut.partition_bits)
     hashes, parts = [], []
     for word in out:
         hashes += unpack(word, 32, lanes)
@@ -48,6 +49,41 @@ def test_random_keys_with_stalls(keys, seed, lanes, pbits, rng_seed):
         assert np.array_equal(p[:len(keys)], partition_of(k, 1 << pbits, seed))
 
 
+def test_modulo_magic_exact_at_the_edges():
+    """q = (h * M) >> shift equals h // n for every n at the dividends where a round-up
+    magic number would first fail (multiples of n and their neighbours, 2**32 - 1)."""
+    rng = np.random.default_rng(5)
+    for n in list(range(1, 300)) + [1000, 4095, 4097, 65535, 65536] + \
+            rng.integers(2, 65536, 200).tolist():
+        magic, shift = modulo_magic(int(n))
+        assert magic < 1 << 33
+        top = (2**32 - 1) // n * n
+        hs = {0, 1, n - 1, n, n + 1, top - 1, top, 2**32 - 1, *rng.integers(0, 2**32, 64).tolist()}
+        for h in (h for h in hs if 0 <= h < 2**32):
+            assert (h * magic) >> shift == h // n, (n, h)
+
+
+@settings(max_examples=10, deadline=None)
+@given(keys=st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=40),
+       seed=st.integers(0, 2**32 - 1), lanes=st.sampled_from([1, 2, 3]),
+       workers=st.sampled_from([3, 5, 6, 7, 12, 100, 1000, 65535]), rng_seed=st.integers(0, 1000))
+def test_any_worker_count_with_stalls(keys, seed, lanes, workers, rng_seed):
+    """partition = murmur3 mod n for a non-power-of-two n (multiply-high path), under stalls."""
+    h, p, _ = _hash_rtl(keys, lanes=lanes, seed=seed, workers=workers, p_valid=0.6,
+                        p_ready=0.6, rng_seed=rng_seed)
+    k = np.array(keys, np.uint32)
+    assert np.array_equal(h[:len(keys)], murmur3_32(k, seed))
+    assert np.array_equal(p[:len(keys)], partition_of(k, workers, seed))
+
+
+def test_modulo_path_sustains_one_beat_per_cycle():
+    lanes, n = 2, 64
+    keys = np.random.default_rng(4).integers(0, 2**32, n * lanes).tolist()
+    h, p, cycles = _hash_rtl(keys, lanes=lanes, seed=9, workers=6)
+    assert np.array_equal(p, partition_of(np.array(keys, np.uint32), 6, 9))
+    assert cycles <= n + LATENCY + MOD_STAGES + 1, cycles
+
+
 def test_one_beat_per_cycle_sustained():
     lanes, n = 4, 64
     keys = np.random.default_rng(3).integers(0, 2**32, n * lanes).tolist()
@@ -61,3 +97,11 @@ def test_bad_parameters_rejected():
         Murmur3HashUnit(lanes=0)
     with pytest.raises(ValueError, match="partition_bits"):
         Murmur3HashUnit(partition_bits=17)
+    with pytest.raises(ValueError, match="workers"):
+        Murmur3HashUnit(workers=0)
+    with pytest.raises(ValueError, match="workers"):
+        Murmur3HashUnit(workers=65537)
+    with pytest.raises(ValueError, match="contradicts"):
+        Murmur3HashUnit(partition_bits=2, workers=6)
+    assert Murmur3HashUnit(workers=8).latency == LATENCY
+    assert Murmur3HashUnit(workers=6).latency == LATENCY + MOD_STAGES

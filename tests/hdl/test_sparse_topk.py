@@ -12,8 +12,8 @@ from treenic.sparse import select
 SUBNORMALS = np.array([1, 2, 3, 0x7FFFFF, 0x400000], np.uint32).view(np.float32)
 
 
-def run_topk(x, cmd, *, lanes, mode, p_valid=1.0, p_ready=1.0, seed=0):
-    dut = TopKUnit(lanes=lanes, max_chunk=1024)
+def run_topk(x, cmd, *, lanes, mode, p_valid=1.0, p_ready=1.0, seed=0, scan_bins=2):
+    dut = TopKUnit(lanes=lanes, max_chunk=1024, scan_bins=scan_bins)
     beats = chunk_beats(x, lanes, PASSES[Mode(mode)])
 
     def setup(ctx):
@@ -61,6 +61,23 @@ def chunks(draw):
        sign=st.sampled_from([0, 0, 1, -1]), seed=st.integers(0, 99))
 def test_exact_matches_golden_with_stalls(x, k, lanes, sign, seed):
     check_exact(x, k, lanes, sign, p_valid=0.7, p_ready=0.5, seed=seed)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(x=chunks(), k=st.sampled_from([1, 2, 3, 7, 64]), lanes=st.sampled_from([2, 4]),
+       scan_bins=st.sampled_from([4, 16, 32]), seed=st.integers(0, 99))
+def test_exact_wide_scan_matches_golden(x, k, lanes, scan_bins, seed):
+    """scan_bins bins per histogram row: the scan takes 256/scan_bins + 3 cycles a pass,
+    the selection is the same."""
+    check_exact(x, k, lanes, p_valid=0.7, p_ready=0.5, seed=seed, scan_bins=scan_bins)
+
+
+def test_wide_scan_is_shorter():
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal(128).astype(np.float32)
+    narrow = check_exact(x, 5, 4)
+    wide = check_exact(x, 5, 4, scan_bins=16)
+    assert narrow - wide == 4 * (128 - 16), (narrow, wide)
 
 
 def test_exact_k_one_and_k_at_least_nonzeros():

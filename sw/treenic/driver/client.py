@@ -9,6 +9,7 @@ import zlib
 import numpy as np
 
 from . import protocol as P
+from .fabric import check_sparse_request
 from .errors import DriverError, FabricDisconnected, FabricError, FabricTimeout, \
     RTLFabricUnavailable
 
@@ -92,20 +93,25 @@ class NICClient:
             raise FabricError(f"rank {self.rank}: malformed reply to {what}: {e}") from None
 
     # ---- operations -----------------------------------------------------------------------
-    def load_config(self, image: bytes):
-        crc = zlib.crc32(image)
-        (cid, nodes, steps, chunks), _ = self._request(
-            P.Msg.LOAD_CONFIG, P.LOAD_CONFIG.pack(P.IMAGE_SCHEDULE_JSON, crc) + image,
-            what="LOAD_CONFIG", layout=P.CONFIG_ACK, exact=True)
+    def load_config(self, image_set: bytes, what: str = "LOAD_CONFIG"):
+        """Load the configuration image set (:meth:`treenic.firmware.image.ImageSet.to_bytes`)
+        into this rank's NIC; returns ``(config id, steps, elements)``. The id is the
+        CRC-32 of ``image_set``; the fabric must acknowledge it for this world. ``what`` names
+        the request in errors (e.g. the collective that needed it)."""
+        crc = zlib.crc32(image_set)
+        (cid, nodes, steps, elements), _ = self._request(
+            P.Msg.LOAD_CONFIG, P.LOAD_CONFIG.pack(P.IMAGE_SET, crc) + image_set,
+            what=what, layout=P.CONFIG_ACK, exact=True)
         if cid != crc or nodes != self.world:
             raise FabricError(f"rank {self.rank}: the fabric acknowledged config "
                               f"{cid:#010x} for {nodes} nodes, but this rank loaded "
                               f"{crc:#010x} for {self.world}", code="CONFIG_MISMATCH")
-        return cid
+        return cid, steps, elements
 
     def collective(self, seq: int, data: np.ndarray, *, sparse: tuple | None = None):
         """Run collective ``seq`` on ``data`` ((E,) float32). ``sparse`` = (scheme, density,
-        seed) for a sparse one. Returns (result, residual|None, complete_fields)."""
+        seed[, options]) for a sparse one (options: :data:`~treenic.driver.fabric.
+        SPARSE_OPTIONS`, validated here). Returns (result, residual|None, complete_fields)."""
         if data.dtype != np.float32 or data.ndim != 1:
             raise DriverError(f"rank {self.rank}: buffers must be 1-D float32, got "
                               f"{data.dtype}{data.shape}")
@@ -116,10 +122,11 @@ class NICClient:
         if sparse is None:
             start = P.START.pack(seq, P.MODE_DENSE, 0, 0, 0.0, 0)
         else:
-            scheme, density, seed = sparse
+            scheme, density, seed, *rest = sparse
+            options = check_sparse_request(scheme, rest[0] if rest else None, None)
             name = scheme.encode()
-            start = P.START.pack(seq, P.MODE_SPARSE, 0, len(name), float(density),
-                                 int(seed)) + name
+            start = P.START.pack(seq, P.MODE_SPARSE, P.pack_sparse_options(options),
+                                 len(name), float(density), int(seed)) + name
         (rseq, steps, cycles, sent, recv), _ = self._request(
             P.Msg.START, start, what=f"collective #{seq} step START", layout=P.COMPLETE,
             exact=True)

@@ -43,8 +43,10 @@ from .. import algorithms
 from ..schedule.execute import CANONICAL_NAN
 from ..schedule.ir import Op, Schedule
 from ..topology import Topology, parse
+from . import protocol as P
 from .errors import BadTensor, DriverError, FabricError
-from .fabric import LocalFabric, Request, link_bytes, make_engine
+from .fabric import (GoldenEngine, LocalFabric, Request, check_sparse_request, link_bytes,
+                     make_engine)
 from .torch_backend import TorchBackend as _TorchBackend
 
 BACKENDS = ("model", "torch", "rtl", "udp")
@@ -91,7 +93,9 @@ def schedule_for(algorithm, topology, world: int, **options) -> Schedule:
 
 
 def schedule_image(schedule: Schedule) -> bytes:
-    """The configuration image sent with LOAD_CONFIG (kind 1: treenic-schedule JSON)."""
+    """The schedule's canonical JSON: what the in-process backends (``model``, ``torch``)
+    compare across ranks; their config id is its CRC-32. The ``rtl`` backend sends the
+    fabric the compiler's image set instead (:class:`_RTLBackend`)."""
     return json.dumps(schedule.to_json(), sort_keys=True, separators=(",", ":")).encode()
 
 
@@ -176,8 +180,9 @@ class Communicator:
         of the configuration image). Every rank must load the same schedule."""
         schedule = schedule_for(schedule, topology, self.world)
         image = schedule_image(schedule)
-        self.config_id = zlib.crc32(image)
-        self._impl.load(schedule, image)
+        loaded = self._impl.load(schedule, image)
+        # the rtl backend's id is the loaded image set's (0 until its first collective)
+        self.config_id = zlib.crc32(image) if loaded is None else loaded
         self.schedule = schedule
         return self.config_id
 
@@ -199,12 +204,16 @@ class Communicator:
         return tensor
 
     def sparse_allreduce(self, tensor, density: float, *, scheme: str = "topka", key=None,
-                         residual=None, seed: int = 0) -> SparseOutcome:
+                         residual=None, seed: int = 0,
+                         options: dict | None = None) -> SparseOutcome:
         """Sparse all-reduce with error feedback. ``residual`` given: used and the new one
         returned (caller keeps state, e.g. the DDP hook); else kept in ``self.residuals[key]``
-        (reset when the tensor size changes)."""
+        (reset when the tensor size changes). ``options``: the scheme's NIC options
+        (:data:`~treenic.driver.fabric.SPARSE_OPTIONS`: ``residual``, ``flow_assignment``;
+        MultiTree-Sparse only), validated before anything is sent."""
         if not 0.0 < float(density) <= 1.0:
             raise DriverError(f"density must be in (0, 1], got {density}")
+        options = check_sparse_request(scheme, options, self.schedule)
         t0 = time.perf_counter()
         own = residual is None
         if own:
@@ -214,7 +223,8 @@ class Communicator:
         self._seq += 1
         with self._aborting_on_bad_tensor():
             new_res, sent, recv, steps = self._impl.sparse(tensor, residual, scheme,
-                                                           float(density), int(seed), self._seq)
+                                                           float(density), int(seed), self._seq,
+                                                           options)
         if own:
             self.residuals[key] = new_res
         c = self.counters
@@ -347,17 +357,18 @@ class _ModelBackend:
         sent, recv = self._link_cache[e]
         return int(sent[self.comm.rank]), int(recv[self.comm.rank])
 
-    def sparse(self, tensor, residual, scheme, density, seed, seq):
+    def sparse(self, tensor, residual, scheme, density, seed, seq, options=None):
         data, _ = _to_numpy(tensor)
         acc = data.copy() if residual is None else data + _to_numpy(residual)[0]
+        opts = tuple(sorted((options or {}).items()))
         if self.fabric is not None:
             out = self.fabric.rendezvous.submit(
-                seq, self.comm.rank, Request("sparse", acc, scheme, density, seed),
+                seq, self.comm.rank, Request("sparse", acc, scheme, density, seed, opts),
                 timeout=self.timeout)
             _write_back(tensor, out.result)
             return _like(tensor, out.residual), out.sent, out.received, out.steps
-        stacked = self._gather(acc, ("sparse", acc.shape[0], scheme, density, seed))
-        res = self.engine.run_sparse(scheme, stacked, density, seed)
+        stacked = self._gather(acc, ("sparse", acc.shape[0], scheme, density, seed, opts))
+        res = self.engine.run_sparse(scheme, stacked, density, seed, dict(opts))
         r = self.comm.rank
         _write_back(tensor, np.asarray(res.result[r], np.float32))
         return (_like(tensor, np.asarray(res.residuals[r], np.float32)),
@@ -375,6 +386,8 @@ class _ModelBackend:
 
     def status(self):
         return {"engine": self.engine.name,
+                "dense_engine": self.engine.dense_description,
+                "sparse_engine": self.engine.sparse_description,
                 "transport": "in-process fabric" if self.fabric else "torch.distributed gather"}
 
     def close(self):
@@ -404,7 +417,23 @@ class _RTLBackend:
         self._last_cycles = None
 
     def load(self, schedule, image):
-        self.client.load_config(image)
+        """Nothing is sent yet: an image set is for one element count, so each collective
+        loads the set for its own count when that changed (:meth:`_configure`). Returns the
+        config id now loaded (0: none)."""
+        self.schedule = schedule
+        self._loaded_elements = None
+        return 0
+
+    def _configure(self, elements: int, seq: int) -> None:
+        """Compile the image set for ``elements`` (once per count) and load it before
+        collective ``seq``; the config id is the CRC-32 of the bytes sent."""
+        if self._loaded_elements == elements:
+            return
+        from ..firmware.image import compile_images
+        image_set = compile_images(None, self.schedule, elements).to_bytes()
+        self.comm.config_id, _, _ = self.client.load_config(
+            image_set, what=f"collective #{seq} step LOAD_CONFIG")
+        self._loaded_elements = elements
 
     def _account(self):
         c = self.comm.counters
@@ -413,6 +442,7 @@ class _RTLBackend:
 
     def dense(self, tensor, seq):
         data, _ = _to_numpy(tensor)
+        self._configure(data.shape[0], seq)
         result, _, info = self.client.collective(seq, data)
         _write_back(tensor, result)
         if info["cycles"] is not None:
@@ -421,11 +451,14 @@ class _RTLBackend:
         self._account()
         return info["sent"], info["received"]
 
-    def sparse(self, tensor, residual, scheme, density, seed, seq):
+    def sparse(self, tensor, residual, scheme, density, seed, seq, options=None):
         data, _ = _to_numpy(tensor)
         acc = data.copy() if residual is None else data + _to_numpy(residual)[0]
+        self._configure(acc.shape[0], seq)
         result, new_res, info = self.client.collective(seq, acc,
-                                                       sparse=(scheme, density, seed))
+                                                       sparse=(scheme, density, seed, options))
+        if info["cycles"] is not None:
+            self.comm.counters.cycles += info["cycles"]
         _write_back(tensor, result)
         self._account()
         return _like(tensor, new_res), info["sent"], info["received"], info["steps"]
@@ -434,7 +467,15 @@ class _RTLBackend:
         self.client.abort(seq, reason)
 
     def status(self):
-        return {"engine": self.client.engine_description, "last_cycles": self._last_cycles,
+        # the server runs one engine for both kinds; the golden one's sparse side is the
+        # treenic.sparse models (the rtl engine refuses a sparse scheme it does not run)
+        golden = self.client.engine_id == P.ENGINE_IDS["golden"]
+        return {"engine": self.client.engine_description,
+                "dense_engine": (GoldenEngine.dense_description if golden
+                                 else self.client.engine_description),
+                "sparse_engine": (GoldenEngine.sparse_description if golden
+                                  else self.client.engine_description),
+                "last_cycles": self._last_cycles,
                 "nic": self.client.status()}
 
     def close(self):

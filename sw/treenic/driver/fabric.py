@@ -3,7 +3,8 @@
 A *fabric engine* simulates the N NICs and their links for one loaded schedule::
 
     engine.run(buffers)           # (N, E) float32 -> ((N, E) float32 result, cycles | None)
-    engine.run_sparse(scheme, accs, density, seed) -> treenic.sparse.SparseResult
+    engine.run_sparse(scheme, accs, density, seed, options) -> treenic.sparse.SparseResult
+    engine.sparse_unsupported(scheme) -> None | reason
 
 * :class:`GoldenEngine` — the golden executor (:func:`treenic.schedule.execute.execute`) for
   dense schedules and the :mod:`treenic.sparse` golden models for sparse schemes. It does not
@@ -13,7 +14,10 @@ A *fabric engine* simulates the N NICs and their links for one loaded schedule::
   (same contract as above). When that module, Verilator or a C++ compiler is missing, the
   topology has switches, or the build fails, the constructor / :meth:`RTLEngine.prepare`
   raises :class:`~treenic.driver.errors.RTLFabricUnavailable` with the reason; nothing
-  fakes it. Sparse schemes are not in the RTL yet (``run_sparse`` raises).
+  fakes it. ``run_sparse`` runs the schemes the RTL implements (:attr:`RTLEngine.SPARSE_SCHEMES`:
+  MultiTree-Sparse on the Verilated sparse NIC fabric, :mod:`treenic.hdl.nic.sparse_sim`,
+  on the schedule's topology); any other scheme raises (no golden fallback), and
+  :func:`rtl_sparse_unsupported` says so before anything runs.
 
 :class:`Rendezvous` matches the k-th collective of every rank (by sequence number), checks
 that all ranks asked for the same thing (mode, element count, sparse parameters), runs the
@@ -38,6 +42,8 @@ from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailabl
 RTL_MODULE = "treenic.hdl.nic.fabric_sim"
 
 ENGINES = ("golden", "rtl")
+#: sparse schemes the RTL engine runs (docs/sparse-nic.md)
+RTL_SPARSE = ("multitree-sparse",)
 #: How often a rank waiting in a collective checks that its own connection is still open.
 POLL_SECONDS = 0.1
 
@@ -53,38 +59,122 @@ def link_bytes(schedule: Schedule, elements: int, itemsize: int = 4):
     return sent, recv
 
 
-def run_sparse_model(scheme: str, accs: np.ndarray, density: float, seed: int):
+#: Options a sparse request may carry, with their values (first: the default). The NIC's
+#: sparse datapath reads them from the request: ``residual`` — which error-feedback residual
+#: every node keeps (``treenic.sparse.multitree_sparse``: "local" = what it discarded,
+#: "global" = SparDL's GRC); ``flow_assignment`` — how elements map onto the trees
+#: ("contiguous" chunks or Zen's "hash"). Only MultiTree-Sparse has them.
+SPARSE_OPTIONS = {"residual": ("local", "global"), "flow_assignment": ("contiguous", "hash")}
+#: Schemes that take :data:`SPARSE_OPTIONS`.
+SCHEMES_WITH_OPTIONS = ("multitree-sparse",)
+
+
+def check_sparse_request(scheme: str, options: dict | None, schedule: Schedule | None) -> dict:
+    """The complete, validated options of a sparse request (defaults filled in); raises
+    :class:`DriverError` naming the problem. MultiTree-Sparse runs on the loaded MultiTree
+    schedule (its trees are the flows), so the loaded schedule must be ``multitree``."""
+    from ..sparse.base import REGISTRY
+    if scheme not in REGISTRY:
+        raise DriverError(f"unknown sparse scheme {scheme!r}; known: {', '.join(REGISTRY)}")
+    options = dict(options or {})
+    for key, value in options.items():
+        if key not in SPARSE_OPTIONS:
+            raise DriverError(f"unknown sparse option {key!r}; known: "
+                              f"{', '.join(SPARSE_OPTIONS)}")
+        if value not in SPARSE_OPTIONS[key]:
+            raise DriverError(f"sparse option {key}={value!r}: must be one of "
+                              f"{', '.join(SPARSE_OPTIONS[key])}")
+    if scheme not in SCHEMES_WITH_OPTIONS:
+        odd = {k: v for k, v in options.items() if v != SPARSE_OPTIONS[k][0]}
+        if odd:
+            raise DriverError(f"sparse scheme {scheme!r} has no option "
+                              + ", ".join(f"{k}={v!r}" for k, v in odd.items())
+                              + f" (only {', '.join(SCHEMES_WITH_OPTIONS)} has)")
+        return {}
+    if schedule is not None and not runs_multitree_trees(schedule):
+        raise DriverError(f"sparse scheme {scheme!r} runs on the MultiTree schedule's trees; "
+                          f"the loaded schedule is {schedule.algorithm!r}"
+                          + (" and not the MultiTree schedule of its topology"
+                             if schedule.algorithm == "image-set" else ""))
+    return {k: options.get(k, vals[0]) for k, vals in SPARSE_OPTIONS.items()}
+
+
+def runs_multitree_trees(schedule: Schedule) -> bool:
+    """True when ``schedule`` is the MultiTree schedule MultiTree-Sparse builds for its
+    topology. A schedule decoded from an image set has no algorithm name, so its transfers
+    are compared with that build (once; the answer is kept in ``schedule.meta``)."""
+    if schedule.algorithm == "multitree":
+        return True
+    if "multitree_sparse_trees" not in schedule.meta:
+        from ..sparse.multitree_sparse import build_schedule
+        ref = build_schedule(schedule.n, schedule.topology.spec)
+        schedule.meta["multitree_sparse_trees"] = (
+            [t.to_json() for t in ref.transfers] == [t.to_json() for t in schedule.transfers])
+    return schedule.meta["multitree_sparse_trees"]
+
+
+def run_sparse_model(scheme: str, accs: np.ndarray, density: float, seed: int,
+                     options: dict | None = None, schedule: Schedule | None = None):
+    """The :mod:`treenic.sparse` golden model of one sparse collective on ``accs`` (gradient
+    + residual per rank; the model starts from a zero residual). MultiTree-Sparse runs on
+    ``schedule``'s topology (the loaded MultiTree schedule), not its own default."""
     from ..sparse import base as sparse_base
     workers, elements = accs.shape
+    opts = check_sparse_request(scheme, options, schedule)
+    if opts and schedule is not None:
+        opts["topology"] = schedule.topology.spec
     algo = sparse_base.make(scheme, workers=workers, elements=elements, density=density,
-                            seed=seed)
+                            seed=seed, **opts)
     return algo.step(np.ascontiguousarray(accs, dtype=np.float32))
 
 
 class GoldenEngine:
+    """The golden executor. Loaded from an image set (the fabric server), ``schedule`` is
+    the one the set's rows describe (:func:`treenic.firmware.image.decode_schedule`), so
+    the golden engine runs what the RTL's tables hold."""
     name = "golden"
     description = "golden executor (treenic.schedule.execute) + treenic.sparse golden models"
+    #: what ran each kind of collective (results and JSON name it)
+    dense_description = "golden executor (treenic.schedule.execute)"
+    sparse_description = "golden (treenic.sparse models)"
 
-    def __init__(self, schedule: Schedule):
+    def __init__(self, schedule: Schedule, images=None):
         self.schedule = schedule
+        #: the loaded :class:`~treenic.firmware.image.ImageSet` (None: in-process fabric)
+        self.images = images
+
+    def sparse_unsupported(self, scheme: str, options: dict | None = None) -> str | None:
+        """None: :meth:`run_sparse` runs ``scheme`` with ``options``; else why not."""
+        return None
 
     def run(self, buffers: np.ndarray):
         return execute(self.schedule, buffers), None
 
-    def run_sparse(self, scheme: str, accs: np.ndarray, density: float, seed: int):
-        return run_sparse_model(scheme, accs, density, seed)
+    def run_sparse(self, scheme: str, accs: np.ndarray, density: float, seed: int,
+                   options: dict | None = None):
+        return run_sparse_model(scheme, accs, density, seed, options, self.schedule)
 
 
 class RTLEngine:
     """The Verilated NIC fabric (:data:`RTL_MODULE`, ``FabricSim``): N NIC cores wired by
     link models, loaded with the firmware images of the schedule, run to DONE; cycles are the
     fabric's ``start .. done`` counter. One Verilated build per buffer size (cached on disk
-    under ``build/cosim``), so the first collective of a new size pays the build."""
+    under ``build/cosim``), so the first collective of a new size pays the build. Given
+    ``images`` (the fabric server: the image set a rank loaded), the fabric loads exactly
+    those images and runs their element count only."""
 
     name = "rtl"
+    #: Sparse schemes :meth:`run_sparse` runs on the Verilated fabric. Empty until the NIC's
+    #: sparse datapath is wired in: every sparse request is then an error on this engine
+    #: (never handed to the golden models behind the caller's back).
+    SPARSE_SCHEMES: tuple = RTL_SPARSE
+    #: Values of each sparse option (:data:`SPARSE_OPTIONS`) :meth:`run_sparse` runs on the
+    #: fabric; a request with another value is an error on this engine, never a golden run.
+    SPARSE_OPTION_VALUES: dict = {"residual": ("local",), "flow_assignment": ("contiguous",)}
 
-    def __init__(self, schedule: Schedule):
+    def __init__(self, schedule: Schedule, images=None):
         self.schedule = schedule
+        self.images = images
         if not schedule.topology.is_direct:
             raise RTLFabricUnavailable(f"RTL fabric engine unavailable: the RTL fabric wires "
                                        f"direct networks only; {schedule.topology.spec} has "
@@ -110,14 +200,26 @@ class RTLEngine:
             raise RTLFabricUnavailable(f"RTL fabric engine unavailable: cannot build the "
                                        f"Verilated fabric ({why})")
         self._sims: dict[int, object] = {}
+        self._sparse = None
         self.description = f"Verilated NIC fabric ({RTL_MODULE}.FabricSim)"
+        self.dense_description = self.sparse_description = self.description
+
+    def sparse_unsupported(self, scheme: str, options: dict | None = None) -> str | None:
+        """None: :meth:`run_sparse` runs ``scheme`` with ``options`` on the fabric; else why
+        not."""
+        return rtl_sparse_unsupported(scheme, options)
 
     def prepare(self, elements: int):
         """Build (or load from the cache) the fabric for ``elements`` per node."""
         sim = self._sims.get(elements)
+        if sim is None and self.images is not None and elements != self.images.elements:
+            raise FabricError(f"the loaded image set is for {self.images.elements} elements, "
+                              f"not {elements}", code="SIZE_MISMATCH")
         if sim is None:
             try:
-                sim = self._cls(self.schedule.topology, self.schedule, elements)
+                sim = (self._cls(self.schedule.topology, self.schedule, elements)
+                       if self.images is None else
+                       self._cls(self.schedule.topology, None, None, images=self.images))
             except Exception as e:
                 text = str(e).strip()
                 lines = text.splitlines()
@@ -138,16 +240,46 @@ class RTLEngine:
                               f"float32{buffers.shape}")
         return out, (None if cycles is None else int(cycles))
 
-    def run_sparse(self, scheme, accs, density, seed):
-        raise FabricError(f"the RTL fabric ({RTL_MODULE}) runs dense schedules only; sparse "
-                          f"scheme {scheme!r} needs the golden engine")
+    def run_sparse(self, scheme, accs, density, seed, options=None):
+        """MultiTree-Sparse of ``accs`` on the Verilated sparse NIC fabric of the schedule's
+        topology (results and residuals from the RTL); ``info["engine"]`` names it."""
+        why = rtl_sparse_unsupported(scheme, options)
+        if why:
+            raise FabricError(why)
+        if self._sparse is None:
+            from ..hdl.nic.sparse_sim import StatelessSparse
+            self._sparse = StatelessSparse(self.schedule.topology.spec)
+        try:
+            res, _ = self._sparse.run(accs, density, seed)
+        except (ValueError, TimeoutError) as e:
+            raise FabricError(f"RTL sparse fabric: {e}") from None
+        return res
 
 
-def make_engine(name: str, schedule: Schedule):
+def rtl_sparse_unsupported(scheme: str, options: dict | None = None) -> str | None:
+    """None when the ``rtl`` engine runs sparse ``scheme`` with ``options`` on the Verilated
+    fabric, else the reason (a one-line error; the caller must not fall back silently)."""
+    if scheme not in RTLEngine.SPARSE_SCHEMES:
+        runs = ", ".join(RTLEngine.SPARSE_SCHEMES) or "none yet"
+        return (f"the rtl engine does not run sparse scheme {scheme!r} on the Verilated NIC "
+                f"fabric (sparse schemes in the RTL: {runs}); use --engine golden, or request "
+                "the golden fallback explicitly")
+    for key, value in (options or {}).items():
+        runs = RTLEngine.SPARSE_OPTION_VALUES.get(key, ())
+        if value not in runs:
+            return (f"the rtl engine runs sparse scheme {scheme!r} with {key} "
+                    f"{' or '.join(runs) or '(none)'} only, not {value!r}; use --engine golden, "
+                    "or request the golden fallback explicitly")
+    return None
+
+
+def make_engine(name: str, schedule: Schedule, images=None):
+    """Engine ``name`` for ``schedule``; with ``images`` (an ImageSet whose rows describe
+    ``schedule``) the engine runs that image set."""
     if name == "golden":
-        return GoldenEngine(schedule)
+        return GoldenEngine(schedule, images)
     if name == "rtl":
-        return RTLEngine(schedule)
+        return RTLEngine(schedule, images)
     raise DriverError(f"unknown fabric engine {name!r}; known: {', '.join(ENGINES)}")
 
 
@@ -173,13 +305,15 @@ class Request:
     scheme: str = ""
     density: float = 0.0
     seed: int = 0
+    #: validated sparse options (:func:`check_sparse_request`) as sorted (key, value) pairs
+    options: tuple = ()
     #: the rank's loaded configuration ``(config_id, schedule, engine)``; None: the
     #: rendezvous' own (in-process fabric). Ranks with different ids get CONFIG_MISMATCH.
     config: tuple | None = field(default=None, compare=False, repr=False)
 
     def signature(self):
         return (self.mode, int(self.data.shape[0]), self.scheme, float(self.density),
-                int(self.seed))
+                int(self.seed), self.options)
 
 
 @dataclass
@@ -318,20 +452,23 @@ class Rendezvous:
 
     def _run(self, seq: int, rec: _Record) -> None:
         reqs = [rec.requests[r] for r in range(self.world)]
+        # sizes first: ranks of different element counts also loaded different image sets,
+        # and the size is what the user must fix
+        sigs = [q.signature() for q in reqs]
+        if len(set(sigs)) != 1:
+            desc = "; ".join(f"rank {r}: {s[0]} {s[1]} elements"
+                             + (f" {s[2]} density={s[3]} seed={s[4]} {dict(s[5])}"
+                                if s[0] == "sparse" else "")
+                             for r, s in enumerate(sigs))
+            rec.error = FabricError(f"collective #{seq}: ranks disagree ({desc})",
+                                    code="SIZE_MISMATCH")
+            return
         ids = [q.config[0] if q.config else None for q in reqs]
         if len(set(ids)) != 1:
             desc = ", ".join(f"rank {r}: {'none' if i is None else f'{i:#010x}'}"
                              for r, i in enumerate(ids))
             rec.error = FabricError(f"collective #{seq}: ranks loaded different "
                                     f"configurations ({desc})", code="CONFIG_MISMATCH")
-            return
-        sigs = [q.signature() for q in reqs]
-        if len(set(sigs)) != 1:
-            desc = "; ".join(f"rank {r}: {s[0]} {s[1]} elements"
-                             + (f" {s[2]} density={s[3]} seed={s[4]}" if s[0] == "sparse" else "")
-                             for r, s in enumerate(sigs))
-            rec.error = FabricError(f"collective #{seq}: ranks disagree ({desc})",
-                                    code="SIZE_MISMATCH")
             return
         _, schedule, engine = reqs[0].config or (None, self.schedule, self.engine)
         try:
@@ -349,7 +486,8 @@ class Rendezvous:
                 rec.outcomes = [Outcome(out[r], None, int(sent[r]), int(recv[r]),
                                         schedule.steps, cycles) for r in range(self.world)]
             else:
-                res = engine.run_sparse(req.scheme, data, req.density, req.seed)
+                res = engine.run_sparse(req.scheme, data, req.density, req.seed,
+                                        dict(req.options))
                 sent, recv = res.bytes_sent_per_worker(), res.bytes_received_per_worker()
                 rec.outcomes = [Outcome(np.asarray(res.result[r], np.float32),
                                         np.asarray(res.residuals[r], np.float32),

@@ -11,12 +11,13 @@ Framing (all integers little-endian)
 offset size field
 ====== ==== ==================================================================
 0      4    magic ``b"TNIC"``
-4      1    protocol version (:data:`PROTOCOL_VERSION`, currently 2)
+4      1    protocol version (:data:`PROTOCOL_VERSION`, currently 3)
 5      1    message type (:class:`Msg`)
 6      2    flags (bit 0: reply; other bits reserved, must be 0)
 8      4    tag: request id chosen by the client; the reply echoes it
-12     4    payload length ``L`` (at most :data:`MAX_PAYLOAD`; at most
-            :data:`MAX_PAYLOAD_BEFORE_HELLO` until the connection's HELLO is accepted)
+12     4    payload length ``L`` (at most :data:`MAX_PAYLOAD`, less for some types:
+            :data:`PAYLOAD_LIMITS`; at most :data:`MAX_PAYLOAD_BEFORE_HELLO` until the
+            connection's HELLO is accepted)
 16     L    payload (layout per message type, below)
 16+L   4    CRC-32 (IEEE 802.3, ``zlib.crc32``) of bytes ``0 .. 16+L-1``
 ====== ==== ==================================================================
@@ -38,13 +39,20 @@ Messages (request → reply; payload layouts as :mod:`struct` formats)
     guess per connection; compared in constant time; never echoed). The world must equal
     the fabric's node count; a rank is held by at most one connection.
 ``LOAD_CONFIG`` 0x02 → ``CONFIG_ACK`` 0x82
-    request ``<II`` image kind (1: treenic-schedule JSON, :meth:`Schedule.dumps`), CRC-32 of
-    the image + image bytes. reply ``<IIII`` config id (the image CRC-32), nodes, steps,
-    chunks; the client checks that the id and node count are the ones it sent. The image is
-    bounded, names its topology inline (no file path is ever opened) and must pass the
-    schedule checkers (:mod:`treenic.driver.config`), else ``BAD_CONFIG``. The configuration
-    is this rank's: a collective runs only when every rank loaded the same one; otherwise
-    every rank's ``START`` of it gets ``CONFIG_MISMATCH`` naming each rank's config id.
+    request ``<II`` image kind (:data:`IMAGE_SET`: the schedule compiler's configuration
+    image set, :meth:`treenic.firmware.image.ImageSet.to_bytes` -- every NIC's image for one
+    element count), CRC-32 of the image set + its bytes. The declared payload length is
+    bounded (:data:`MAX_IMAGE_SET_BYTES`) before a byte of it is received. reply ``<IIII``
+    config id (the CRC-32 of the image set bytes), nodes, steps, elements; the client checks
+    that the id and node count are the ones it sent. The set must decode and pass the image
+    checks (container, CRC, every field's meaning), name an inline topology of at most the
+    fabric's size (no file path is ever opened), be exactly the compiler's encoding of the
+    schedule its rows describe, and that schedule must pass the schedule checkers
+    (:mod:`treenic.driver.config`), else ``BAD_CONFIG``. The configuration is this rank's
+    and holds for collectives of its element count (a rank loads the set for each new
+    element count; ``START`` of another count gets ``SIZE_MISMATCH``): a collective runs
+    only when every rank loaded the same one; otherwise every rank's ``START`` of it gets
+    ``CONFIG_MISMATCH`` naming each rank's config id.
 ``WRITE_BUFFER`` 0x03 → ``WRITE_ACK`` 0x83
     request ``<IBBHQ`` collective sequence number (from 1, +1 per collective), dtype code
     (1: float32 — the reduction unit's only type, docs/architecture.md §5), buffer id
@@ -52,10 +60,13 @@ Messages (request → reply; payload layouts as :mod:`struct` formats)
     reply ``<IQ`` sequence, count. At most 4 collectives may be written and not yet started
     per rank (``SEQUENCE`` beyond that); a sequence number is written once.
 ``START`` 0x04 → ``COMPLETE`` 0x84
-    request ``<IBBHdQ`` sequence, mode (0: dense schedule, 1: sparse), reserved, name length
-    ``n``, density (float64, sparse only), seed (sparse only) + ``n`` bytes UTF-8 sparse
-    scheme name (``treenic.sparse`` registry). The NIC starts once all ranks have written
-    and started collective ``sequence``; the reply is sent when it finished.
+    request ``<IBBHdQ`` sequence, mode (0: dense schedule, 1: sparse), sparse options
+    (:func:`pack_sparse_options`: bit 0 residual 0 local / 1 global, bit 1 flow assignment
+    0 contiguous / 1 hash, other bits 0; 0 for dense and for schemes without options), name
+    length ``n``, density (float64, sparse only), seed (sparse only) + ``n`` bytes UTF-8
+    sparse scheme name (``treenic.sparse`` registry). The NIC starts once all ranks have
+    written and started collective ``sequence`` with the same parameters; the reply is sent
+    when it finished. A sparse scheme the fabric's engine does not run is ``ENGINE``.
     reply ``<IIQQQ`` sequence, steps, cycles (:data:`CYCLES_UNKNOWN` when the engine does
     not model time), bytes this NIC sent on its links, bytes it received on its links.
 ``READ_BUFFER`` 0x05 → ``BUFFER_DATA`` 0x85
@@ -88,9 +99,12 @@ too) and every later one until the rank connects again; an orderly ``BYE`` abort
 it then closes. Security model, limits and guarantees: ``docs/driver-protocol.md``.
 
 Versioning: the version byte changes whenever a layout changes (2: HELLO carries the job
-secret; ABORT). A server answers a frame of
-another version with ``ERROR VERSION_MISMATCH`` (payload names both versions) in *its own*
-framing, which every version keeps (magic, version, type at the same offsets).
+secret; ABORT. 3: LOAD_CONFIG carries the configuration image set instead of schedule JSON,
+CONFIG_ACK the element count instead of the chunk count, and START's third byte carries the
+sparse options, reserved before). A server answers a frame of
+another version with ``ERROR VERSION_MISMATCH`` (payload names both versions and what
+changed) in *its own* framing, which every version keeps (magic, version, type at the same
+offsets).
 """
 from __future__ import annotations
 
@@ -103,7 +117,11 @@ import zlib
 from enum import IntEnum
 
 MAGIC = b"TNIC"
-PROTOCOL_VERSION = 2             # 2: HELLO carries the job secret; ABORT
+PROTOCOL_VERSION = 3             # 3: LOAD_CONFIG carries the image set; sparse options (2: job secret; ABORT)
+#: What each version changed, for the VERSION_MISMATCH message an older or newer peer gets.
+VERSION_CHANGES = {2: "HELLO carries the job secret; ABORT",
+                   3: "LOAD_CONFIG carries the configuration image set, not schedule JSON; "
+                      "START carries the sparse options"}
 HEADER = struct.Struct("<4sBBHII")
 CRC = struct.Struct("<I")
 MAX_PAYLOAD = 1 << 30            # 1 GiB: 256 M float32 elements per buffer
@@ -122,7 +140,13 @@ BUF_RESULT = 0
 BUF_RESIDUAL = 1
 MODE_DENSE = 0
 MODE_SPARSE = 1
-IMAGE_SCHEDULE_JSON = 1
+#: LOAD_CONFIG image kind: a serialized :class:`treenic.firmware.image.ImageSet`. (Kind 1,
+#: treenic-schedule JSON, was protocol version 2's and is refused.)
+IMAGE_SET = 2
+#: Largest image set LOAD_CONFIG may carry (bytes); a 64-node torus set is about 0.2 MiB.
+MAX_IMAGE_SET_BYTES = 4 << 20
+#: START's sparse options byte: (option, value that sets the bit) per bit, bit 0 first
+SPARSE_OPTION_BITS = (("residual", "global"), ("flow_assignment", "hash"))
 ENGINE_IDS = {"golden": 0, "rtl": 1}
 
 
@@ -178,7 +202,7 @@ REQUEST_REPLY = {Msg.HELLO: Msg.HELLO_ACK, Msg.LOAD_CONFIG: Msg.CONFIG_ACK,
 HELLO = struct.Struct("<HHHH32s")         # version, rank, world, reserved, job secret
 HELLO_ACK = struct.Struct("<HHHH")
 LOAD_CONFIG = struct.Struct("<II")
-CONFIG_ACK = struct.Struct("<IIII")
+CONFIG_ACK = struct.Struct("<IIII")      # config id, nodes, steps, elements
 BUFFER = struct.Struct("<IBBHQ")          # WRITE_BUFFER and BUFFER_DATA
 WRITE_ACK = struct.Struct("<IQ")
 START = struct.Struct("<IBBHdQ")
@@ -188,6 +212,26 @@ STATUS_REPLY = struct.Struct("<IIQQQQQQ")
 ERROR = struct.Struct("<HH")
 ABORT = struct.Struct("<I")               # sequence + UTF-8 reason
 MAX_ABORT_REASON = 1024
+
+#: Per message type, the largest payload a receiver accepts (checked on the frame header,
+#: before the payload is received); other types: :data:`MAX_PAYLOAD`.
+PAYLOAD_LIMITS = {Msg.LOAD_CONFIG: LOAD_CONFIG.size + MAX_IMAGE_SET_BYTES}
+
+
+def pack_sparse_options(options: dict) -> int:
+    """START's sparse options byte of validated options (missing: the default, bit 0)."""
+    return sum(1 << bit for bit, (key, value) in enumerate(SPARSE_OPTION_BITS)
+               if options.get(key) == value)
+
+
+def unpack_sparse_options(byte: int) -> dict | None:
+    """The options a START byte names (every option, defaults included); None when a bit
+    outside :data:`SPARSE_OPTION_BITS` is set."""
+    if byte >> len(SPARSE_OPTION_BITS):
+        return None
+    from .fabric import SPARSE_OPTIONS
+    return {key: (value if byte >> bit & 1 else SPARSE_OPTIONS[key][0])
+            for bit, (key, value) in enumerate(SPARSE_OPTION_BITS)}
 
 
 #: Job secret: 32 random bytes, written as 64 hex digits outside the protocol.
@@ -286,14 +330,16 @@ def read_frame(sock: socket.socket, max_payload: int = MAX_PAYLOAD, *,
         raise ProtocolError(ErrorCode.BAD_MAGIC, f"bad magic {magic!r} (expected {MAGIC!r})",
                             fatal=True)
     if version != PROTOCOL_VERSION:
-        raise ProtocolError(ErrorCode.VERSION_MISMATCH,
-                            f"frame has protocol version {version}, this end speaks "
-                            f"{PROTOCOL_VERSION}", fatal=True)
+        raise ProtocolError(ErrorCode.VERSION_MISMATCH, version_mismatch(version), fatal=True)
     if length > max_payload:
         limit = "" if max_payload == MAX_PAYLOAD else " allowed before HELLO"
         raise ProtocolError(ErrorCode.FRAME_TOO_LARGE,
                             f"payload length {length} exceeds the {max_payload} bytes{limit}",
                             fatal=True)
+    if length > PAYLOAD_LIMITS.get(msg, MAX_PAYLOAD):
+        raise ProtocolError(ErrorCode.FRAME_TOO_LARGE,
+                            f"{_type_name(msg)} payload length {length} exceeds its "
+                            f"{PAYLOAD_LIMITS[msg]} bytes", fatal=True)
     payload = _recv_exact(sock, length, started=True, deadline=deadline)
     (crc,) = CRC.unpack(_recv_exact(sock, CRC.size, started=True, deadline=deadline))
     want = zlib.crc32(payload, zlib.crc32(head))
@@ -302,6 +348,15 @@ def read_frame(sock: socket.socket, max_payload: int = MAX_PAYLOAD, *,
                             f"CRC-32 mismatch on {_type_name(msg)} frame "
                             f"(got {crc:#010x}, computed {want:#010x})")
     return msg, tag, flags, payload
+
+
+def version_mismatch(version: int) -> str:
+    """The VERSION_MISMATCH text for a peer speaking ``version``: both versions, and what
+    changed in between (an old client learns why it must be updated)."""
+    text = f"frame has protocol version {version}, this end speaks {PROTOCOL_VERSION}"
+    changes = [f"{v}: {VERSION_CHANGES[v]}" for v in sorted(VERSION_CHANGES)
+               if min(version, PROTOCOL_VERSION) < v <= max(version, PROTOCOL_VERSION)]
+    return text + (f" (changed in version {'; '.join(changes)})" if changes else "")
 
 
 def _type_name(msg: int) -> str:

@@ -30,9 +30,10 @@ import zlib
 import numpy as np
 
 from . import protocol as P
-from .config import ConfigRejected, parse_image
+from .config import ConfigRejected, parse_image_set
 from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailable
-from .fabric import RTL_MODULE, GoldenEngine, Request, Rendezvous, make_engine
+from .fabric import (RTL_MODULE, SCHEMES_WITH_OPTIONS, SPARSE_OPTIONS, GoldenEngine, Request,
+                     Rendezvous, check_sparse_request, make_engine)
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 ENGINE_DESCRIPTIONS = {"golden": GoldenEngine.description,
@@ -306,27 +307,29 @@ class FabricServer:
 
     def _load_config(self, ctx, payload):
         (kind, crc), image = P.unpack(P.LOAD_CONFIG, payload, "LOAD_CONFIG", exact=False)
-        if kind != P.IMAGE_SCHEDULE_JSON:
-            raise _Reply(P.ErrorCode.BAD_CONFIG, f"unknown config image kind {kind}")
+        if kind != P.IMAGE_SET:
+            raise _Reply(P.ErrorCode.BAD_CONFIG, f"unknown config image kind {kind}: protocol "
+                         f"version {P.PROTOCOL_VERSION} loads image sets (kind {P.IMAGE_SET})")
         if zlib.crc32(image) != crc:
             raise _Reply(P.ErrorCode.BAD_CONFIG, f"config image CRC-32 {zlib.crc32(image):#010x}"
                                                  f" != declared {crc:#010x}")
         config = self._config(crc, image)
         ctx["config"] = config
-        schedule = config[1]
+        _, schedule, engine = config
         return P.Msg.CONFIG_ACK, P.CONFIG_ACK.pack(crc, schedule.n, schedule.steps,
-                                                   schedule.num_chunks)
+                                                   engine.images.elements)
 
     def _config(self, crc: int, image: bytes) -> tuple:
-        """``(config id, schedule, engine)`` of an image: cached, or parsed, bounded, checked
-        and built under build_lock only — HELLO and the other ranks never wait for a build."""
+        """``(config id, schedule, engine)`` of an image set: cached, or decoded, bounded,
+        checked and built under build_lock only -- HELLO and the other ranks never wait for
+        a build. ``schedule`` is the one the set's rows describe (link bytes, steps)."""
         with self.build_lock:
             cached = self.configs.get(crc)
             if cached is not None and cached[0] == image:
                 return (crc,) + cached[1:]
             try:
-                schedule = parse_image(image, self.nodes)
-                engine = make_engine(self.engine_name, schedule)
+                images, schedule = parse_image_set(image, self.nodes)
+                engine = make_engine(self.engine_name, schedule, images)
             except ConfigRejected as e:
                 raise _Reply(P.ErrorCode.BAD_CONFIG, str(e)) from None
             except RTLFabricUnavailable as e:
@@ -360,8 +363,8 @@ class FabricServer:
         return P.Msg.WRITE_ACK, P.WRITE_ACK.pack(seq, count)
 
     def _start(self, ctx, payload):
-        (seq, mode, _, nlen, density, seed), rest = P.unpack(P.START, payload, "START",
-                                                             exact=False)
+        (seq, mode, opt_bits, nlen, density, seed), rest = P.unpack(P.START, payload, "START",
+                                                                    exact=False)
         if len(rest) != nlen:
             raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"START name length {nlen} but {len(rest)} "
                                                   "bytes follow")
@@ -376,17 +379,24 @@ class FabricServer:
             except UnicodeDecodeError:
                 raise _Reply(P.ErrorCode.BAD_PAYLOAD, "sparse scheme name is not UTF-8") \
                     from None
+            options = self._sparse_options(ctx, scheme, opt_bits)
         elif mode != P.MODE_DENSE:
             raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"unknown START mode {mode}")
+        elif opt_bits:
+            raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"dense START with sparse options "
+                                                  f"{opt_bits:#04x} (must be 0)")
         if seq not in ctx["staged"]:
             raise _Reply(P.ErrorCode.SEQUENCE, f"START of collective #{seq} without its "
                                                "WRITE_BUFFER")
+        if mode == P.MODE_DENSE:
+            _check_config_elements(ctx, seq)
         data = ctx["staged"].pop(seq)
         rank = ctx["rank"]
         if mode == P.MODE_DENSE:
             req = Request("dense", data, config=ctx["config"])
         else:
-            req = Request("sparse", data, scheme, density, seed, config=ctx["config"])
+            req = Request("sparse", data, scheme, density, seed,
+                          tuple(sorted(options.items())), config=ctx["config"])
         try:
             out = self.rendezvous.submit(seq, rank, req, alive=lambda: _peer_open(ctx["conn"]))
         except FabricTimeout as e:
@@ -406,6 +416,27 @@ class FabricServer:
         nic["collectives"] += 1
         cycles = P.CYCLES_UNKNOWN if out.cycles is None else out.cycles
         return P.Msg.COMPLETE, P.COMPLETE.pack(seq, out.steps, cycles, out.sent, out.received)
+
+    @staticmethod
+    def _sparse_options(ctx, scheme: str, opt_bits: int) -> dict:
+        """The validated options of a sparse START (before its buffer is taken): unknown
+        option bits, options the scheme lacks, a scheme the engine does not run (the
+        ``rtl`` engine never hands one to the golden models) are one-line errors."""
+        options = P.unpack_sparse_options(opt_bits)
+        if options is None:
+            raise _Reply(P.ErrorCode.BAD_PAYLOAD, f"START sparse options {opt_bits:#04x} set "
+                                                  "undefined bits")
+        if scheme not in SCHEMES_WITH_OPTIONS:
+            options = {k: v for k, v in options.items() if v != SPARSE_OPTIONS[k][0]}
+        _, schedule, engine = ctx["config"]
+        try:
+            options = check_sparse_request(scheme, options, schedule)
+        except DriverError as e:
+            raise _Reply(P.ErrorCode.BAD_PAYLOAD, str(e)) from None
+        reason = engine.sparse_unsupported(scheme, options)
+        if reason:
+            raise _Reply(P.ErrorCode.ENGINE, reason)
+        return options
 
     def _read(self, ctx, payload):
         (seq, which), _ = P.unpack(P.READ_BUFFER, payload, "READ_BUFFER")
@@ -453,6 +484,16 @@ class FabricServer:
         return P.Msg.STATUS_REPLY, P.STATUS_REPLY.pack(
             1 if busy else 0, config_id, nic["collectives"], nic["host_rx"],
             nic["host_tx"], nic["link_tx"], nic["link_rx"], nic["cycles"])
+
+
+def _check_config_elements(ctx, seq: int) -> None:
+    """A dense collective runs the loaded image set, which is for one element count."""
+    cid, _, engine = ctx["config"]
+    count, want = ctx["staged"][seq].shape[0], engine.images.elements
+    if count != want:
+        raise _Reply(P.ErrorCode.SIZE_MISMATCH,
+                     f"collective #{seq} has {count} elements, the loaded image set "
+                     f"{cid:#010x} is for {want}: load the image set for {count} first")
 
 
 def _peer_open(conn: socket.socket) -> bool:

@@ -279,7 +279,7 @@ class TorchBackend:
                 _combine(flat, m, buf)
             i = j
 
-    def sparse(self, tensor, residual, scheme, density, seed, seq):
+    def sparse(self, tensor, residual, scheme, density, seed, seq, options=None):
         import torch
         dist = self.dist
         if scheme != "topka":
@@ -314,6 +314,8 @@ class TorchBackend:
 
     def status(self):
         return {"engine": "torch.distributed P2P",
+                "dense_engine": "torch.distributed P2P (the schedule)",
+                "sparse_engine": "torch.distributed (TopkA all-gather of each rank's top-k)",
                 "transport": self.dist.get_backend(self.group), "executor": self.executor}
 
     def close(self):

@@ -268,7 +268,7 @@ class UDPBackend:
         sent, recv = link_bytes(self.comm.schedule, e)
         return int(sent[self.rank]), int(recv[self.rank])
 
-    def sparse(self, tensor, residual, scheme, density, seed, seq):
+    def sparse(self, tensor, residual, scheme, density, seed, seq, options=None):
         raise DriverError("backend 'udp': sparse schemes are not in the NIC RTL yet")
 
     def status(self):

@@ -23,9 +23,10 @@ from treenic.algorithms import build
 
 from . import rtl_runs
 from .sim import simulate
+from .stalls import fabric_stalls
 from .timing import PAPER, RTL, NicTiming
 
-__all__ = ["run", "rtl_timing", "validation"]
+__all__ = ["run", "rtl_timing", "predict", "validation"]
 
 SCALE_BYTES = 64 << 20
 
@@ -36,6 +37,28 @@ def rtl_timing(run: rtl_runs.RtlRun) -> NicTiming:
                      sub_words=run.sub_words, packet_words=run.packet_words, stall=run.stall)
 
 
+def predict(run: rtl_runs.RtlRun, record: dict | None = None):
+    """The model's prediction of one fabric run -> (SimResult, stall model used).
+
+    A run with link stalls whose record says how far the links' LFSRs ran before START
+    (``lfsr_steps_at_start``) is priced with every link's own stall cycles replayed
+    (:func:`.stalls.fabric_stalls`, the RTL's LFSR and seeds); without that the stalls
+    can only be priced as a mean rate (``NicTiming.stall``)."""
+    sched = run.schedule()
+    timing = rtl_timing(run)
+    steps = (record or {}).get("lfsr_steps_at_start")
+    if not run.stall:
+        return simulate(sched, run.elements, timing), "none"
+    if steps is None:
+        return simulate(sched, run.elements, timing), "mean rate (LFSR start not recorded)"
+    timing = timing.with_(stall=0)
+    stalls = fabric_stalls(sched.topology, ports=rtl_runs.nic_params(run, sched).ports,
+                           seed=run.seed, stall=run.stall, lfsr_steps_at_start=steps,
+                           latency=run.latency, credits=run.credits,
+                           credit_return=timing.credit_return)
+    return simulate(sched, run.elements, timing, stalls=stalls), "LFSR replay"
+
+
 def validation(records: dict | None = None) -> list[dict]:
     """Model against every recorded RTL run."""
     records = rtl_runs.load() if records is None else records
@@ -44,10 +67,12 @@ def validation(records: dict | None = None) -> list[dict]:
         rec = records.get(r.name)
         if rec is None:
             continue
-        res = simulate(r.schedule(), r.elements, rtl_timing(r))
+        res, stall_model = predict(r, rec)
         rtl = rec["cycles"]
         out.append({"run": r.name, "topology": r.topology, "algorithm": r.algorithm,
-                    "elements": r.elements, "mode": r.mode, "rtl_cycles": rtl,
+                    "elements": r.elements, "mode": r.mode, "stall": r.stall,
+                    "stall_model": stall_model, "variant": r.variant or ("bound" if r.algorithm == "multitree" else None),
+                    "rtl_cycles": rtl,
                     "model_cycles": round(res.cycles, 1),
                     "error": round((res.cycles - rtl) / rtl, 4),
                     "rtl_step_cycles_node0": rec.get("step_cycles_node0"),

@@ -7,9 +7,13 @@ live in ``rtl_cycles.json`` next to this file, written by::
     python -m treenic.netsim.rtl_runs --measure [--only NAME,...]
 
 which builds each fabric with :class:`treenic.hdl.nic.fabric_sim.FabricSim` (Verilator),
-runs one all-reduce of random float32 data (link stalls as the run names them), checks the result bit for bit
-against the golden executor and records the fabric's ``cycles`` (START to the last NIC's
-DONE) and node 0's per-step cycle log. Tests read the recorded file; they never build RTL.
+runs one all-reduce of random float32 data (link stalls as the run names them), checks the
+result bit for bit against the golden executor and records the fabric's ``cycles`` (START to
+the last NIC's DONE), node 0's per-step cycle log and ``lfsr_steps_at_start`` (how far the
+links' stall LFSRs ran before START, which fixes every link's stall cycles: the model
+replays them, :mod:`.stalls`). Tests read the recorded file; they never build RTL.
+``TREENIC_COSIM_OPT=-O0`` compiles the 16-NIC fabric several times faster on a loaded
+machine (the runs are a few thousand cycles).
 """
 from __future__ import annotations
 
@@ -103,6 +107,7 @@ def measure(run: RtlRun) -> dict:
         raise RuntimeError(f"{run.name}: RTL result differs from the golden executor")
     cnt = fs.counters()
     return {"cycles": int(cycles), "bit_exact": True,
+            "lfsr_steps_at_start": fs.last_timing["lfsr_steps_at_start"],
             "step_cycles_node0": [int(c) for c in cnt[0]["step_cycles"]],
             "verilator_build_s": round(build_s, 1), "commit": _commit()}
 
@@ -124,7 +129,9 @@ def load() -> dict:
 
 def save(records: dict) -> None:
     DATA_FILE.write_text(json.dumps({
-        "what": "Verilated NIC fabric cycles (START to last DONE), no link stalls, seed 1",
+        "what": "Verilated NIC fabric cycles (START to last DONE); link stalls and seed as "
+                "each run names them (rtl_runs.RUNS); lfsr_steps_at_start: cycles the links' "
+                "stall LFSRs ran before START",
         "command": COMMAND, "runs": records}, indent=1) + "\n")
 
 

@@ -98,9 +98,11 @@ class _Links:
     """Directed links between vertex pairs, each pair with one server per parallel link:
     cycles per flit, latency cycles and the time each server is next free (FCFS)."""
 
-    def __init__(self, schedule: Schedule, timing: NicTiming):
+    def __init__(self, schedule: Schedule, timing: NicTiming, stalls=None):
         self.topo = topo = schedule.topology
         self.timing = timing
+        #: links whose stall schedule is replayed flit by flit (:mod:`.stalls`), or None
+        self.stalls = stalls
         flit_per_s = timing.flit_bytes * timing.clock_hz
         self.cpf, self.lat, self.free = {}, {}, {}
         for u, v in {(u, v) for u, v in topo.graph.edges()}:
@@ -129,27 +131,37 @@ class _Links:
         returns (last flit off the first link, last flit into the destination, first flit
         into the destination)."""
         links = list(zip(path, path[1:]))
-        starts, ends, servers = [], [], []
+        starts, ends, servers, frees = [], [], [], []
         t, prev_end = ready, 0.0
+        first_in = None
         for k, ln in enumerate(links):
             free = self.free[ln]
             j = 0 if k == 0 else min(range(len(free)), key=free.__getitem__)
             s = max(t, free[j])
-            e = max(s + flits * self.cpf[ln], prev_end,
-                    not_before if k == len(links) - 1 else 0.0)
+            tail = not_before if k == len(links) - 1 else 0.0
+            if self.stalls is not None and ln in self.stalls:
+                # the link's own stall cycles, flit by flit; it is free for the next message
+                # once the sender is through (its buffer keeps the order)
+                sent, d_first, d_last = self.stalls.transmit(ln, s, flits)
+                e = max(d_last + 1 - self.lat[ln], prev_end, tail)
+                first_in, f = d_first, sent
+            else:
+                e = max(s + flits * self.cpf[ln], prev_end, tail)
+                first_in, f = s + self.lat[ln], None
             starts.append(s)
             ends.append(e)
             servers.append(j)
+            frees.append(f)
             t = s + self.lat[ln]
             prev_end = e + self.lat[ln]
         # back-pressure: an upstream link cannot finish more than a credit window ahead
         credits = self.timing.credits
         for k in range(len(links) - 2, -1, -1):
             ends[k] = max(ends[k], ends[k + 1] - self.lat[links[k]] - credits * self.cpf[links[k]])
-        for ln, j, e in zip(links, servers, ends):
-            self.free[ln][j] = e
+        for ln, j, e, f in zip(links, servers, ends, frees):
+            self.free[ln][j] = e if f is None else f
         last = links[-1]
-        return ends[0], ends[-1] + self.lat[last], starts[-1] + self.lat[last]
+        return (ends[0] if frees[0] is None else frees[0]), ends[-1] + self.lat[last], first_in
 
 
 @dataclass
@@ -182,13 +194,17 @@ ENGINES = ("auto", "event", "sweep")
 
 
 def simulate(schedule: Schedule, elements: int, timing: NicTiming = RTL,
-             *, engine: str = "auto", tables: list | None = None) -> SimResult:
+             *, engine: str = "auto", tables: list | None = None,
+             stalls=None) -> SimResult:
     """Simulate one all-reduce of ``elements`` float32 per node; see the module docstring.
 
     ``engine``: ``"event"`` (the event loop, any schedule), ``"sweep"`` (the vectorised
     form of the same model, :mod:`.fast`; only where links are private — an error
     otherwise) or ``"auto"`` (sweep where it applies). ``SimResult.engine`` says which ran.
-    ``tables``: per-node entries already derived for this schedule and element count."""
+    ``tables``: per-node entries already derived for this schedule and element count.
+    ``stalls``: a :class:`~.stalls.LinkStalls` whose links stall cycle by cycle as that
+    schedule says (an RTL fabric's LFSR stalls, :func:`~.stalls.fabric_stalls`) instead of
+    the mean rate ``timing.stall`` prices; it needs the event engine."""
     _check(schedule, elements)
     if engine not in ENGINES:
         raise NetsimError(f"engine must be one of {ENGINES}, not {engine!r}")
@@ -197,11 +213,15 @@ def simulate(schedule: Schedule, elements: int, timing: NicTiming = RTL,
 
     from . import fast
     n = schedule.n
-    links = _Links(schedule, timing)
+    if stalls is not None and timing.stall:
+        raise NetsimError("give either a replayed stall schedule or timing.stall, not both")
+    links = _Links(schedule, timing, stalls)
     lockstep = timing.lockstep_cycles
     if lockstep is None:
         lockstep = lockstep_estimate(schedule, elements, timing.flit_bytes * 8)
-    private = fast.applies(schedule) if engine != "event" else False
+    if engine == "sweep" and stalls is not None:
+        raise NetsimError("engine 'sweep' cannot replay a stall schedule; use 'event'")
+    private = fast.applies(schedule) if engine != "event" and stalls is None else False
     if engine == "sweep" and not private:
         raise NetsimError(f"engine 'sweep' needs one-hop transfers on a direct network; "
                           f"{schedule.algorithm} on {schedule.topology.spec} has shared links")

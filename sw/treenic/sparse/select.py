@@ -317,7 +317,9 @@ class SearchSelection:
     was found (then ``indices = {key > threshold}``); otherwise the band fill of A7 was used.
     ``trace``: the probes ``(mid, threshold_key, count)`` in order. ``lo``/``hi``: the final
     interval (ratios lo/2^depth, hi/2^depth). ``passes``: data passes spent counting (one per
-    probe sequentially, one per histogram in the replay)."""
+    probe sequentially, one per histogram in the replay). ``grids``: the histogram replay's
+    count passes as ``(first grid point, step, thresholds)`` (empty for the sequential
+    search): what a hardware replay asks its threshold source for, pass by pass."""
     indices: np.ndarray
     threshold_key: int
     converged: bool
@@ -325,6 +327,7 @@ class SearchSelection:
     lo: int
     hi: int
     passes: int
+    grids: list[tuple[int, int, int]] = field(default_factory=list)
 
 
 def _search_setup(x, k, sign, depth, lower):
@@ -415,6 +418,7 @@ def binary_search_histogram(x, k: int, *, depth: int = 16, hist_bits: int = 8,
     k, keys, base, top = _search_setup(x, k, sign, depth, lower)
     lo, hi = 0, 1 << depth
     trace: list[tuple[int, int, int]] = []
+    grids: list[tuple[int, int, int]] = []
     accepted = None
     passes = 0
     if keys.size and keys.max() > 0:
@@ -425,6 +429,7 @@ def binary_search_histogram(x, k: int, *, depth: int = 16, hist_bits: int = 8,
             thresholds = [_grid_threshold(base, top, g, depth) for g in grid]
             table = dict(zip(grid, zip(thresholds, counts_above(keys, thresholds))))
             passes += 1
+            grids.append((lo + step, step, len(grid)))
             while hi - lo > 1:
                 mid = (lo + hi) // 2
                 if mid not in table:
@@ -439,7 +444,9 @@ def binary_search_histogram(x, k: int, *, depth: int = 16, hist_bits: int = 8,
                     hi = mid
                 else:
                     lo = mid
-    return _finish_search(keys, k, base, top, depth, lo, hi, accepted, trace, passes)
+    res = _finish_search(keys, k, base, top, depth, lo, hi, accepted, trace, passes)
+    res.grids = grids
+    return res
 
 
 # ---- threshold reuse ("sampled" binary search) ------------------------------------------

@@ -1,0 +1,126 @@
+"""Elaboration of :class:`~treenic.hdl.nic.sparse_engine.SparseEngine` (split from the
+component so that every function stays short): units and memories, the buffer feeder of the
+top-k unit, the link ports, and the row sequencer."""
+from __future__ import annotations
+
+from amaranth import Array, Cat, Module, Mux, Signal
+from amaranth.lib import data, fifo, memory
+
+from ..link.flit import FlitType, Op
+from ..sparse.narrow import PairNarrower
+from ..sparse.scatter import ScatterAccumulate
+from ..sparse.topk import PASSES, Mode, TopKUnit
+from .sparse_engine import ROW, HostKind
+from treenic.schedule.sparse_table import SparseOp
+
+SIGN = 1 << 31
+
+
+class _Ctx:
+    """Signals shared by the builders below."""
+
+
+def build_engine(e) -> Module:
+    m = Module()
+    c = _Ctx()
+    c.e = e
+    m.submodules.scatter = c.scatter = ScatterAccumulate(depth=e.depth)
+    m.submodules.topk = c.topk = TopKUnit(lanes=e.lanes, max_chunk=e.chunk_beats * e.lanes,
+                                          scan_bins=e.scan_bins)
+    m.submodules.narrow = c.narrow = PairNarrower(lanes=e.lanes)
+    m.d.comb += [c.narrow.i.valid.eq(c.topk.o.valid), c.narrow.i.payload.eq(c.topk.o.payload),
+                 c.topk.o.ready.eq(c.narrow.i.ready)]
+    m.submodules.program = prog = memory.Memory(shape=ROW, depth=e.rows, init=[])
+    c.prog_w, c.prog_r = prog.write_port(), prog.read_port()
+    m.submodules.finals = fin = memory.Memory(shape=64, depth=e.chunks * e.slot, init=[])
+    c.fin_w, c.fin_r = fin.write_port(), fin.read_port()
+    c.counts = Array(Signal(range(e.slot + 1), name=f"count{i}") for i in range(e.chunks))
+    c.dump_r = c.scatter.buffer.read_port()
+    c.row = Signal(ROW)
+    c.pending = Signal(16)
+    c.sc_valid, c.sc_index, c.sc_value = Signal(), Signal(32), Signal(32)
+    sc = c.scatter
+    in_range = (c.sc_index >> (e.depth.bit_length() - 1)) == 0
+    m.d.comb += [sc.i.valid.eq(c.sc_valid), sc.i.payload.index.eq(c.sc_index),
+                 sc.i.payload.value.eq(c.sc_value), sc.o.ready.eq(1)]
+    m.d.sync += c.pending.eq(c.pending + (c.sc_valid & sc.i.ready & in_range) - sc.o.valid)
+    _feeder(m, c)
+    _links(m, c)
+    _sequencer(m, c)
+    return m
+
+
+def _feeder(m, c):
+    """Streams part[lo : lo+n] to the top-k unit W words a beat, once per pass (zero pad),
+    through W read ports whose ``en`` holds the data while the unit stalls."""
+    e, tk = c.e, c.topk
+    W = e.lanes
+    c.feed_go = Signal()
+    active, beat, pas = Signal(), Signal(range(e.chunk_beats + 1)), Signal(range(8))
+    base, n = Signal(24), Signal(24)
+    rv, last, mask = Signal(), Signal(), Signal(W)
+    beats = Signal(range(e.chunk_beats + 1))
+    advance = ~rv | tk.i.ready
+    m.d.comb += beats.eq((n + W - 1) >> (W.bit_length() - 1))
+    first = beat * W
+    for l in range(W):
+        rp = c.scatter.buffer.read_port()
+        m.d.comb += [rp.addr.eq(base + first + l), rp.en.eq(advance),
+                     tk.i.payload.value[l].eq(Mux(mask[l], rp.data, 0))]
+    m.d.comb += [tk.i.valid.eq(rv), tk.i.payload.last.eq(last)]
+    with m.If(advance):
+        m.d.sync += [rv.eq(active), last.eq(beat == beats - 1),
+                     mask.eq(Cat(*[first + l < n for l in range(W)]))]
+        with m.If(active):
+            with m.If(beat == beats - 1):
+                m.d.sync += [beat.eq(0), pas.eq(pas + 1)]
+                with m.If(pas == PASSES[Mode.EXACT] - 1):
+                    m.d.sync += active.eq(0)
+            with m.Else():
+                m.d.sync += beat.eq(beat + 1)
+    with m.If(c.feed_go):
+        m.d.sync += [active.eq(1), beat.eq(0), pas.eq(0), base.eq(c.row.lo), n.eq(c.row.n)]
+
+
+def _links(m, c):
+    """Per port: credits for sending (one per flit) and the receive FIFO that returns one."""
+    e = c.e
+    fmt = e.fmt
+    c.tx_req, c.tx_type, c.tx_data = Signal(), Signal(FlitType), Signal(64)
+    c.rx_pop = Signal()
+    c.rx_flit = Signal(fmt.flit)
+    c.rx_valid = Signal()
+    port = c.row.port
+    credits = [Signal(range(e.rx_depth + 1), init=e.rx_depth, name=f"credit{p}")
+               for p in range(e.ports)]
+    c.tx_ok = Signal()
+    m.d.comb += c.tx_ok.eq(Array(cr != 0 for cr in credits)[port])
+    c.tx_fire = c.tx_req & c.tx_ok
+    m.d.sync += e.flits.eq(e.flits + c.tx_fire)
+    for p in range(e.ports):
+        tx, rx = e.tx[p], e.rx[p]
+        sending = c.tx_fire & (port == p)
+        m.d.comb += [tx.valid.eq(sending), tx.flit.data.eq(c.tx_data),
+                     tx.flit.type.eq(c.tx_type), tx.flit.vc.eq(0)]
+        m.d.sync += credits[p].eq(credits[p] - sending + tx.credit[0])
+        m.submodules[f"rxq{p}"] = q = fifo.SyncFIFOBuffered(width=fmt.flit.size,
+                                                          depth=e.rx_depth)
+        pop = c.rx_pop & (port == p) & q.r_rdy
+        m.d.comb += [q.w_data.eq(rx.flit.as_value()), q.w_en.eq(rx.valid), q.r_en.eq(pop),
+                     rx.credit.eq(pop)]
+        with m.If(rx.valid & ~q.w_rdy):
+            m.d.sync += e.malformed.eq(e.malformed + 1)
+        with m.If(port == p):
+            m.d.comb += [c.rx_flit.eq(q.r_data), c.rx_valid.eq(q.r_rdy)]
+
+
+def _head(c):
+    fmt = c.e.fmt
+    h = Signal(fmt.sub_head)
+    return h, [h.flow.eq(c.row.chunk), h.op.eq(Op.SPARSE), h.step.eq(c.row.step),
+               h.offset.eq(c.row.lo), h.length.eq(c.row.k)]
+
+
+def _sequencer(m, c):
+    from .sparse_sequencer import sequencer
+    sequencer(m, c, _head(c))

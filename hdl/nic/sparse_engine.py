@@ -1,0 +1,131 @@
+"""The NIC's sparse engine: MultiTree-Sparse (``treenic.sparse.multitree_sparse``) in RTL.
+
+A sequential engine beside the dense TX/RX datapath that owns one top-k unit. It runs the
+node's sparse program (:mod:`treenic.schedule.sparse_table`) row by row:
+
+::
+
+    host_i ──GRAD──► ScatterAccumulate (part: the partial / residual buffer, FP32Adder)
+                          ▲  ▲  ▲               │ W read ports
+          RECV pairs ─────┘  │  └── SEND/ROOT: (index, -value) zeroes what was sent
+                             │                  ▼
+    rx[p] ─► flit FIFO ──────┘      feeder ─► TopKUnit(W) ─► PairNarrower ─► tx[p] / final slot
+                                                                         (SEND)   (ROOT)
+    final-pair memory (chunk slots) ◄── GRECV ;  GSEND ──► tx[p]
+
+Numeric contract (bit for bit the golden): the residual lives in ``part`` between runs; the
+host's gradient g is added to it (``part + g``, IEEE addition is commutative); every
+addition goes through the one scatter adder (buffer value first, then the contribution,
+messages in the program's order = the IR's (step, rx_port) order); a sent or final pair is
+removed by adding its negation (``x + (-x) = +0`` exactly, what the golden's ``= 0`` gives).
+
+Link format (per message, one 64-bit flit each, paper Table II types): ``SUB_HEAD`` (the
+dense sub-packet head layout with ``op = Op.SPARSE``, flow, step, length = budget), one
+``SUB_BODY`` flit per pair (index u32 low, value f32 high), ``MSG_TAIL`` carrying the pair
+count. A head naming the wrong flow/step/op, a pair outside the flow, a count mismatch or an
+unexpected flit type is counted in ``malformed``; bad pairs are dropped.
+
+Flow control: credits (one per flit, VC 0); each receive FIFO holds ``rx_depth`` flits, which
+the compiler sizes to every flit a port receives in a run, so a send never waits on a
+receiver that is itself sending (no deadlock by construction).
+"""
+from __future__ import annotations
+
+from amaranth import Array, Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, fifo, memory, stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ..link.flit import FlitFormat, FlitType, LinkSignature, Op
+from ..sparse.narrow import PairNarrower
+from ..sparse.scatter import ScatterAccumulate
+from ..sparse.topk import PASSES, Mode, TopKUnit
+
+__all__ = ["SparseEngine", "HostKind", "HOST_IN", "HOST_OUT"]
+
+ROW = data.StructLayout({"op": 3, "step": 8, "chunk": 8, "port": 4, "lo": 24, "n": 24,
+                         "k": 24, "pad": 1})
+
+
+class HostKind:
+    GRAD = 0     # addr = index, data[0:32] = gradient bits: part[index] += g (idle only)
+    PROG = 1     # addr = row, data = row (sparse_table layout)
+    START = 2    # run the program
+    DUMP = 3     # data = elements: stream part[0:elements], every final pair, an end word
+    CLEAR = 4    # data = elements: part[0:elements] = +0 (adds each word's negation: exact)
+
+
+HOST_IN = data.StructLayout({"kind": 3, "addr": 24, "data": 96})
+HOST_OUT = data.StructLayout({"index": 32, "value": 32, "final": 1, "end": 1})
+
+
+class SparseEngine(wiring.Component):
+    """One node's sparse engine.
+
+    Parameters
+    ----------
+    ports : int
+        Link ports.
+    depth : int
+        Buffer words (power of two) -- the node's elements fit.
+    lanes : int
+        W, top-k lanes (read ports the feeder uses on the buffer).
+    scan_bins : int
+        Top-k histogram bins scanned a cycle (:class:`~treenic.hdl.sparse.topk.TopKUnit`).
+    max_flow : int
+        Largest flow (top-k chunk), elements.
+    chunks : int
+        Flows (final-pair slots).
+    slot : int
+        Final-pair slot size (>= the largest budget), power of two.
+    rows : int
+        Program rows.
+    rx_depth : int
+        Receive FIFO flits per port (>= what a port receives in one run).
+    fmt : FlitFormat
+        Link format (64-bit data).
+
+    Members
+    -------
+    host_i : In(stream.Signature(HOST_IN))
+    host_o : Out(stream.Signature(HOST_OUT))
+    tx, rx : link ports (``Out``/``In`` ``LinkSignature(fmt)`` arrays)
+    start : In(1)
+        Same as a host START (a fabric-wide start).
+    flits : Out(32)
+        Flits sent on all links since reset (64 data bits each).
+    busy : Out(1)
+        The program runs.
+    finals : Out(range(chunks * slot + 1))
+        Final pairs held (what a DUMP streams after the residual).
+    cycles : Out(32)
+        Cycles of the last run (START to END).
+    malformed : Out(16)
+        Malformed sparse messages / pairs dropped (sticky over runs).
+    """
+
+    def __init__(self, *, ports: int, depth: int, lanes: int, max_flow: int, chunks: int,
+                 slot: int, rows: int, rx_depth: int, scan_bins: int = 16,
+                 fmt: FlitFormat | None = None):
+        for name, v, lo in (("ports", ports, 1), ("depth", depth, 2), ("max_flow", max_flow, 1),
+                            ("chunks", chunks, 1), ("slot", slot, 1), ("rows", rows, 1),
+                            ("rx_depth", rx_depth, 2)):
+            if not isinstance(v, int) or v < lo:
+                raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+        if depth & (depth - 1) or slot & (slot - 1):
+            raise ValueError("depth and slot must be powers of two")
+        self.fmt = fmt = fmt or FlitFormat()
+        if fmt.width != 64:
+            raise ValueError("a pair flit needs 64-bit flit data")
+        self.ports, self.depth, self.lanes = ports, depth, lanes
+        self.chunk_beats = -(-max_flow // lanes)
+        self.max_flow, self.chunks, self.slot = max_flow, chunks, slot
+        self.rows, self.rx_depth, self.scan_bins = rows, rx_depth, scan_bins
+        super().__init__({
+            "host_i": In(stream.Signature(HOST_IN)), "host_o": Out(stream.Signature(HOST_OUT)),
+            "tx": Out(LinkSignature(fmt)).array(ports), "rx": In(LinkSignature(fmt)).array(ports),
+            "start": In(1), "busy": Out(1), "flits": Out(32), "cycles": Out(32), "malformed": Out(16),
+            "finals": Out(range(chunks * slot + 1))})
+
+    def elaborate(self, platform):
+        from .sparse_datapath import build_engine
+        return build_engine(self)

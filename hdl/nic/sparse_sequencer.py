@@ -1,0 +1,276 @@
+"""The row sequencer of the sparse engine (see :mod:`.sparse_engine` for the contract)."""
+from __future__ import annotations
+
+from amaranth import Cat, Mux, Signal
+
+from ..link.flit import FlitType, Op
+from ..sparse.topk import Mode
+from .sparse_engine import HostKind
+from treenic.schedule.sparse_table import SparseOp
+
+SIGN = 1 << 31
+
+
+def sequencer(m, c, head):
+    e = c.e
+    row, n_pairs = c.row, Signal(range(e.slot + 2))
+    seen, bad = Signal(24), Signal()
+    pc = Signal(range(e.rows + 1))
+    hd, hd_set = head
+    m.d.comb += hd_set
+    nar = c.narrow.o
+    pair_index = (row.lo + nar.payload.index)[:32]
+    slot_base = row.chunk * e.slot
+    m.d.comb += [c.prog_r.addr.eq(pc), c.topk.cmd.payload.mode.eq(Mode.EXACT),
+                 c.topk.cmd.payload.k.eq(row.k)]
+    h = e.host_i
+    j, chunk = Signal(24), Signal(range(e.chunks + 1))
+    dump_n = Signal(24)
+    fin_fire = Signal()
+    m.d.comb += [c.fin_r.addr.eq(Mux(fin_fire, slot_base + j + 1, slot_base + j)),
+                 c.dump_r.addr.eq(j)]
+    with m.If(e.busy):
+        m.d.sync += e.cycles.eq(e.cycles + 1)
+    m.d.comb += e.finals.eq(sum(c.counts[i] for i in range(e.chunks)))
+    rx = c.rx_flit
+    rx_pair_idx, rx_pair_val = rx.data[:32], rx.data[32:]
+    fits = (rx_pair_idx >= row.lo) & (rx_pair_idx - row.lo < row.n) & (n_pairs < row.k)
+    with m.FSM():
+        with m.State("IDLE"):
+            _idle(m, c, h, pc, j, chunk, dump_n)
+        with m.State("WAIT"):
+            with m.If(c.pending == 0):
+                m.d.sync += e.busy.eq(1)
+                m.next = "FETCH"
+        with m.State("FETCH"):
+            m.next = "LOAD"
+        with m.State("LOAD"):
+            m.d.sync += [row.eq(c.prog_r.data), n_pairs.eq(0), seen.eq(0), bad.eq(0), j.eq(0)]
+            m.next = "DISPATCH"
+        with m.State("DISPATCH"):
+            _dispatch(m, c)
+        with m.State("CMD"):
+            m.d.comb += c.topk.cmd.valid.eq(1)
+            with m.If(c.topk.cmd.ready):
+                m.d.comb += c.feed_go.eq(1)
+                m.next = "CMD_DONE"
+        with m.State("CMD_DONE"):
+            with m.If(row.op == SparseOp.SEND):
+                m.next = "HEAD"
+            with m.Else():
+                m.next = "PAIRS"
+        with m.State("HEAD"):
+            m.d.comb += [c.tx_req.eq(1), c.tx_type.eq(FlitType.SUB_HEAD),
+                         c.tx_data.eq(hd.as_value())]
+            with m.If(c.tx_fire):
+                m.next = "HEAD_DONE"
+        with m.State("HEAD_DONE"):
+            with m.If(row.op == SparseOp.GSEND):
+                m.next = "GS_PAIRS"
+            with m.Else():
+                m.next = "PAIRS"
+        with m.State("PAIRS"):
+            _selected_pairs(m, c, nar, pair_index, n_pairs, slot_base)
+        with m.State("TAIL"):
+            m.d.comb += [c.tx_req.eq(1), c.tx_type.eq(FlitType.MSG_TAIL),
+                         c.tx_data.eq(n_pairs)]
+            with m.If(c.tx_fire):
+                m.next = "DRAIN"
+        with m.State("GS_PAIRS"):
+            cnt = c.counts[row.chunk]
+            with m.If(j == cnt):
+                m.next = "GS_TAIL"
+            with m.Else():
+                m.d.comb += [c.tx_req.eq(1), c.tx_type.eq(FlitType.SUB_BODY),
+                             c.tx_data.eq(c.fin_r.data), fin_fire.eq(c.tx_fire)]
+                with m.If(c.tx_fire):
+                    m.d.sync += j.eq(j + 1)
+        with m.State("GS_TAIL"):
+            m.d.comb += [c.tx_req.eq(1), c.tx_type.eq(FlitType.MSG_TAIL), c.tx_data.eq(j)]
+            with m.If(c.tx_fire):
+                m.next = "NEXT"
+        with m.State("RX_HEAD"):
+            m.d.comb += c.rx_pop.eq(1)
+            with m.If(c.rx_valid):
+                ok = _head_ok(c, rx, row)
+                with m.If(~ok):
+                    m.d.sync += [bad.eq(1), e.malformed.eq(e.malformed + 1)]
+                m.next = "RX_BODY"
+        with m.State("RX_BODY"):
+            _rx_body(m, c, rx, rx_pair_idx, rx_pair_val, fits, n_pairs, seen, bad, slot_base)
+        with m.State("DRAIN"):
+            with m.If(c.pending == 0):
+                m.next = "NEXT"
+        with m.State("NEXT"):
+            m.d.sync += pc.eq(pc + 1)
+            m.next = "FETCH"
+        with m.State("CLEAR_WAIT"):
+            with m.If(c.pending == 0):
+                m.next = "CLEAR_ADDR"
+        with m.State("CLEAR_ADDR"):
+            m.next = "CLEAR"
+        with m.State("CLEAR"):
+            _clear(m, c, j, dump_n)
+        with m.State("DUMP_WAIT"):
+            with m.If(c.pending == 0):
+                m.next = "DUMP_ADDR"
+        with m.State("DUMP_ADDR"):
+            m.next = "DUMP_RES"
+        with m.State("DUMP_RES"):
+            _dump_residual(m, c, j, chunk, dump_n)
+        with m.State("DUMP_CHUNK"):
+            with m.If(chunk == e.chunks):
+                m.next = "DUMP_END"
+            with m.Else():
+                m.d.sync += [row.chunk.eq(chunk), j.eq(0)]
+                m.next = "DUMP_SLOT_ADDR"
+        with m.State("DUMP_END"):
+            m.d.comb += [e.host_o.valid.eq(1), e.host_o.payload.end.eq(1)]
+            with m.If(e.host_o.ready):
+                m.next = "IDLE"
+        with m.State("DUMP_SLOT_ADDR"):
+            m.next = "DUMP_FIN"
+        with m.State("DUMP_FIN"):
+            with m.If(j == c.counts[row.chunk]):
+                m.d.sync += chunk.eq(chunk + 1)
+                m.next = "DUMP_CHUNK"
+            with m.Else():
+                m.d.comb += [e.host_o.valid.eq(1), e.host_o.payload.index.eq(c.fin_r.data[:32]),
+                             e.host_o.payload.value.eq(c.fin_r.data[32:]),
+                             e.host_o.payload.final.eq(1), fin_fire.eq(e.host_o.ready)]
+                with m.If(e.host_o.ready):
+                    m.d.sync += j.eq(j + 1)
+
+
+def _head_ok(c, rx, row):
+    fmt = c.e.fmt
+    from amaranth.lib import data
+    hv = data.View(fmt.sub_head, rx.data)
+    return ((rx.type == FlitType.SUB_HEAD) & (hv.flow == row.chunk) & (hv.op == Op.SPARSE) &
+            (hv.step == row.step))
+
+
+def _idle(m, c, h, pc, j, chunk, dump_n):
+    e = c.e
+    with m.If(e.start):
+        m.d.sync += [pc.eq(0), e.cycles.eq(0)]
+        m.next = "WAIT"
+    with m.Switch(h.payload.kind):
+        with m.Case(HostKind.GRAD):
+            m.d.comb += [c.sc_valid.eq(h.valid), c.sc_index.eq(h.payload.addr),
+                         c.sc_value.eq(h.payload.data[:32]), h.ready.eq(c.scatter.i.ready)]
+        with m.Case(HostKind.PROG):
+            m.d.comb += [h.ready.eq(1), c.prog_w.addr.eq(h.payload.addr),
+                         c.prog_w.data.eq(h.payload.data), c.prog_w.en.eq(h.valid)]
+        with m.Case(HostKind.START):
+            m.d.comb += h.ready.eq(1)
+            with m.If(h.valid):
+                m.d.sync += [pc.eq(0), e.cycles.eq(0)]
+                m.next = "WAIT"
+        with m.Case(HostKind.DUMP):
+            m.d.comb += h.ready.eq(1)
+            with m.If(h.valid):
+                m.d.sync += [j.eq(0), chunk.eq(0), dump_n.eq(h.payload.data[:24])]
+                m.next = "DUMP_WAIT"
+        with m.Case(HostKind.CLEAR):
+            m.d.comb += h.ready.eq(1)
+            with m.If(h.valid):
+                m.d.sync += [j.eq(0), dump_n.eq(h.payload.data[:24])]
+                m.next = "CLEAR_WAIT"
+
+
+def _dispatch(m, c):
+    e, row = c.e, c.row
+    with m.Switch(row.op):
+        with m.Case(SparseOp.END):
+            m.d.sync += e.busy.eq(0)
+            m.next = "IDLE"
+        with m.Case(SparseOp.SEND, SparseOp.ROOT):
+            m.next = "CMD"
+        with m.Case(SparseOp.RECV, SparseOp.GRECV):
+            m.next = "RX_HEAD"
+        with m.Case(SparseOp.GSEND):
+            m.next = "HEAD"
+        with m.Default():
+            m.d.sync += e.malformed.eq(e.malformed + 1)
+            m.next = "NEXT"
+
+
+def _selected_pairs(m, c, nar, pair_index, n_pairs, slot_base):
+    """SEND: each selected pair leaves as a body flit and is zeroed locally (adding its
+    negation); ROOT: it is written into the flow's final slot and zeroed."""
+    row = c.row
+    send = row.op == SparseOp.SEND
+    with m.If(nar.valid & nar.payload.end):
+        m.d.comb += nar.ready.eq(1)
+        with m.If(send):
+            m.next = "TAIL"
+        with m.Else():
+            m.d.sync += c.counts[row.chunk].eq(n_pairs)
+            m.next = "DRAIN"
+    with m.Elif(nar.valid):
+        go = c.scatter.i.ready & (c.tx_ok | ~send)
+        m.d.comb += [c.sc_valid.eq(c.tx_ok | ~send), c.sc_index.eq(pair_index),
+                     c.sc_value.eq(nar.payload.value ^ SIGN), nar.ready.eq(go),
+                     c.tx_req.eq(send & c.scatter.i.ready), c.tx_type.eq(FlitType.SUB_BODY),
+                     c.tx_data.eq(Cat(pair_index, nar.payload.value)),
+                     c.fin_w.addr.eq(slot_base + n_pairs),
+                     c.fin_w.data.eq(Cat(pair_index, nar.payload.value)),
+                     c.fin_w.en.eq(go & ~send)]
+        with m.If(go):
+            m.d.sync += n_pairs.eq(n_pairs + 1)
+
+
+def _rx_body(m, c, rx, idx, val, fits, n_pairs, seen, bad, slot_base):
+    """Body flits: pairs of the expected flow go to the scatter adder (RECV) or the final
+    slot (GRECV); the tail's count closes the message."""
+    e, row = c.e, c.row
+    reduce = row.op == SparseOp.RECV
+    with m.If(c.rx_valid & (rx.type == FlitType.SUB_BODY)):
+        take = fits & ~bad
+        ready = c.scatter.i.ready | ~reduce | ~take
+        m.d.comb += [c.rx_pop.eq(ready), c.sc_valid.eq(take & reduce), c.sc_index.eq(idx),
+                     c.sc_value.eq(val), c.fin_w.addr.eq(slot_base + n_pairs),
+                     c.fin_w.data.eq(rx.data), c.fin_w.en.eq(take & ~reduce)]
+        with m.If(ready):
+            m.d.sync += seen.eq(seen + 1)
+            with m.If(take):
+                m.d.sync += n_pairs.eq(n_pairs + 1)
+            with m.Else():
+                m.d.sync += e.malformed.eq(e.malformed + 1)
+    with m.Elif(c.rx_valid & (rx.type == FlitType.MSG_TAIL)):
+        m.d.comb += c.rx_pop.eq(1)
+        with m.If(rx.data[:32] != seen):
+            m.d.sync += e.malformed.eq(e.malformed + 1)
+        with m.If(~reduce):
+            m.d.sync += c.counts[row.chunk].eq(n_pairs)
+        m.next = "DRAIN"
+    with m.Elif(c.rx_valid):
+        m.d.comb += c.rx_pop.eq(1)        # a flit type a sparse message never has
+        m.d.sync += e.malformed.eq(e.malformed + 1)
+
+
+def _dump_residual(m, c, j, chunk, dump_n):
+    e = c.e
+    fire = e.host_o.valid & e.host_o.ready
+    m.d.comb += c.dump_r.addr.eq(Mux(fire, j + 1, j))
+    with m.If(j == dump_n):
+        m.d.sync += [chunk.eq(0), j.eq(0)]
+        m.next = "DUMP_CHUNK"
+    with m.Else():
+        m.d.comb += [e.host_o.valid.eq(1), e.host_o.payload.index.eq(j),
+                     e.host_o.payload.value.eq(c.dump_r.data)]
+        with m.If(fire):
+            m.d.sync += j.eq(j + 1)
+
+
+def _clear(m, c, j, dump_n):
+    """part[j] += -part[j] for j < dump_n: +0 exactly, through the one adder path."""
+    fire = c.sc_valid & c.scatter.i.ready
+    m.d.comb += c.dump_r.addr.eq(Mux(fire, j + 1, j))
+    with m.If(j == dump_n):
+        m.next = "IDLE"
+    with m.Else():
+        m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(j), c.sc_value.eq(c.dump_r.data ^ SIGN)]
+        with m.If(fire):
+            m.d.sync += j.eq(j + 1)

@@ -1,0 +1,147 @@
+"""RedSync threshold binary search replayed from histograms, inside :class:`TopKUnit`
+(``Mode.SEARCH``; golden: ``select.binary_search_histogram``, docs/sparse-units.md).
+
+The search interval is [lo, hi] in grid units (ratio = g / 2**depth); hi - lo is always a
+power of two. One **count pass** over the chunk counts ``#{key > thr_j}`` for the
+``2**levels - 1`` grid points ``lo + j * step`` (``levels = min(H, log2(hi - lo))``,
+``step = (hi - lo) >> levels``, H = ``search_bits``): a bank of W x (2**H - 1) comparators
+and one counter per grid point. The **decision loop** then replays ``levels`` steps of the
+binary search on that table, one step per cycle, without touching the data:
+``mid = (lo + hi) / 2``; accept if ``k <= c < 2k`` (``strict``: ``k < c < 2k``); ``c < k``
+-> hi = mid; else lo = mid. Every probe lies on the table's grid, so the trace equals the
+golden's step for step. Accepted -> one emit pass ``key > thr`` (THRESHOLD). Interval down
+to one grid unit without acceptance -> the band fill (BAND: count pass, emit pass) between
+thr(lo) and thr(hi).
+
+**Threshold source.** The grid thresholds ``max(0, fl32(base + g/2**depth * (top - base)))``
+are float64 arithmetic on the exact mean and the maximum of the chunk (RedSync R-A9); the
+unit does not compute them. Before each count pass it asks for them on ``grid``
+(``start``, ``step``, ``count``: grid points ``start + j * step``, j < count) and takes the
+``count`` answers, in that order, on ``thr``. A non-converged search asks once more for
+thr(lo) and thr(hi) (``start = lo``, ``step = 1``, ``count = 2``). The requests are
+exactly ``SearchSelection.grids`` of the golden (plus the band request), which the tests
+check.
+
+Passes: ``len(grids)`` count passes, then 1 (converged) or 2 (band) more. An all-zero chunk
+(golden: no pass) is seen in the first count pass and closes with one empty emit pass.
+"""
+from amaranth import Cat, Const, Mux, Signal
+from amaranth.lib import data
+
+__all__ = ["GRID_LAYOUT", "MAX_SEARCH_BITS", "SearchReplay"]
+
+MAX_SEARCH_BITS = 4
+GRID_BITS = 31                               # grid coordinates up to 2**30 (depth <= 30)
+GRID_LAYOUT = data.StructLayout({"start": GRID_BITS, "step": GRID_BITS, "count": 5})
+DRAIN_CYCLES = 3                             # compare register, popcount register, counter
+
+
+def _pow2(exponent):
+    return Const(1, 1) << exponent
+
+
+class SearchReplay:
+    """Registers and logic of the search (built into the unit's module by :class:`TopKUnit`).
+
+    Parameters
+    ----------
+    unit : TopKUnit
+        The unit (lanes, count width, ``grid`` / ``thr`` ports, ``search_bits``).
+    """
+
+    def __init__(self, unit):
+        H, CB = unit.search_bits, unit.count_bits
+        self.unit, self.points = unit, (1 << H) - 1
+        self.lo, self.hi = Signal(GRID_BITS), Signal(GRID_BITS)
+        self.span_log = Signal(5)                    # log2(hi - lo)
+        self.strict = Signal()
+        self.band = Signal()                         # the last request is the band's
+        self.any_key = Signal()                      # a non-zero key seen in pass 0
+        self.passes = Signal(5)
+        self.converged = Signal()
+        self.threshold = Signal(31)                  # accepted threshold, else thr(lo)
+        self.load = Signal(range(self.points + 1))
+        self.j_lo, self.j_hi = Signal(H + 1), Signal(H + 1)
+        self.table = [Signal(31, name=f"grid_thr{j}") for j in range(self.points)]
+        self.counts = [Signal(CB + 1, name=f"grid_count{j}") for j in range(self.points)]
+        self.drain = Signal(2)
+        self.levels, self.shift = Signal(range(H + 1)), Signal(5)
+
+    def start(self, m, depth, strict):
+        m.d.sync += [self.lo.eq(0), self.hi.eq(_pow2(depth)), self.span_log.eq(depth),
+                     self.strict.eq(strict), self.band.eq(0), self.any_key.eq(0),
+                     self.passes.eq(0), self.converged.eq(0), self.threshold.eq(0)]
+
+    def geometry(self, m):
+        """levels = min(H, log2(hi - lo)); step = 2**shift (combinational from span_log)."""
+        H = self.unit.search_bits
+        m.d.comb += [self.levels.eq(Mux(self.span_log < H, self.span_log, H)),
+                     self.shift.eq(self.span_log - self.levels)]
+
+    def request(self, m, grid):
+        """Offer the next threshold request; True once taken."""
+        req = grid.payload
+        m.d.comb += grid.valid.eq(1)
+        with m.If(self.band):
+            m.d.comb += [req.start.eq(self.lo), req.step.eq(1), req.count.eq(2)]
+        with m.Else():
+            m.d.comb += [req.start.eq(self.lo + (_pow2(self.shift))), req.step.eq(_pow2(self.shift)),
+                         req.count.eq((_pow2(self.levels)) - 1)]
+        m.d.sync += self.load.eq(0)
+        return grid.ready
+
+    def take_threshold(self, m, thr):
+        """Store answer ``load`` of the request; True on the request's last answer."""
+        m.d.comb += thr.ready.eq(1)
+        count = Mux(self.band, 2, (_pow2(self.levels)) - 1)
+        with m.If(thr.valid):
+            m.d.sync += self.load.eq(self.load + 1)
+            with m.Switch(self.load):
+                for j, reg in enumerate(self.table):
+                    with m.Case(j):
+                        m.d.sync += reg.eq(thr.payload)
+            m.d.sync += [c.eq(0) for c in self.counts]      # the count pass starts from 0
+        return thr.valid & (self.load == count - 1)
+
+    def count_pipeline(self, m, keys, counting):
+        """Per grid point: register the W comparisons, register their popcount, accumulate
+        (DRAIN_CYCLES after the last beat the counts are final)."""
+        W = len(keys)
+        for j, thr in enumerate(self.table):
+            hits = Signal(W, name=f"grid_hits{j}")
+            pop = Signal(range(W + 1), name=f"grid_pop{j}")
+            m.d.sync += [hits.eq(Cat((key > thr) & counting for key in keys)),
+                         pop.eq(sum(hits[l] for l in range(W))),
+                         self.counts[j].eq(self.counts[j] + pop)]
+
+    def decide(self, m, st, k):
+        """One binary-search step per cycle on the table. Returns (accepted, exhausted):
+        accepted -> ``st.hi``/``st.lo`` hold the threshold; exhausted -> the table's levels
+        are used up (lo/hi updated, ``span_log`` reduced)."""
+        j_mid = (self.j_lo + self.j_hi) >> 1
+        c, thr = Signal.like(self.counts[0]), Signal(31)
+        with m.Switch(j_mid):
+            for j in range(self.points):
+                with m.Case(j + 1):
+                    m.d.comb += [c.eq(self.counts[j]), thr.eq(self.table[j])]
+        k2 = k << 1
+        ok = Mux(self.strict, c > k, c >= k) & (c < k2)
+        stepping = (self.j_hi - self.j_lo) > 1
+        accepted, exhausted = Signal(), Signal()
+        m.d.comb += [accepted.eq(stepping & ok), exhausted.eq(~stepping)]
+        with m.If(accepted):
+            m.d.sync += [self.converged.eq(1), self.threshold.eq(thr), st.hi.eq(thr),
+                         st.lo.eq(thr)]
+        with m.Elif(stepping & (c < k)):
+            m.d.sync += self.j_hi.eq(j_mid)
+        with m.Elif(stepping):
+            m.d.sync += self.j_lo.eq(j_mid)
+        with m.Else():
+            m.d.sync += [self.lo.eq(self.lo + (self.j_lo << self.shift)),
+                         self.hi.eq(self.lo + (self.j_hi << self.shift)),
+                         self.span_log.eq(self.shift)]
+        return accepted, exhausted
+
+    def begin_decision(self, m):
+        m.d.sync += [self.j_lo.eq(0), self.j_hi.eq(_pow2(self.levels)),
+                     self.passes.eq(self.passes + 1)]

@@ -1,0 +1,132 @@
+"""Amaranth-simulator tests of one SparseEngine: a ROOT selection equals the golden top-k
+(the final pairs, and the residual with the selection removed); a RECV adds a child's
+pairs through the scatter adder; malformed sparse messages are counted and their pairs
+dropped."""
+import numpy as np
+from amaranth.sim import Simulator
+
+from treenic.hdl.link.flit import FlitFormat, FlitType, Op
+from treenic.hdl.nic.sparse_engine import SparseEngine
+from treenic.hdl.nic.sparse_fabric import (clear_word, decode_dump, dump_word, load_words,
+                                           start_word)
+from treenic.schedule.sparse_table import SparseOp, SparseProgram, pack_row
+from treenic.sparse.select import topk
+
+N = 32
+FMT = FlitFormat()
+
+
+def _engine():
+    return SparseEngine(ports=1, depth=N, lanes=2, max_flow=N, chunks=1, slot=8, rows=8,
+                        rx_depth=32, scan_bins=16, fmt=FMT)
+
+
+def _run(rows, grads, flits=(), clear=False):
+    """Load, feed ``flits`` on rx[0], run, dump; returns (residual, result, malformed)."""
+    eng = _engine()
+    prog = SparseProgram("ring:2", N, [rows], 1, N, 8, 32, 1)
+    got = {}
+
+    async def host(ctx):
+        for w in load_words(prog, 0, grads) + [start_word()]:
+            ctx.set(eng.host_i.payload.as_value(), w)
+            ctx.set(eng.host_i.valid, 1)
+            await ctx.tick().until(eng.host_i.ready)
+        ctx.set(eng.host_i.valid, 0)
+        await ctx.tick().until(eng.busy == 1)
+        await ctx.tick().until(eng.busy == 0)
+        for w in [clear_word(N)] if clear else []:
+            ctx.set(eng.host_i.payload.as_value(), w)
+            ctx.set(eng.host_i.valid, 1)
+            await ctx.tick().until(eng.host_i.ready)
+        ctx.set(eng.host_i.payload.as_value(), dump_word(N))
+        ctx.set(eng.host_i.valid, 1)
+        await ctx.tick().until(eng.host_i.ready)
+        ctx.set(eng.host_i.valid, 0)
+        ctx.set(eng.host_o.ready, 1)
+        words = []
+        while True:
+            _, _, v, w = await ctx.tick().sample(eng.host_o.valid, eng.host_o.payload.as_value())
+            if v and w >> 65 & 1:
+                break
+            if v:
+                words.append(w)
+        got["words"], got["bad"] = words, ctx.get(eng.malformed)
+
+    async def link(ctx):
+        for f in flits:
+            ctx.set(eng.rx[0].flit.as_value(), f)
+            ctx.set(eng.rx[0].valid, 1)
+            await ctx.tick()
+        ctx.set(eng.rx[0].valid, 0)
+
+    sim = Simulator(eng)
+    sim.add_clock(1e-8)
+    sim.add_testbench(host)
+    sim.add_testbench(link, background=True)
+    sim.run()
+    resid, out = decode_dump(got["words"], N)
+    return resid, out, got["bad"]
+
+
+def _grads(seed):
+    g = np.random.default_rng(seed).standard_normal(N).astype(np.float32)
+    g[::5] = 0
+    return g
+
+
+def test_root_selection_is_the_golden_topk():
+    g = _grads(1)
+    resid, out, bad = _run([pack_row(op=SparseOp.ROOT, lo=0, n=N, k=6),
+                            pack_row(op=SparseOp.END)], g)
+    idx = topk(g, 6)
+    want_out = np.zeros(N, np.float32)
+    want_out[idx] = g[idx]
+    want_res = g.copy()
+    want_res[idx] = 0
+    assert np.array_equal(out.view(np.uint32), want_out.view(np.uint32))
+    assert np.array_equal(resid.view(np.uint32), want_res.view(np.uint32))
+    assert bad == 0
+
+
+def _message(step, chunk, pairs, *, count=None, op=Op.SPARSE):
+    head = FMT.pack_sub_head(flow=chunk, op=int(op), step=step, length=len(pairs))
+    out = [FMT.make_flit(FlitType.SUB_HEAD, 0, head)]
+    for i, v in pairs:
+        out.append(FMT.make_flit(FlitType.SUB_BODY, 0,
+                                 int(i) | int(np.float32(v).view(np.uint32)) << 32))
+    out.append(FMT.make_flit(FlitType.MSG_TAIL, 0, len(pairs) if count is None else count))
+    return out
+
+
+def test_recv_adds_pairs_and_malformed_messages_are_dropped():
+    g = _grads(2)
+    rows = [pack_row(op=SparseOp.RECV, step=1, lo=0, n=16, k=4),
+            pack_row(op=SparseOp.RECV, step=2, lo=0, n=16, k=4),
+            pack_row(op=SparseOp.END)]
+    good = [(1, 0.5), (3, -2.0), (9, 1.25)]
+    flits = (_message(1, 0, good) +
+             _message(2, 0, [(2, 7.0), (20, 1.0), (4, 3.0)], count=3))   # 20: outside 0..15
+    resid, out, bad = _run(rows, g, flits)
+    want = g.copy()
+    for i, v in good + [(2, 7.0), (4, 3.0)]:
+        want[i] = np.float32(want[i] + np.float32(v))
+    assert np.array_equal(resid.view(np.uint32), want.view(np.uint32))
+    assert bad == 1 and not out.any()
+
+
+def test_wrong_head_drops_the_message():
+    g = _grads(3)
+    rows = [pack_row(op=SparseOp.RECV, step=1, lo=0, n=16, k=4), pack_row(op=SparseOp.END)]
+    resid, _, bad = _run(rows, g, _message(5, 0, [(1, 1.0), (2, 2.0)]))   # wrong step
+    assert np.array_equal(resid.view(np.uint32), g.view(np.uint32))
+    assert bad == 3                              # the head and its two pairs
+
+
+def test_clear_zeroes_the_residual():
+    g = _grads(4)
+    g[3] = np.float32(-0.0)
+    resid, out, bad = _run([pack_row(op=SparseOp.ROOT, lo=0, n=N, k=3),
+                            pack_row(op=SparseOp.END)], g, clear=True)
+    assert np.array_equal(resid.view(np.uint32), np.zeros(N, np.uint32))   # all +0
+    assert np.count_nonzero(out) == 3 and bad == 0
