@@ -437,7 +437,7 @@ class FragmentCheck(wiring.Component):
     def _context(self, m, in_chk):
         """The held flit's VC context, its decode and the context's next value."""
         fmt, W, V, fragw = self.fmt, self.fmt.lanes, self.fmt.vcs, self.length_bits
-        f, f_vc, f_chk = self.held, self.held_vc, self.held_checks
+        f_vc, f_chk = self.held_vc, self.held_checks
         # ---------------------------------------------------------------- per-VC contexts
         st = [Signal(2, name=f"state{v}") for v in range(V)]
         pk = [Signal(name=f"pmode{v}") for v in range(V)]
@@ -469,34 +469,7 @@ class FragmentCheck(wiring.Component):
             with m.If(in_chk[v]):
                 m.d.sync += [regs[v].eq(n) for (regs, _), n in zip(ctx, nxt)]
 
-        # ---------------------------------------------------------------- decode
-        t = f.type
-        d = f.data
-        is_head = Signal()
-        is_tailtype = Signal()
-        is_ht = Signal()
-        is_subtail = Signal()
-        m.d.comb += [
-            is_head.eq((t == FlitType.SUB_HEAD) | (t == FlitType.HEAD) |
-                       (t == FlitType.HEAD_TAIL)),
-            is_tailtype.eq((t == FlitType.MSG_TAIL) | (t == FlitType.TAIL)),
-            is_ht.eq(t == FlitType.HEAD_TAIL),
-            is_subtail.eq(t == FlitType.SUB_TAIL),
-        ]
-        sh = data.View(fmt.sub_head, d[:fmt.sub_head.size])
-        ph = data.View(fmt.pkt_head, d[:fmt.pkt_head.size])
-        new_hd = Signal(fmt.header)
-        with m.If(t == FlitType.SUB_HEAD):
-            m.d.comb += [new_hd.next.eq(sh.next), new_hd.eject.eq(sh.eject),
-                         new_hd.flow.eq(sh.flow), new_hd.op.eq(sh.op),
-                         new_hd.step.eq(sh.step), new_hd.offset.eq(sh.offset),
-                         new_hd.length.eq(sh.length)]
-        with m.Else():
-            m.d.comb += [new_hd.dest.eq(ph.dest), new_hd.src.eq(ph.src),
-                         new_hd.flow.eq(ph.flow), new_hd.op.eq(ph.op),
-                         new_hd.step.eq(ph.step), new_hd.offset.eq(ph.offset),
-                         new_hd.length.eq(ph.length), new_hd.packet.eq(1)]
-        m.d.comb += new_hd.vc.eq(f_vc)
+        t, is_head, is_tailtype, is_ht, is_subtail, ph, new_hd = self._decode(m)
 
         last_flit = c_lf
         k = Signal(range(W + 1))
@@ -540,6 +513,38 @@ class FragmentCheck(wiring.Component):
         return SimpleNamespace(t=t, is_head=is_head, is_tailtype=is_tailtype, is_ht=is_ht,
                                is_subtail=is_subtail, ph=ph, exp=exp, c_st=c_st, c_hd=c_hd,
                                c_fo=c_fo, n_st=n_st)
+
+    def _decode(self, m):
+        """The held flit's type flags, its packet-head view and the header a head loads."""
+        fmt, f, f_vc = self.fmt, self.held, self.held_vc
+        t = f.type
+        d = f.data
+        is_head = Signal()
+        is_tailtype = Signal()
+        is_ht = Signal()
+        is_subtail = Signal()
+        m.d.comb += [
+            is_head.eq((t == FlitType.SUB_HEAD) | (t == FlitType.HEAD) |
+                       (t == FlitType.HEAD_TAIL)),
+            is_tailtype.eq((t == FlitType.MSG_TAIL) | (t == FlitType.TAIL)),
+            is_ht.eq(t == FlitType.HEAD_TAIL),
+            is_subtail.eq(t == FlitType.SUB_TAIL),
+        ]
+        sh = data.View(fmt.sub_head, d[:fmt.sub_head.size])
+        ph = data.View(fmt.pkt_head, d[:fmt.pkt_head.size])
+        new_hd = Signal(fmt.header)
+        with m.If(t == FlitType.SUB_HEAD):
+            m.d.comb += [new_hd.next.eq(sh.next), new_hd.eject.eq(sh.eject),
+                         new_hd.flow.eq(sh.flow), new_hd.op.eq(sh.op),
+                         new_hd.step.eq(sh.step), new_hd.offset.eq(sh.offset),
+                         new_hd.length.eq(sh.length)]
+        with m.Else():
+            m.d.comb += [new_hd.dest.eq(ph.dest), new_hd.src.eq(ph.src),
+                         new_hd.flow.eq(ph.flow), new_hd.op.eq(ph.op),
+                         new_hd.step.eq(ph.step), new_hd.offset.eq(ph.offset),
+                         new_hd.length.eq(ph.length), new_hd.packet.eq(1)]
+        m.d.comb += new_hd.vc.eq(f_vc)
+        return t, is_head, is_tailtype, is_ht, is_subtail, ph, new_hd
 
     def _decide(self, m, x):
         """Accept / drop, commit / rollback, the errors and the VC's next state."""
