@@ -373,3 +373,18 @@ def test_redsync_cost_matches_notes():
     q = cost(p, M, D, 0.0, beta, quantized=True)["bandwidth"] / dense
     assert abs(q - p * D / 2) < 1e-3
     assert cost(6, 1000, 0.01, 1.0, 0.0)["latency"] == 3
+
+
+def test_histogram_search_records_its_grid_passes():
+    """``grids`` lists one (first point, step, count) per count pass; every probe of the
+    trace is a point of the grid of its pass (what the RTL replay asks its threshold source)."""
+    rng = np.random.default_rng(21)
+    for hist_bits in (1, 3, 8):
+        for k in (1, 7, 50):
+            x = rng.standard_t(3, 300).astype(np.float32)
+            res = binary_search_histogram(x, k, depth=16, hist_bits=hist_bits)
+            assert len(res.grids) == res.passes
+            points = [{start + j * step for j in range(count)} for start, step, count in res.grids]
+            assert all(count == (1 << min(hist_bits, 16)) - 1 or step == 1
+                       for _, step, count in res.grids)
+            assert all(any(mid in p for p in points) for mid, _, _ in res.trace)

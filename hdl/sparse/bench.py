@@ -59,7 +59,6 @@ def topk_run(lib, x, k, lanes) -> dict:
 
 def bench_topk(quick: bool) -> dict:
     from .topk import PASSES, Mode, TopKUnit
-    rng = np.random.default_rng(2026)
     rows, search = [], []
     chunks = CHUNKS[:1] if quick else CHUNKS
     lanes_list = tuple(int(w) for w in os.environ[LANES_ENV].split(",")) \
@@ -68,7 +67,7 @@ def bench_topk(quick: bool) -> dict:
         lib = _lib(TopKUnit(lanes=lanes, max_chunk=max(chunks), search_bits=SEARCH_BITS),
                    f"sparse_topk_w{lanes}")
         for C in chunks:
-            x = _topk_chunk(rng, C)
+            x = _topk_chunk(np.random.default_rng((2026, C)), C)   # same chunk at every W
             for density in DENSITIES:
                 k = max(1, int(C * density))
                 r = topk_run(lib, x, k, lanes)

@@ -291,7 +291,7 @@ class TopKUnit(wiring.Component):
         scan_addr = Signal(RBITS + 1)           # counts 0..rows; row read = rows-1-scan_addr
         scan_valid = Signal()                   # rdata holds row scanning_row this cycle
         scanning_row = Signal(RBITS)
-        sums = [0] * R
+        lane_fields = []                        # per lane, the R counts of the row read
         for l in range(W):
             # one memory word holds ROW_BINS adjacent bins: the scan reads them together
             m.submodules[f"hist{l}"] = mem = memory.Memory(shape=CB * R, depth=ROWS_, init=[])
@@ -312,10 +312,13 @@ class TopKUnit(wiring.Component):
             with m.Else():
                 bumped = Cat(*[(f + (bin_b[:RB] == h))[:CB] for h, f in enumerate(fields)])
                 m.d.comb += [wp.addr.eq(bin_b[RB:]), wp.data.eq(bumped), wp.en.eq(hit_b)]
-            sums = [acc + f for acc, f in zip(sums, fields)]
+            lane_fields.append(fields)
         hist_sums = [Signal(CB + (W - 1).bit_length() + 1, name=f"hist_sum{h}")
                      for h in range(R)]
-        m.d.comb += [hs.eq(v) for hs, v in zip(hist_sums, sums)]
+        # lane sums as balanced adder trees (a running sum over the lanes was W adders in
+        # series behind the block RAM output: 16 at W = 16)
+        m.d.comb += [hs.eq(_tree_sum([f[h] for f in lane_fields]))
+                     for h, hs in enumerate(hist_sums)]
         st.scan_addr, st.scan_valid, st.match_mask = scan_addr, scan_valid, match_mask
         return hist_sums, scanning_row, None
 
