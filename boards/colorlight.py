@@ -26,7 +26,7 @@ LED (P11, active low): on while the PLL is locked and no link fault was seen; bl
 from __future__ import annotations
 
 from amaranth.build import Attrs, Clock, Pins, PinsN, Resource, Subsignal
-from amaranth.hdl import ClockDomain, ClockSignal, Elaboratable, Instance, Module, Signal
+from amaranth.hdl import ClockDomain, Elaboratable, Module
 from amaranth.lib import io
 from amaranth.lib.cdc import ResetSynchronizer
 
@@ -34,7 +34,7 @@ from treenic import topology as topo_mod
 from treenic.hdl.nic import NicParams
 from treenic.hdl.nic.fabric import wiring_plan
 
-from .core import BoardCore, heartbeat
+from .core import BoardCore, ecp5_pll, heartbeat
 
 __all__ = ["ColorlightTop", "colorlight_platform", "COLORLIGHT_NIC", "board_addresses",
            "link_peers"]
@@ -121,22 +121,7 @@ class ColorlightTop(Elaboratable):
         m.submodules.clk25, m.submodules.button = clk25, button
         m.domains.sync = ClockDomain("sync")
         m.domains.eth = ClockDomain("eth")
-        locked = Signal()
-        m.submodules.pll = Instance(
-            "EHXPLLL",
-            p_PLLRST_ENA="DISABLED", p_INTFB_WAKE="DISABLED", p_STDBY_ENABLE="DISABLED",
-            p_DPHASE_SOURCE="DISABLED", p_OUTDIVIDER_MUXA="DIVA", p_OUTDIVIDER_MUXB="DIVB",
-            p_CLKOP_ENABLE="ENABLED", p_CLKOS_ENABLE="ENABLED", p_FEEDBK_PATH="CLKOP",
-            p_CLKI_DIV=PLL["CLKI_DIV"], p_CLKFB_DIV=PLL["CLKFB_DIV"],
-            p_CLKOP_DIV=PLL["CLKOP_DIV"], p_CLKOP_CPHASE=PLL["CLKOP_DIV"] - 1,
-            p_CLKOP_FPHASE=0, p_CLKOS_DIV=PLL["CLKOS_DIV"],
-            p_CLKOS_CPHASE=PLL["CLKOS_DIV"] - 1, p_CLKOS_FPHASE=0,
-            a_FREQUENCY_PIN_CLKI="25", a_FREQUENCY_PIN_CLKOP="125",
-            a_FREQUENCY_PIN_CLKOS="75",
-            i_CLKI=clk25.i, i_CLKFB=ClockSignal("sync"), o_CLKOP=ClockSignal("sync"),
-            o_CLKOS=ClockSignal("eth"), o_LOCK=locked,
-            i_RST=0, i_STDBY=0, i_PHASESEL0=0, i_PHASESEL1=0, i_PHASEDIR=0,
-            i_PHASESTEP=0, i_PHASELOADREG=0, i_PLLWAKESYNC=0, i_ENCLKOP=0, i_ENCLKOS=0)
+        locked = ecp5_pll(m, clk25.i, PLL, clki_mhz=25)
         for name in ("sync", "eth"):
             m.submodules[f"rst_{name}"] = ResetSynchronizer(~locked | button.i, domain=name)
         m.submodules.board = board = BoardCore(

@@ -26,7 +26,7 @@ Links (``links``):
 """
 from __future__ import annotations
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import ClockSignal, Instance, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -36,7 +36,7 @@ from treenic.hdl.nic import Nic, NicParams
 from treenic.hdl.nic.core import HOST_READ_LATENCY
 from treenic.hdl.nic.params import Ctrl, Reg
 
-__all__ = ["BoardCore", "STATUS_REGS", "LINKS", "MAX_WORDS"]
+__all__ = ["BoardCore", "STATUS_REGS", "LINKS", "MAX_WORDS", "ecp5_pll", "heartbeat"]
 
 #: registers a STATUS request returns, in order (then the engine's counters)
 STATUS_REGS = (Reg.STATUS, Reg.CYCLES, Reg.ERR_FLAGS, Reg.ERR_COUNT, Reg.TIMESTEP)
@@ -185,3 +185,33 @@ def heartbeat(m, domain: str, hz: float, clock_hz: float) -> Signal:
     count = Signal(bits + 1, name=f"beat_{domain}")
     m.d[domain] += count.eq(count + 1)
     return count[-1]
+
+
+def ecp5_pll(m, clk_in, pll: dict, *, clki_mhz: int) -> Signal:
+    """One ECP5 ``EHXPLLL`` for a board top; returns its LOCK.
+
+    CLKOP drives ``sync`` (125 MHz, also the feedback), CLKOS ``eth`` (75 MHz) and, when
+    ``pll`` has ``CLKOS2_DIV``, CLKOS2 drives ``sync90`` (125 MHz, phase from
+    ``CLKOS2_CPHASE``/``CLKOS2_FPHASE``). ``pll`` holds the dividers (``CLKI_DIV``,
+    ``CLKFB_DIV``, ``CLKOP_DIV``, ``CLKOS_DIV``); the caller creates the domains."""
+    locked = Signal()
+    ports = dict(
+        p_PLLRST_ENA="DISABLED", p_INTFB_WAKE="DISABLED", p_STDBY_ENABLE="DISABLED",
+        p_DPHASE_SOURCE="DISABLED", p_OUTDIVIDER_MUXA="DIVA", p_OUTDIVIDER_MUXB="DIVB",
+        p_CLKOP_ENABLE="ENABLED", p_CLKOS_ENABLE="ENABLED", p_FEEDBK_PATH="CLKOP",
+        p_CLKI_DIV=pll["CLKI_DIV"], p_CLKFB_DIV=pll["CLKFB_DIV"],
+        p_CLKOP_DIV=pll["CLKOP_DIV"], p_CLKOP_CPHASE=pll["CLKOP_DIV"] - 1, p_CLKOP_FPHASE=0,
+        p_CLKOS_DIV=pll["CLKOS_DIV"], p_CLKOS_CPHASE=pll["CLKOS_DIV"] - 1, p_CLKOS_FPHASE=0,
+        a_FREQUENCY_PIN_CLKI=str(clki_mhz), a_FREQUENCY_PIN_CLKOP="125",
+        a_FREQUENCY_PIN_CLKOS="75",
+        i_CLKI=clk_in, i_CLKFB=ClockSignal("sync"), o_CLKOP=ClockSignal("sync"),
+        o_CLKOS=ClockSignal("eth"), o_LOCK=locked,
+        i_RST=0, i_STDBY=0, i_PHASESEL0=0, i_PHASESEL1=0, i_PHASEDIR=0,
+        i_PHASESTEP=0, i_PHASELOADREG=0, i_PLLWAKESYNC=0, i_ENCLKOP=0, i_ENCLKOS=0)
+    if "CLKOS2_DIV" in pll:
+        ports.update(
+            p_CLKOS2_ENABLE="ENABLED", p_CLKOS2_DIV=pll["CLKOS2_DIV"],
+            p_CLKOS2_CPHASE=pll["CLKOS2_CPHASE"], p_CLKOS2_FPHASE=pll["CLKOS2_FPHASE"],
+            a_FREQUENCY_PIN_CLKOS2="125", o_CLKOS2=ClockSignal("sync90"), i_ENCLKOS2=0)
+    m.submodules.pll = Instance("EHXPLLL", **ports)
+    return locked

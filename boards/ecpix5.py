@@ -33,14 +33,13 @@ receive clock gets a 125 MHz constraint here so its domain is timed too).
 from __future__ import annotations
 
 from amaranth.build import Attrs, Clock, Pins, PinsN, Resource, Subsignal
-from amaranth.hdl import (Cat, ClockDomain, ClockSignal, Elaboratable, Instance, Module,
-                          Signal)
+from amaranth.hdl import Cat, ClockDomain, ClockSignal, Elaboratable, Module, Signal
 from amaranth.lib import io
 from amaranth.lib.cdc import ResetSynchronizer
 
 from treenic.hdl.nic import NicParams
 
-from .core import LINKS, SERIAL_LANES, BoardCore, heartbeat
+from .core import LINKS, SERIAL_LANES, BoardCore, ecp5_pll, heartbeat
 
 __all__ = ["ECPIX5Top", "ecpix5_platform", "NIC_CLOCK_HZ", "ETH_CLOCK_HZ", "PLL"]
 
@@ -140,27 +139,7 @@ class ECPIX5Top(Elaboratable):
         m.domains.sync = ClockDomain("sync")
         m.domains.eth = ClockDomain("eth")
         m.domains.sync90 = ClockDomain("sync90")
-        locked = Signal()
-        m.submodules.pll = Instance(
-            "EHXPLLL",
-            p_PLLRST_ENA="DISABLED", p_INTFB_WAKE="DISABLED", p_STDBY_ENABLE="DISABLED",
-            p_DPHASE_SOURCE="DISABLED", p_OUTDIVIDER_MUXA="DIVA", p_OUTDIVIDER_MUXB="DIVB",
-            p_CLKOP_ENABLE="ENABLED", p_CLKOS_ENABLE="ENABLED", p_FEEDBK_PATH="CLKOP",
-            p_CLKI_DIV=PLL["CLKI_DIV"], p_CLKFB_DIV=PLL["CLKFB_DIV"],
-            p_CLKOP_DIV=PLL["CLKOP_DIV"], p_CLKOP_CPHASE=PLL["CLKOP_DIV"] - 1,
-            p_CLKOP_FPHASE=0,
-            p_CLKOS_DIV=PLL["CLKOS_DIV"], p_CLKOS_CPHASE=PLL["CLKOS_DIV"] - 1,
-            p_CLKOS_FPHASE=0, p_CLKOS2_ENABLE="ENABLED",
-            p_CLKOS2_DIV=PLL["CLKOS2_DIV"], p_CLKOS2_CPHASE=PLL["CLKOS2_CPHASE"],
-            p_CLKOS2_FPHASE=PLL["CLKOS2_FPHASE"], a_FREQUENCY_PIN_CLKOS2="125",
-            a_FREQUENCY_PIN_CLKI="100", a_FREQUENCY_PIN_CLKOP="125",
-            a_FREQUENCY_PIN_CLKOS="75",
-            i_CLKI=clk_in, i_CLKFB=ClockSignal("sync"), o_CLKOP=ClockSignal("sync"),
-            o_CLKOS=ClockSignal("eth"), o_CLKOS2=ClockSignal("sync90"), o_LOCK=locked,
-            i_RST=0, i_STDBY=0, i_PHASESEL0=0, i_PHASESEL1=0, i_PHASEDIR=0,
-            i_PHASESTEP=0, i_PHASELOADREG=0, i_PLLWAKESYNC=0, i_ENCLKOP=0, i_ENCLKOS=0,
-            i_ENCLKOS2=0)
-        return locked
+        return ecp5_pll(m, clk_in, PLL, clki_mhz=100)
 
     def _leds(self, m, platform, board, ok):
         pins = {}

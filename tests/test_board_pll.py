@@ -1,0 +1,30 @@
+"""The board tops' EHXPLLL (``treenic.boards.core.ecp5_pll``): the dividers each board
+passes give the clocks the tops are built for (ECP5 with CLKOP feedback:
+CLKOP = CLKI·CLKFB_DIV/CLKI_DIV, VCO = CLKOP·CLKOP_DIV in 400..800 MHz, CLKOSx = VCO/DIV)."""
+import pytest
+from amaranth.hdl import Module, Signal
+
+from treenic.boards import colorlight, ecpix5
+from treenic.boards.core import ecp5_pll
+
+
+def _pll(pll, mhz):
+    m = Module()
+    ecp5_pll(m, Signal(), pll, clki_mhz=mhz)
+    inst = m._named_submodules["pll"]
+    return inst[0] if isinstance(inst, tuple) else inst
+
+
+@pytest.mark.parametrize("board,mhz,sync90", [(ecpix5, 100, True), (colorlight, 25, False)])
+def test_pll_gives_the_nic_and_eth_clocks(board, mhz, sync90):
+    p = {k: v.value if hasattr(v, "value") else v for k, v in _pll(board.PLL, mhz).parameters.items()}
+    clkop = mhz * p["CLKFB_DIV"] / p["CLKI_DIV"]
+    vco = clkop * p["CLKOP_DIV"]
+    assert clkop * 1e6 == board.NIC_CLOCK_HZ
+    assert 400 <= vco <= 800
+    assert vco / p["CLKOS_DIV"] * 1e6 == board.ETH_CLOCK_HZ
+    assert ("CLKOS2_DIV" in p) == sync90
+    if sync90:                       # 125 MHz, a quarter period behind CLKOP
+        assert vco / p["CLKOS2_DIV"] * 1e6 == board.NIC_CLOCK_HZ
+        lag = (p["CLKOS2_CPHASE"] - (p["CLKOS2_DIV"] - 1) + p["CLKOS2_FPHASE"] / 8) / vco
+        assert lag * 1e3 == pytest.approx(1e3 / 125 / 4)
