@@ -74,3 +74,23 @@ def pack(values, width):
 def unpack(word, width, count):
     mask = (1 << width) - 1
     return [(word >> (n * width)) & mask for n in range(count)]
+
+
+async def send_words(ctx, stream, words) -> None:
+    """Offer ``words`` (packed ints) on ``stream`` back to back, each held until ``ready``;
+    ``valid`` is low afterwards. For testbenches that sequence commands on a stream."""
+    for w in words:
+        ctx.set(stream.payload.as_value(), w)
+        ctx.set(stream.valid, 1)
+        await ctx.tick().until(stream.ready)
+    ctx.set(stream.valid, 0)
+
+
+async def drive_flits(ctx, channel, flits) -> None:
+    """Put ``flits`` (packed ints) on a link channel, one per cycle (a link channel has no
+    ready: the receiver's credits bound what a sender may put there)."""
+    for f in flits:
+        ctx.set(channel.flit.as_value(), f)
+        ctx.set(channel.valid, 1)
+        await ctx.tick()
+    ctx.set(channel.valid, 0)

@@ -9,6 +9,7 @@ from treenic.hdl.link.flit import FlitFormat, FlitType, Op
 from treenic.hdl.nic.sparse_engine import SparseEngine
 from treenic.hdl.nic.sparse_fabric import (clear_word, decode_dump, dump_word, load_words,
                                            start_word)
+from treenic.hdl.sparse.simdrive import drive_flits, send_words
 from treenic.schedule.sparse_table import SparseOp, SparseProgram, pack_row
 from treenic.sparse.select import topk
 
@@ -28,21 +29,10 @@ def _run(rows, grads, flits=(), clear=False):
     got = {}
 
     async def host(ctx):
-        for w in load_words(prog, 0, grads) + [start_word()]:
-            ctx.set(eng.host_i.payload.as_value(), w)
-            ctx.set(eng.host_i.valid, 1)
-            await ctx.tick().until(eng.host_i.ready)
-        ctx.set(eng.host_i.valid, 0)
+        await send_words(ctx, eng.host_i, load_words(prog, 0, grads) + [start_word()])
         await ctx.tick().until(eng.busy == 1)
         await ctx.tick().until(eng.busy == 0)
-        for w in [clear_word(N)] if clear else []:
-            ctx.set(eng.host_i.payload.as_value(), w)
-            ctx.set(eng.host_i.valid, 1)
-            await ctx.tick().until(eng.host_i.ready)
-        ctx.set(eng.host_i.payload.as_value(), dump_word(N))
-        ctx.set(eng.host_i.valid, 1)
-        await ctx.tick().until(eng.host_i.ready)
-        ctx.set(eng.host_i.valid, 0)
+        await send_words(ctx, eng.host_i, ([clear_word(N)] if clear else []) + [dump_word(N)])
         ctx.set(eng.host_o.ready, 1)
         words = []
         while True:
@@ -54,11 +44,7 @@ def _run(rows, grads, flits=(), clear=False):
         got["words"], got["bad"] = words, ctx.get(eng.malformed)
 
     async def link(ctx):
-        for f in flits:
-            ctx.set(eng.rx[0].flit.as_value(), f)
-            ctx.set(eng.rx[0].valid, 1)
-            await ctx.tick()
-        ctx.set(eng.rx[0].valid, 0)
+        await drive_flits(ctx, eng.rx[0], flits)
 
     sim = Simulator(eng)
     sim.add_clock(1e-8)

@@ -43,6 +43,7 @@ def run_rows(rows, flits=(), *, lanes=16, scan_bins=16) -> int:
     from treenic.hdl.link.flit import FlitFormat
     from treenic.hdl.nic.sparse_engine import SparseEngine
     from treenic.hdl.nic.sparse_fabric import load_words, start_word
+    from treenic.hdl.sparse.simdrive import drive_flits, send_words
     from treenic.schedule.sparse_table import SparseProgram
     fmt = FlitFormat()
     eng = SparseEngine(ports=1, depth=N, lanes=lanes, max_flow=N, chunks=2, slot=64, rows=8,
@@ -52,21 +53,13 @@ def run_rows(rows, flits=(), *, lanes=16, scan_bins=16) -> int:
     got = {}
 
     async def host(ctx):
-        for w in load_words(prog, 0, grads) + [start_word()]:
-            ctx.set(eng.host_i.payload.as_value(), w)
-            ctx.set(eng.host_i.valid, 1)
-            await ctx.tick().until(eng.host_i.ready)
-        ctx.set(eng.host_i.valid, 0)
+        await send_words(ctx, eng.host_i, load_words(prog, 0, grads) + [start_word()])
         await ctx.tick().until(eng.busy == 1)
         await ctx.tick().until(eng.busy == 0)
         got["cycles"] = ctx.get(eng.cycles)
 
     async def link(ctx):
-        for f in flits:
-            ctx.set(eng.rx[0].flit.as_value(), f)
-            ctx.set(eng.rx[0].valid, 1)
-            await ctx.tick()
-        ctx.set(eng.rx[0].valid, 0)
+        await drive_flits(ctx, eng.rx[0], flits)
 
     sim = Simulator(eng)
     sim.add_clock(1e-8)
