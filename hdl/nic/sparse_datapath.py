@@ -1,16 +1,15 @@
 """Elaboration of :class:`~treenic.hdl.nic.sparse_engine.SparseEngine` (split from the
-component so that every function stays short): units and memories, the buffer feeder of the
-top-k unit, the link ports, and the row sequencer."""
+component so that every function stays short): memories, the link ports, the row sequencer
+and the selection side (:mod:`.sparse_select`: top-k units, their feeders, the dispatcher)."""
 from __future__ import annotations
 
 from amaranth import Array, Cat, Module, Mux, Signal
 from amaranth.lib import data, fifo, memory
 
 from ..link.flit import FlitType, Op
-from ..sparse.narrow import PairNarrower
 from ..sparse.scatter import ScatterAccumulate
-from ..sparse.topk import PASSES, Mode, TopKUnit
 from .sparse_engine import ROW, HostKind
+from .sparse_select import build_selection
 from treenic.schedule.sparse_table import SparseOp
 
 SIGN = 1 << 31
@@ -25,13 +24,8 @@ def build_engine(e) -> Module:
     c = _Ctx()
     c.e = e
     m.submodules.scatter = c.scatter = ScatterAccumulate(depth=e.depth)
-    m.submodules.topk = c.topk = TopKUnit(lanes=e.lanes, max_chunk=e.chunk_beats * e.lanes,
-                                          scan_bins=e.scan_bins)
-    m.submodules.narrow = c.narrow = PairNarrower(lanes=e.lanes)
-    m.d.comb += [c.narrow.i.valid.eq(c.topk.o.valid), c.narrow.i.payload.eq(c.topk.o.payload),
-                 c.topk.o.ready.eq(c.narrow.i.ready)]
     m.submodules.program = prog = memory.Memory(shape=ROW, depth=e.rows, init=[])
-    c.prog_w, c.prog_r = prog.write_port(), prog.read_port()
+    c.prog_w, c.prog_r, c.prog_r2 = prog.write_port(), prog.read_port(), prog.read_port()
     m.submodules.finals = fin = memory.Memory(shape=64, depth=e.chunks * e.slot, init=[])
     c.fin_w, c.fin_r = fin.write_port(), fin.read_port()
     c.counts = Array(Signal(range(e.slot + 1), name=f"count{i}") for i in range(e.chunks))
@@ -44,42 +38,12 @@ def build_engine(e) -> Module:
     m.d.comb += [sc.i.valid.eq(c.sc_valid), sc.i.payload.index.eq(c.sc_index),
                  sc.i.payload.value.eq(c.sc_value), sc.o.ready.eq(1)]
     m.d.sync += c.pending.eq(c.pending + (c.sc_valid & sc.i.ready & in_range) - sc.o.valid)
-    _feeder(m, c)
+    c.sel_start, c.recv_done, c.main_uses = Signal(), Signal(), Signal()
+    c.selected = Signal(e.chunks)
     _links(m, c)
     _sequencer(m, c)
+    build_selection(m, c)       # drives the adder only in cycles the sequencer does not
     return m
-
-
-def _feeder(m, c):
-    """Streams part[lo : lo+n] to the top-k unit W words a beat, once per pass (zero pad),
-    through W read ports whose ``en`` holds the data while the unit stalls."""
-    e, tk = c.e, c.topk
-    W = e.lanes
-    c.feed_go = Signal()
-    active, beat, pas = Signal(), Signal(range(e.chunk_beats + 1)), Signal(range(8))
-    base, n = Signal(24), Signal(24)
-    rv, last, mask = Signal(), Signal(), Signal(W)
-    beats = Signal(range(e.chunk_beats + 1))
-    advance = ~rv | tk.i.ready
-    m.d.comb += beats.eq((n + W - 1) >> (W.bit_length() - 1))
-    first = beat * W
-    for l in range(W):
-        rp = c.scatter.buffer.read_port()
-        m.d.comb += [rp.addr.eq(base + first + l), rp.en.eq(advance),
-                     tk.i.payload.value[l].eq(Mux(mask[l], rp.data, 0))]
-    m.d.comb += [tk.i.valid.eq(rv), tk.i.payload.last.eq(last)]
-    with m.If(advance):
-        m.d.sync += [rv.eq(active), last.eq(beat == beats - 1),
-                     mask.eq(Cat(*[first + l < n for l in range(W)]))]
-        with m.If(active):
-            with m.If(beat == beats - 1):
-                m.d.sync += [beat.eq(0), pas.eq(pas + 1)]
-                with m.If(pas == PASSES[Mode.EXACT] - 1):
-                    m.d.sync += active.eq(0)
-            with m.Else():
-                m.d.sync += beat.eq(beat + 1)
-    with m.If(c.feed_go):
-        m.d.sync += [active.eq(1), beat.eq(0), pas.eq(0), base.eq(c.row.lo), n.eq(c.row.n)]
 
 
 def _links(m, c):

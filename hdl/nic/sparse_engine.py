@@ -71,6 +71,9 @@ class SparseEngine(wiring.Component):
         W, top-k lanes (read ports the feeder uses on the buffer).
     scan_bins : int
         Top-k histogram bins scanned a cycle (:class:`~treenic.hdl.sparse.topk.TopKUnit`).
+    topk_units : int
+        Top-k units (1..8) selecting independent flows concurrently, ahead of the row
+        sequencer (:mod:`.sparse_select`); each has its own feeder of W read ports.
     max_flow : int
         Largest flow (top-k chunk), elements.
     chunks : int
@@ -105,12 +108,14 @@ class SparseEngine(wiring.Component):
 
     def __init__(self, *, ports: int, depth: int, lanes: int, max_flow: int, chunks: int,
                  slot: int, rows: int, rx_depth: int, scan_bins: int = 16,
-                 fmt: FlitFormat | None = None):
+                 topk_units: int = 2, fmt: FlitFormat | None = None):
         for name, v, lo in (("ports", ports, 1), ("depth", depth, 2), ("max_flow", max_flow, 1),
                             ("chunks", chunks, 1), ("slot", slot, 1), ("rows", rows, 1),
-                            ("rx_depth", rx_depth, 2)):
+                            ("rx_depth", rx_depth, 2), ("topk_units", topk_units, 1)):
             if not isinstance(v, int) or v < lo:
                 raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+        if topk_units > 8:
+            raise ValueError(f"topk_units must be at most 8, got {topk_units}")
         if depth & (depth - 1) or slot & (slot - 1):
             raise ValueError("depth and slot must be powers of two")
         self.fmt = fmt = fmt or FlitFormat()
@@ -120,6 +125,7 @@ class SparseEngine(wiring.Component):
         self.chunk_beats = -(-max_flow // lanes)
         self.max_flow, self.chunks, self.slot = max_flow, chunks, slot
         self.rows, self.rx_depth, self.scan_bins = rows, rx_depth, scan_bins
+        self.topk_units = topk_units
         super().__init__({
             "host_i": In(stream.Signature(HOST_IN)), "host_o": Out(stream.Signature(HOST_OUT)),
             "tx": Out(LinkSignature(fmt)).array(ports), "rx": In(LinkSignature(fmt)).array(ports),

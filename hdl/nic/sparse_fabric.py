@@ -25,9 +25,11 @@ def _pow2(x: int) -> int:
     return 1 << max(1, int(x - 1).bit_length())
 
 
-def engine_sizes(prog: SparseProgram, lanes: int, scan_bins: int = 16) -> dict:
+def engine_sizes(prog: SparseProgram, lanes: int, scan_bins: int = 16,
+                 topk_units: int = 2) -> dict:
     """SparseEngine parameters for a program (buffers sized to it)."""
     return dict(ports=prog.ports, depth=_pow2(prog.elements), lanes=lanes, scan_bins=scan_bins,
+                topk_units=topk_units,
                 max_flow=prog.max_flow, chunks=prog.chunks, slot=_pow2(prog.max_k),
                 rows=max(len(r) for r in prog.rows), rx_depth=_pow2(prog.rx_flits + 1))
 
@@ -43,6 +45,8 @@ class SparseFabric(wiring.Component):
         Top-k lanes W.
     scan_bins : int
         Top-k histogram bins scanned a cycle.
+    topk_units : int
+        Top-k units per engine (:class:`~.sparse_engine.SparseEngine`).
     latency, stall, seed : int
         Link channels: register stages, stall probability /256, LFSR seed (per link
         ``seed + link number``).
@@ -61,11 +65,11 @@ class SparseFabric(wiring.Component):
     """
 
     def __init__(self, program: SparseProgram, *, lanes: int = 2, scan_bins: int = 16,
-                 latency: int = 1, stall: int = 0, seed: int = 1):
+                 topk_units: int = 2, latency: int = 1, stall: int = 0, seed: int = 1):
         from treenic.topology import parse
         self.program = program
         self.topology = parse(program.topology)
-        self.sizes = engine_sizes(program, lanes, scan_bins)
+        self.sizes = engine_sizes(program, lanes, scan_bins, topk_units)
         self.latency, self.stall, self.seed = latency, stall, seed
         P = len(program.rows)
         super().__init__({"host_i": In(stream.Signature(HOST_IN)).array(P),

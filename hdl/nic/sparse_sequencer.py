@@ -4,7 +4,6 @@ from __future__ import annotations
 from amaranth import Cat, Mux, Signal
 
 from ..link.flit import FlitType, Op
-from ..sparse.topk import Mode
 from .sparse_engine import HostKind
 from treenic.schedule.sparse_table import SparseOp
 
@@ -18,11 +17,8 @@ def sequencer(m, c, head):
     pc = Signal(range(e.rows + 1))
     hd, hd_set = head
     m.d.comb += hd_set
-    nar = c.narrow.o
-    pair_index = (row.lo + nar.payload.index)[:32]
     slot_base = row.chunk * e.slot
-    m.d.comb += [c.prog_r.addr.eq(pc), c.topk.cmd.payload.mode.eq(Mode.EXACT),
-                 c.topk.cmd.payload.k.eq(row.k)]
+    m.d.comb += c.prog_r.addr.eq(pc)
     h = e.host_i
     j, chunk = Signal(24), Signal(range(e.chunks + 1))
     dump_n = Signal(24)
@@ -41,6 +37,7 @@ def sequencer(m, c, head):
         with m.State("WAIT"):
             with m.If(c.pending == 0):
                 m.d.sync += e.busy.eq(1)
+                m.d.comb += c.sel_start.eq(1)
                 m.next = "FETCH"
         with m.State("FETCH"):
             m.next = "LOAD"
@@ -49,33 +46,19 @@ def sequencer(m, c, head):
             m.next = "DISPATCH"
         with m.State("DISPATCH"):
             _dispatch(m, c)
-        with m.State("CMD"):
-            m.d.comb += c.topk.cmd.valid.eq(1)
-            with m.If(c.topk.cmd.ready):
-                m.d.comb += c.feed_go.eq(1)
-                m.next = "CMD_DONE"
-        with m.State("CMD_DONE"):
-            with m.If(row.op == SparseOp.SEND):
-                m.next = "HEAD"
-            with m.Else():
-                m.next = "PAIRS"
+        with m.State("SEL_WAIT"):        # the selection side fills the flow's slot
+            with m.If(c.selected.bit_select(row.chunk, 1)):
+                with m.If(row.op == SparseOp.SEND):
+                    m.next = "HEAD"
+                with m.Else():
+                    m.next = "NEXT"
         with m.State("HEAD"):
             m.d.comb += [c.tx_req.eq(1), c.tx_type.eq(FlitType.SUB_HEAD),
                          c.tx_data.eq(hd.as_value())]
             with m.If(c.tx_fire):
                 m.next = "HEAD_DONE"
         with m.State("HEAD_DONE"):
-            with m.If(row.op == SparseOp.GSEND):
-                m.next = "GS_PAIRS"
-            with m.Else():
-                m.next = "PAIRS"
-        with m.State("PAIRS"):
-            _selected_pairs(m, c, nar, pair_index, n_pairs, slot_base)
-        with m.State("TAIL"):
-            m.d.comb += [c.tx_req.eq(1), c.tx_type.eq(FlitType.MSG_TAIL),
-                         c.tx_data.eq(n_pairs)]
-            with m.If(c.tx_fire):
-                m.next = "DRAIN"
+            m.next = "GS_PAIRS"
         with m.State("GS_PAIRS"):
             cnt = c.counts[row.chunk]
             with m.If(j == cnt):
@@ -97,9 +80,11 @@ def sequencer(m, c, head):
                     m.d.sync += [bad.eq(1), e.malformed.eq(e.malformed + 1)]
                 m.next = "RX_BODY"
         with m.State("RX_BODY"):
+            m.d.comb += c.main_uses.eq(c.rx_valid)
             _rx_body(m, c, rx, rx_pair_idx, rx_pair_val, fits, n_pairs, seen, bad, slot_base)
         with m.State("DRAIN"):
             with m.If(c.pending == 0):
+                m.d.comb += c.recv_done.eq(row.op == SparseOp.RECV)
                 m.next = "NEXT"
         with m.State("NEXT"):
             m.d.sync += pc.eq(pc + 1)
@@ -186,7 +171,7 @@ def _dispatch(m, c):
             m.d.sync += e.busy.eq(0)
             m.next = "IDLE"
         with m.Case(SparseOp.SEND, SparseOp.ROOT):
-            m.next = "CMD"
+            m.next = "SEL_WAIT"
         with m.Case(SparseOp.RECV, SparseOp.GRECV):
             m.next = "RX_HEAD"
         with m.Case(SparseOp.GSEND):
@@ -194,31 +179,6 @@ def _dispatch(m, c):
         with m.Default():
             m.d.sync += e.malformed.eq(e.malformed + 1)
             m.next = "NEXT"
-
-
-def _selected_pairs(m, c, nar, pair_index, n_pairs, slot_base):
-    """SEND: each selected pair leaves as a body flit and is zeroed locally (adding its
-    negation); ROOT: it is written into the flow's final slot and zeroed."""
-    row = c.row
-    send = row.op == SparseOp.SEND
-    with m.If(nar.valid & nar.payload.end):
-        m.d.comb += nar.ready.eq(1)
-        with m.If(send):
-            m.next = "TAIL"
-        with m.Else():
-            m.d.sync += c.counts[row.chunk].eq(n_pairs)
-            m.next = "DRAIN"
-    with m.Elif(nar.valid):
-        go = c.scatter.i.ready & (c.tx_ok | ~send)
-        m.d.comb += [c.sc_valid.eq(c.tx_ok | ~send), c.sc_index.eq(pair_index),
-                     c.sc_value.eq(nar.payload.value ^ SIGN), nar.ready.eq(go),
-                     c.tx_req.eq(send & c.scatter.i.ready), c.tx_type.eq(FlitType.SUB_BODY),
-                     c.tx_data.eq(Cat(pair_index, nar.payload.value)),
-                     c.fin_w.addr.eq(slot_base + n_pairs),
-                     c.fin_w.data.eq(Cat(pair_index, nar.payload.value)),
-                     c.fin_w.en.eq(go & ~send)]
-        with m.If(go):
-            m.d.sync += n_pairs.eq(n_pairs + 1)
 
 
 def _rx_body(m, c, rx, idx, val, fits, n_pairs, seen, bad, slot_base):

@@ -17,12 +17,13 @@ def _grads(rng, P, N, iterations):
 
 
 def check_fabric(topology, P, N, density, *, iterations=3, stall=64, lanes=2, seed=0,
-                 flow_assignment="contiguous"):
+                 flow_assignment="contiguous", topk_units=2):
     golden = MultiTreeSparse(P, N, density, seed=seed, topology=topology,
                              flow_assignment=flow_assignment)
     prog = compile_sparse(golden)
     grads = _grads(np.random.default_rng(seed), P, N, iterations)
-    runs = run_amaranth(SparseFabric(prog, lanes=lanes, stall=stall, seed=seed + 1), grads)
+    runs = run_amaranth(SparseFabric(prog, lanes=lanes, stall=stall, seed=seed + 1,
+                                     topk_units=topk_units), grads)
     for it, (g, (res, resid, cycles)) in enumerate(zip(grads, runs)):
         want = golden.step(g)
         assert cycles > 0
@@ -35,6 +36,13 @@ def check_fabric(topology, P, N, density, *, iterations=3, stall=64, lanes=2, se
 
 def test_ring4_three_iterations_with_stalls():
     check_fabric("ring:4", 4, 64, 0.25)
+
+
+@pytest.mark.parametrize("units", [1, 4])
+def test_ring4_topk_units(units):
+    """One unit, and as many units as flows (every leaf selection at once): the selections
+    run ahead of the sequencer in any overlap and the results stay the golden's."""
+    check_fabric("ring:4", 4, 64, 0.25, iterations=2, stall=32, topk_units=units, seed=5)
 
 
 def test_ring3_hash_flows_uneven_sizes():

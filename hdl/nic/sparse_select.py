@@ -1,0 +1,187 @@
+"""Selection side of the sparse engine: ``topk_units`` top-k units that select flows ahead
+of the row sequencer (:mod:`.sparse_sequencer`), concurrently with each other and with the
+sequencer's link traffic.
+
+Why: with one unit selecting each flow when the sequencer reaches its SEND row, a node of
+torus:4x4 (16 flows) spends ~6400 of its cycles selecting, one flow after another, while the
+links idle. A leaf's selection needs no input at all, and every other selection needs only
+the receives of its own flow; so a dispatcher walks the same program ahead of the
+sequencer and starts each SEND/ROOT selection on a free unit as soon as the receives of
+that flow that precede it in the program are accumulated:
+
+::
+
+    program ──(2nd read port)──► dispatcher: RECV row of flow c  -> seen[c] += 1
+                                             SEND/ROOT row of c  -> wait done[c] == seen[c]
+                                                                    and a free unit; start it
+    sequencer: a RECV row of flow c drained -> done[c] += 1
+    unit u: feeder (W read ports) ─► TopKUnit ─► PairNarrower ─┐
+                                                               ├─ arbiter (lowest u first,
+    unit u': ...                                         ──────┘   one pair a cycle)
+        pair -> flow c's final-pair slot + (index, -value) into the scatter adder (zeroes it)
+        end  -> counts[c], selected[c] = 1
+    sequencer: SEND row of c waits selected[c], then streams slot c (head, pairs, tail);
+               ROOT row of c waits selected[c] (its slot is the final block).
+
+Numerics are unchanged (bit for bit the golden): a selection of flow c reads part[flow c]
+only after every pair the golden adds to it before its selection is in the buffer (the
+sequencer's RECV rows drain before ``done`` counts them), and the zeroing adds of flow c
+touch only flow c's words, which no receive touches afterwards within the run; additions
+to one word keep the golden's order, additions to different words commute.
+
+Dispatch is in program order (a unit is never given a later row before an earlier one),
+so the sequencer, which waits on the rows in the same order, cannot deadlock on it. The
+sequencer's own use of the scatter adder or the final-pair memory (the body flits of a
+RECV / GRECV) has priority over the units' pairs.
+"""
+from __future__ import annotations
+
+from amaranth import Array, Cat, Mux, Signal
+from amaranth.lib import data
+
+from ..sparse.narrow import PairNarrower
+from ..sparse.topk import PASSES, Mode, TopKUnit
+from treenic.schedule.sparse_table import SparseOp
+
+__all__ = ["build_selection"]
+
+SIGN = 1 << 31
+
+
+class _Unit:
+    """One top-k unit with its feeder, narrower and job registers."""
+
+    def __init__(self, m, c, u):
+        e = c.e
+        self.topk = TopKUnit(lanes=e.lanes, max_chunk=e.chunk_beats * e.lanes,
+                             scan_bins=e.scan_bins)
+        self.narrow = PairNarrower(lanes=e.lanes)
+        m.submodules[f"topk{u}"], m.submodules[f"narrow{u}"] = self.topk, self.narrow
+        m.d.comb += [self.narrow.i.valid.eq(self.topk.o.valid),
+                     self.narrow.i.payload.eq(self.topk.o.payload),
+                     self.topk.o.ready.eq(self.narrow.i.ready)]
+        self.busy = Signal(name=f"unit{u}_busy")
+        self.cmd = Signal(name=f"unit{u}_cmd")
+        self.chunk = Signal(range(e.chunks), name=f"unit{u}_chunk")
+        self.lo, self.n, self.k = (Signal(24, name=f"unit{u}_{f}") for f in ("lo", "n", "k"))
+        self.pairs = Signal(range(e.slot + 1), name=f"unit{u}_pairs")
+        self.go = Signal(name=f"unit{u}_go")
+        tk = self.topk
+        m.d.comb += [tk.cmd.valid.eq(self.cmd), tk.cmd.payload.mode.eq(Mode.EXACT),
+                     tk.cmd.payload.k.eq(self.k), self.go.eq(self.cmd & tk.cmd.ready)]
+        with m.If(self.go):
+            m.d.sync += self.cmd.eq(0)
+        _feeder(m, c, tk, self.go, self.lo, self.n, u)
+
+    def start(self, m, row):
+        m.d.sync += [self.busy.eq(1), self.cmd.eq(1), self.chunk.eq(row.chunk),
+                     self.lo.eq(row.lo), self.n.eq(row.n), self.k.eq(row.k), self.pairs.eq(0)]
+
+
+def _feeder(m, c, tk, go, lo, n, u):
+    """Streams part[lo : lo+n] to one top-k unit W words a beat, once per pass (zero pad),
+    through W read ports whose ``en`` holds the data while the unit stalls."""
+    e = c.e
+    W = e.lanes
+    active, beat, pas = Signal(), Signal(range(e.chunk_beats + 1)), Signal(range(8))
+    base, size = Signal(24), Signal(24)
+    rv, last, mask = Signal(), Signal(), Signal(W)
+    beats = Signal(range(e.chunk_beats + 1))
+    advance = ~rv | tk.i.ready
+    m.d.comb += beats.eq((size + W - 1) >> (W.bit_length() - 1))
+    first = beat * W
+    for l in range(W):
+        rp = c.scatter.buffer.read_port()
+        m.d.comb += [rp.addr.eq(base + first + l), rp.en.eq(advance),
+                     tk.i.payload.value[l].eq(Mux(mask[l], rp.data, 0))]
+    m.d.comb += [tk.i.valid.eq(rv), tk.i.payload.last.eq(last)]
+    with m.If(advance):
+        m.d.sync += [rv.eq(active), last.eq(beat == beats - 1),
+                     mask.eq(Cat(*[first + l < size for l in range(W)]))]
+        with m.If(active):
+            with m.If(beat == beats - 1):
+                m.d.sync += [beat.eq(0), pas.eq(pas + 1)]
+                with m.If(pas == PASSES[Mode.EXACT] - 1):
+                    m.d.sync += active.eq(0)
+            with m.Else():
+                m.d.sync += beat.eq(beat + 1)
+    with m.If(go):
+        m.d.sync += [active.eq(1), beat.eq(0), pas.eq(0), base.eq(lo), size.eq(n)]
+
+
+def build_selection(m, c):
+    """The units, the dispatcher and the pair arbiter. Uses from ``c``: ``e``, ``scatter``,
+    ``prog_r2`` (the dispatcher's program read port), ``counts``, ``fin_w``, ``sc_*``,
+    ``sel_start`` (the run begins), ``recv_done`` (the sequencer drained a RECV row of
+    ``row.chunk``), ``main_uses`` (the sequencer drives the adder / final memory this
+    cycle), ``selected`` (set here: flow c's selection is in its slot)."""
+    e = c.e
+    units = [_Unit(m, c, u) for u in range(e.topk_units)]
+    _dispatcher(m, c, units)
+    _arbiter(m, c, units)
+
+
+def _dispatcher(m, c, units):
+    e = c.e
+    cnt = range(e.rows + 1)
+    seen = Array(Signal(cnt, name=f"seen{i}") for i in range(e.chunks))
+    done = Array(Signal(cnt, name=f"done{i}") for i in range(e.chunks))
+    pc = Signal(range(e.rows + 1))
+    rd = c.prog_r2
+    row = rd.data
+    m.d.comb += rd.addr.eq(pc)
+    with m.If(c.recv_done):
+        m.d.sync += done[c.row.chunk].eq(done[c.row.chunk] + 1)
+    free = Signal(len(units))
+    m.d.comb += free.eq(Cat(*[~u.busy for u in units]))
+    with m.FSM(name="dispatch"):
+        with m.State("OFF"):
+            with m.If(c.sel_start):             # a run starts from row 0
+                m.next = "FETCH"
+        with m.State("FETCH"):
+            m.next = "LOOK"
+        with m.State("LOOK"):
+            with m.Switch(row.op):
+                with m.Case(SparseOp.RECV):
+                    m.d.sync += [seen[row.chunk].eq(seen[row.chunk] + 1), pc.eq(pc + 1)]
+                    m.next = "FETCH"
+                with m.Case(SparseOp.SEND, SparseOp.ROOT):
+                    with m.If((done[row.chunk] == seen[row.chunk]) & free.any()):
+                        for i, u in enumerate(units):   # the lowest free unit takes it
+                            with m.If(free[i] & ((free & ((1 << i) - 1)) == 0)):
+                                u.start(m, row)
+                        m.d.sync += pc.eq(pc + 1)
+                        m.next = "FETCH"
+                with m.Case(SparseOp.END):
+                    m.next = "OFF"
+                with m.Default():
+                    m.d.sync += pc.eq(pc + 1)
+                    m.next = "FETCH"
+    with m.If(c.sel_start):
+        m.d.sync += [pc.eq(0), c.selected.eq(0)]
+        m.d.sync += [s.eq(0) for s in seen] + [d.eq(0) for d in done]
+
+
+def _arbiter(m, c, units):
+    """One narrowed beat a cycle from the lowest unit that has one: a pair goes to its
+    flow's slot and (negated) into the scatter adder, a terminator closes the selection."""
+    e = c.e
+    for i, u in enumerate(units):
+        o = u.narrow.o
+        first = o.valid
+        for v in units[:i]:
+            first = first & ~v.narrow.o.valid
+        with m.If(first):
+            index = (u.lo + o.payload.index)[:32]
+            with m.If(o.payload.end):
+                m.d.comb += o.ready.eq(1)
+                m.d.sync += [c.counts[u.chunk].eq(u.pairs), u.busy.eq(0),
+                             c.selected.bit_select(u.chunk, 1).eq(1)]
+            with m.Elif(~c.main_uses):
+                go = c.scatter.i.ready
+                m.d.comb += [o.ready.eq(go), c.sc_valid.eq(1), c.sc_index.eq(index),
+                             c.sc_value.eq(o.payload.value ^ SIGN),
+                             c.fin_w.addr.eq(u.chunk * e.slot + u.pairs),
+                             c.fin_w.data.eq(Cat(index, o.payload.value)), c.fin_w.en.eq(go)]
+                with m.If(go):
+                    m.d.sync += u.pairs.eq(u.pairs + 1)
