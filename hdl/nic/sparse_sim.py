@@ -43,6 +43,7 @@ class SparseFabricSim:
         elements: float32 elements per node.
         density: top-k density (budget per flow ``max(1, floor(density * |flow|))``).
         lanes: top-k lanes W.
+        topk_units: top-k units per engine (selections of independent flows at once).
         stall, latency, seed: link channels (stall probability /256), golden seed (also
             the hash seed of ``flow_assignment="hash"``).
         flow_assignment: ``"contiguous"`` or ``"hash"`` (Zen's h0 from the golden's
@@ -54,7 +55,7 @@ class SparseFabricSim:
     """
 
     def __init__(self, topology: str, elements: int, density: float, *, lanes: int = 16,
-                 stall: int = 0, latency: int = 1, seed: int = 0,
+                 topk_units: int = 2, stall: int = 0, latency: int = 1, seed: int = 0,
                  flow_assignment: str = "contiguous", size_density: float | None = None,
                  opt: str | None = None, verbose: bool = False):
         from treenic.hdl.cosim import build_cosim
@@ -67,7 +68,8 @@ class SparseFabricSim:
         sizing = prog if size_density is None else compile_sparse(MultiTreeSparse(
             P, elements, size_density, seed=seed, topology=topology,
             flow_assignment=flow_assignment))
-        fabric = SparseFabric(sizing, lanes=lanes, stall=stall, latency=latency, seed=seed + 1)
+        fabric = SparseFabric(sizing, lanes=lanes, topk_units=topk_units, stall=stall,
+                              latency=latency, seed=seed + 1)
         tag = topology.replace(":", "").replace("x", "_")
         opt = opt or ("-O2" if P <= 8 else "-O1")
         self.lib = build_cosim(fabric, name=f"sparse_fabric_{tag}", opt=opt, verbose=verbose)
@@ -126,14 +128,15 @@ class SparseFabricSim:
 
 def sparse_allreduce_report(topology: str, elements: int, density: float, *,
                             iterations: int = 3, seed: int = 0, lanes: int = 16,
-                            stall: int = 0, dense: bool = True,
+                            topk_units: int = 2, stall: int = 0, dense: bool = True,
                             flow_assignment: str = "contiguous",
                             size_density: float | None = None) -> dict:
     """MultiTree-Sparse on the Verilated sparse fabric for ``iterations`` error-feedback
     iterations (random gradients from ``seed``), each compared with the golden; with
     ``dense``, the dense MultiTree all-reduce of the first iteration's gradients on the
     Verilated dense NIC fabric (:class:`~.fabric_sim.FabricSim`) for comparison."""
-    sim = SparseFabricSim(topology, elements, density, lanes=lanes, stall=stall, seed=seed,
+    sim = SparseFabricSim(topology, elements, density, lanes=lanes, topk_units=topk_units,
+                          stall=stall, seed=seed,
                           flow_assignment=flow_assignment, size_density=size_density)
     rng = np.random.default_rng(seed)
     grads = [rng.standard_normal((sim.P, elements)).astype(np.float32)
@@ -143,6 +146,7 @@ def sparse_allreduce_report(topology: str, elements: int, density: float, *,
     rep = {"algorithm": "multitree-sparse", "topology": prog.topology, "nodes": sim.P,
            "elements": elements, "density": density, "iterations": iterations,
            "flow_assignment": flow_assignment, "residual": "local", "lanes": lanes,
+           "topk_units": topk_units,
            "link_stall": stall, "engine": ENGINE_NAME,
            "bit_exact": all(r.bit_exact for r in runs),
            "bit_exact_per_iteration": [r.bit_exact for r in runs],
