@@ -169,6 +169,21 @@ def _sparse_tops():     # the sparse units (docs/sparse-units.md) at W = 2 and t
             "sparse_decoder": lambda: SparseDecoder(max_chunk=4096)}
 
 
+def _sparse_engine(units: int):
+    """The NIC's sparse engine sized for torus:4x4, 64 KiB per node, densities up to 10 %
+    (the ``sparse_fabric`` bench's build), W = 16, ``units`` top-k units."""
+    from treenic.hdl.nic.sparse_engine import SparseEngine
+    from treenic.hdl.nic.sparse_fabric import engine_sizes
+    from treenic.schedule.sparse_table import compile_sparse
+    from treenic.sparse.multitree_sparse import MultiTreeSparse
+    prog = compile_sparse(MultiTreeSparse(16, 16384, 0.10, seed=0, topology="torus:4x4"))
+    return SparseEngine(**engine_sizes(prog, 16, 16, units))
+
+
+register_top("sparse_engine_t1", lambda: _sparse_engine(1))
+register_top("sparse_engine_t2", lambda: _sparse_engine(2))
+
+
 for _name, _factory in _sparse_tops().items():
     register_top(_name, _factory)
 

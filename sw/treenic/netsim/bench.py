@@ -97,7 +97,7 @@ def _sparse_rows(r: rtl_runs.RtlRun, rec: dict) -> list[dict]:
     if r.lanes != sparse.SPARSE_RTL.lanes:
         raise ValueError(f"{r.name}: the sparse model is calibrated for W = "
                          f"{sparse.SPARSE_RTL.lanes} lanes, not {r.lanes}")
-    tm = sparse.SPARSE_RTL.with_(link_latency=r.latency)
+    tm = sparse.SPARSE_RTL.with_(link_latency=r.latency, topk_units=r.topk_units)
     model, nodes = sparse.predict(prog, tm, detail=True)
     rows = []
     for k, sample in enumerate([rec, *rec.get("more_samples", ())]):

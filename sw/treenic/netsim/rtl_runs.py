@@ -56,10 +56,11 @@ class RtlRun:
     #: MultiTree construction (``multitree.build``'s ``variant``): the records were measured
     #: with Algorithm 1 as printed ("paper"), before "bound" became the default
     variant: str | None = None
-    #: MultiTree-Sparse runs (``algorithm="multitree-sparse"``): top-k density and lanes W
-    #: of the sparse engine (:class:`treenic.hdl.nic.sparse_sim.SparseFabricSim`)
+    #: MultiTree-Sparse runs (``algorithm="multitree-sparse"``): top-k density, lanes W and
+    #: top-k units of the sparse engine (:class:`treenic.hdl.nic.sparse_sim.SparseFabricSim`)
     density: float | None = None
     lanes: int = 16
+    topk_units: int = 2
 
     @property
     def sparse(self) -> bool:
@@ -156,7 +157,7 @@ def measure_sparse(run: RtlRun) -> dict:
 
     t0 = time.time()
     fs = SparseFabricSim(run.topology, run.elements, run.density, lanes=run.lanes,
-                         latency=run.latency, stall=run.stall)
+                         topk_units=run.topk_units, latency=run.latency, stall=run.stall)
     build_s = time.time() - t0
     rng = np.random.default_rng(1)
     samples = []
@@ -168,6 +169,7 @@ def measure_sparse(run: RtlRun) -> dict:
                         "node_cycles": [int(fs.sim[f"cycles__{u}"]) for u in range(fs.P)]})
     first = samples[0]
     return {"cycles": first["cycles"], "bit_exact": True, "node_cycles": first["node_cycles"],
+            "topk_units": run.topk_units,
             "link_bytes": first["link_bytes"],
             **({"more_samples": samples[1:]} if samples[1:] else {}),
             "verilator_build_s": round(build_s, 1), "commit": _commit()}

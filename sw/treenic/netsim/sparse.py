@@ -32,7 +32,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from treenic.hdl.sparse.scatter import LATENCY as SCATTER_LATENCY
 from treenic.hdl.sparse.topk import BINS, HIST_PASSES, PASSES, SCAN_CYCLES, ROWS, Mode
 from treenic.schedule.sparse_table import SparseOp, unpack_row
 
@@ -84,62 +83,70 @@ class SparseTiming:
 
     The per-row constants are one engine's cycles (``cycles`` output: ``busy`` set to
     cleared) for one-row programs in the Amaranth simulator, less the END row
-    (``build/engine_probe``-style calibration, :data:`CALIBRATION` records them).
+    (:data:`CALIBRATION` records them, :func:`calibrate` derives these).
 
     Attributes
     ----------
-    lanes, scan_bins : int
-        The engine's top-k lanes W and histogram bins scanned a cycle (``SparseFabricSim``
-        defaults: 16 and 16).
+    lanes, scan_bins, topk_units : int
+        The engine's top-k lanes W, histogram bins scanned a cycle and top-k units
+        (``SparseFabricSim`` defaults: 16, 16 and 2).
     link_latency : int
         Register stages of every link (``SparseFabric``'s ``latency``).
     end_cycles : int
         The END row (FETCH, LOAD, DISPATCH): the whole program's floor.
+    dispatch_cycles : int
+        The dispatcher's cycles per program row it walks (FETCH, LOOK).
+    row_cycles : int
+        A SEND/ROOT row's FETCH, LOAD, DISPATCH before it first looks at its slot.
     select_fixed : int
-        SEND/ROOT beyond the top-k unit's own cycles: sequencer states, the feeder's
-        register, the narrower's end marker, the scatter drain after the last zeroing pair.
+        A selection beyond the top-k unit's own cycles: dispatch to the unit's command,
+        the feeder's register, the narrower's end marker, the flag to the sequencer.
     pair_cycles : float
         Cycles each further pair of one output beat adds to the emit pass.
+    root_tail, send_tail : int
+        A ROOT / SEND row after its slot is ready (SEND: plus one cycle a pair; its head
+        leaves one cycle after the slot is ready, its tail two cycles before the row ends).
     recv_fixed, grecv_fixed : int
         RECV / GRECV beyond one cycle per pair (head, tail, scatter drain for RECV).
     gsend_fixed : int
         GSEND beyond one cycle per pair.
     head_cycles : int
-        Row start to the head flit of a SEND / GSEND on the link.
-    tail_lead : int
-        A SEND's tail flit leaves this many cycles before the row ends (the scatter drain
-        of the zeroing pairs and NEXT follow it).
+        Row start to the head flit of a GSEND on the link, plus two.
     rx_extra : int
         A flit out of the link's registers to readable in the receive FIFO.
     """
     lanes: int = 16
     scan_bins: int = 16
+    topk_units: int = 2
     link_latency: int = 1
     end_cycles: int = 3
-    select_fixed: int = 14
+    dispatch_cycles: int = 2
+    row_cycles: int = 3
+    select_fixed: int = 10
     pair_cycles: float = 2.0
+    root_tail: int = 2
+    send_tail: int = 6
     recv_fixed: int = 14
     grecv_fixed: int = 7
     gsend_fixed: int = 8
     head_cycles: int = 5
-    tail_lead: int = SCATTER_LATENCY + 1
     rx_extra: int = 1
 
     def with_(self, **kw) -> "SparseTiming":
         return replace(self, **kw)
 
 
-
-#: the calibration measurements: one engine (W = 16, 16 scan bins), one row then END, in the
+#: the calibration measurements: one engine (W = 16, 16 scan bins, 2 top-k units: a one-row
+#: program uses one), one row then END, in the
 #: Amaranth simulator; (row, n, k) -> engine cycles. :func:`calibrate` derives the per-row
 #: constants from them (a test holds :data:`SPARSE_RTL` equal to that).
 CALIBRATION = {
     ("END", 0, 0): 3,
-    ("ROOT", 500, 50): 310, ("ROOT", 250, 12): 192, ("ROOT", 256, 1): 185,
-    ("SEND", 500, 50): 310, ("SEND", 250, 12): 192, ("SEND", 256, 1): 185,
+    ("ROOT", 500, 50): 303, ("ROOT", 250, 12): 184, ("ROOT", 256, 1): 178,
+    ("SEND", 500, 50): 357, ("SEND", 250, 12): 200, ("SEND", 256, 1): 183,
     ("RECV", 500, 50): 67, ("RECV", 500, 12): 29,
     ("GRECV", 500, 50): 60, ("GRECV", 500, 12): 22,
-    ("ROOT+GSEND", 500, 50): 368,
+    ("ROOT+GSEND", 500, 50): 361,
 }
 
 
@@ -154,21 +161,52 @@ def _peers(program) -> dict[tuple[int, int], tuple[int, int]]:
 
 
 def select_cycles(n: int, k: int, tm: SparseTiming) -> float:
-    """Expected cycles of one SEND/ROOT row: the top-k unit's contract with its emit pass
-    slowed by the one-pair-a-cycle consumer, plus the row's fixed cycles."""
+    """Expected cycles of one selection, dispatch to slot ready: the top-k unit's contract
+    with its emit pass slowed by the one-pair-a-cycle consumer, plus the fixed cycles."""
     beats = -(-n // tm.lanes)
     return (tm.select_fixed + topk_exact_cycles(n, tm.lanes, tm.scan_bins) - beats
             + emit_pass_cycles(n, k, tm.lanes, tm.pair_cycles))
 
 
-def _row(t, row, tm, flit_time, inbox):
+class _Selection:
+    """One node's selection side (``hdl/nic/sparse_select.py``): a dispatcher that walks
+    the program ``dispatch_cycles`` a row, starts each SEND/ROOT selection in program order
+    on the first free of ``topk_units`` units once the receives of its flow before it are
+    accumulated, and the time each selection's slot is ready."""
+
+    def __init__(self, rows, tm):
+        self.rows, self.tm = rows, tm
+        self.free = [0.0] * tm.topk_units
+        self.pc, self.t = 0, 0.0             # next row the dispatcher looks at, and when
+        self.ready: dict[int, float] = {}     # SEND/ROOT row -> its flow's slot is ready
+        self.recv_done: dict[int, float] = {}  # flow -> the last RECV seen so far drained
+
+    def run_to(self, row: int, recv_done: dict) -> float:
+        """Dispatch up to program row ``row`` (the sequencer waits on it, so every RECV
+        before it has drained: ``recv_done`` holds its flow's time) and return when its
+        selection is in the slot."""
+        tm = self.tm
+        while self.pc <= row:
+            r = self.rows[self.pc]
+            self.t += tm.dispatch_cycles
+            if r["op"] in (SparseOp.SEND, SparseOp.ROOT):
+                u = min(range(len(self.free)), key=self.free.__getitem__)
+                self.t = max(self.t, self.free[u], recv_done.get(r["chunk"], 0.0))
+                self.free[u] = self.ready[self.pc] = self.t + select_cycles(r["n"], r["k"], tm)
+            self.pc += 1
+        return self.ready[row]
+
+
+def _row(t, i, row, tm, flit_time, inbox, node):
     """(cycle the next row starts, message sent / "pop" / None); None while a receive
     waits for a message no sender has produced yet."""
     op, k = row["op"], row["k"]
     if op in (SparseOp.SEND, SparseOp.ROOT):
-        end = t + select_cycles(row["n"], k, tm)
-        return end, ((t + tm.head_cycles, end - tm.tail_lead) if op == SparseOp.SEND
-                     else None)
+        ready = max(t + tm.row_cycles, node.sel.run_to(i, node.recv_done))
+        if op == SparseOp.ROOT:
+            return ready + tm.root_tail, None
+        end = ready + tm.send_tail + k
+        return end, (ready + 1, end - 2)
     if op == SparseOp.GSEND:
         end = t + tm.gsend_fixed + k
         return end, (t + tm.head_cycles - 2, end - 2)
@@ -179,8 +217,16 @@ def _row(t, row, tm, flit_time, inbox):
         fixed = tm.recv_fixed if op == SparseOp.RECV else tm.grecv_fixed
         # the row pops the head three cycles in, then one flit a cycle as they arrive
         start = max(t, head_at + flit_time - 3, tail_at + flit_time - 3 - k - 1)
+        if op == SparseOp.RECV:     # drained: the dispatcher may select this flow
+            node.recv_done[row["chunk"]] = start + fixed + k
         return start + fixed + k, "pop"
     return t + tm.end_cycles, None            # END
+
+
+class _Node:
+    def __init__(self, rows, tm):
+        self.sel = _Selection(rows, tm)
+        self.recv_done: dict[int, float] = {}
 
 
 def predict(program, timing: SparseTiming | None = None, *, detail: bool = False):
@@ -193,6 +239,7 @@ def predict(program, timing: SparseTiming | None = None, *, detail: bool = False
     rows = [[unpack_row(w) for w in r] for r in program.rows]
     port_of = [[r.get("port", 0) for r in rr] for rr in rows]
     P = len(rows)
+    nodes = [_Node(r, tm) for r in rows]
     pc, now = [0] * P, [0.0] * P
     inbox: dict[tuple[int, int], list] = {}
     end = [None] * P
@@ -203,7 +250,7 @@ def predict(program, timing: SparseTiming | None = None, *, detail: bool = False
             while end[u] is None:
                 row = rows[u][pc[u]]
                 key = (u, port_of[u][pc[u]])
-                r = _row(now[u], row, tm, flit_time, inbox.get(key, []))
+                r = _row(now[u], pc[u], row, tm, flit_time, inbox.get(key, []), nodes[u])
                 if r is None:
                     break
                 nxt, msg = r
@@ -234,11 +281,14 @@ def program_for(run):
 
 def calibrate(records: dict = CALIBRATION, base: SparseTiming = SparseTiming()
               ) -> SparseTiming:
-    """The per-row constants from the one-engine calibration records: fixed cycles are
-    what a row takes beyond its data-dependent part and END; ``pair_cycles`` is the
-    least-squares slope of the extra emit cycles over E[sum (c - 1)+] (k > 1 rows)."""
+    """The per-row constants from the one-engine calibration records: ``select_fixed`` is
+    what the one-pair ROOT program takes beyond the model's other parts (the dispatcher's
+    first row, the unit's contract, the ROOT row's tail, END); ``pair_cycles`` is the
+    least-squares slope of the extra emit cycles over E[sum (c - 1)+] (k > 1 rows);
+    ``send_tail`` is a SEND's excess over the ROOT of the same flow, less a cycle a pair."""
     end = records[("END", 0, 0)]
-    sel = {(n, k): c - end for (op, n, k), c in records.items() if op == "ROOT"}
+    sel = {(n, k): c - end - base.root_tail - base.dispatch_cycles
+           for (op, n, k), c in records.items() if op == "ROOT"}
     n0, k0 = min(sel, key=lambda nk: nk[1])
     unit = {nk: topk_exact_cycles(nk[0], base.lanes, base.scan_bins) for nk in sel}
     fixed = sel[(n0, k0)] - unit[(n0, k0)]
@@ -248,11 +298,14 @@ def calibrate(records: dict = CALIBRATION, base: SparseTiming = SparseTiming()
             xs.append(emit_pass_cycles(n, k, base.lanes, 1.0) - -(-n // base.lanes))
             ys.append(c - unit[(n, k)] - fixed)
     slope = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+    send = [c - records[("ROOT", n, k)] - k + base.root_tail
+            for (op, n, k), c in records.items() if op == "SEND"]
     rx = {op: [c - end - k for (o, _, k), c in records.items() if o == op]
           for op in ("RECV", "GRECV")}
     n, k = max(sel, key=lambda nk: nk[1])
     gsend = records[("ROOT+GSEND", n, k)] - records[("ROOT", n, k)] - k
-    return base.with_(end_cycles=end, gsend_fixed=gsend, select_fixed=fixed, pair_cycles=round(slope, 2),
+    return base.with_(end_cycles=end, gsend_fixed=gsend, select_fixed=fixed,
+                      pair_cycles=round(slope, 2), send_tail=round(sum(send) / len(send)),
                       recv_fixed=round(sum(rx["RECV"]) / len(rx["RECV"])),
                       grecv_fixed=round(sum(rx["GRECV"]) / len(rx["GRECV"])))
 
