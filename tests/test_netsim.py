@@ -284,3 +284,14 @@ def test_sparse_model_needs_every_message():
     prog.rows[1] = [w for w in prog.rows[1] if unpack_row(w)["op"] != SparseOp.SEND]
     with pytest.raises(RuntimeError, match="deadlock"):
         sparse.predict(prog)
+
+
+def test_sparse_model_more_topk_units_never_slower():
+    """The selection side in the model: a second unit overlaps selections of independent
+    flows (torus:4x4, where every node selects all 16 flows) and more never cost cycles."""
+    from treenic.netsim import sparse
+    from treenic.schedule.sparse_table import compile_sparse
+    from treenic.sparse.multitree_sparse import MultiTreeSparse
+    prog = compile_sparse(MultiTreeSparse(16, 2048, 0.05, seed=0, topology="torus:4x4"))
+    cyc = [sparse.predict(prog, sparse.SPARSE_RTL.with_(topk_units=t)) for t in (1, 2, 4, 8)]
+    assert cyc[1] < cyc[0] and all(b <= a for a, b in zip(cyc, cyc[1:])), cyc

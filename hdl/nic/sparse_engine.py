@@ -1,17 +1,19 @@
 """The NIC's sparse engine: MultiTree-Sparse (``treenic.sparse.multitree_sparse``) in RTL.
 
-A sequential engine beside the dense TX/RX datapath that owns one top-k unit. It runs the
-node's sparse program (:mod:`treenic.schedule.sparse_table`) row by row:
+An engine beside the dense TX/RX datapath with ``topk_units`` top-k units. The row
+sequencer runs the node's sparse program (:mod:`treenic.schedule.sparse_table`) row by row;
+a dispatcher (:mod:`.sparse_select`) walks the same program ahead of it and starts every
+SEND/ROOT selection on a free unit as soon as that flow's receives are in:
 
 ::
 
     host_i ──GRAD──► ScatterAccumulate (part: the partial / residual buffer, FP32Adder)
-                          ▲  ▲  ▲               │ W read ports
-          RECV pairs ─────┘  │  └── SEND/ROOT: (index, -value) zeroes what was sent
+                          ▲  ▲  ▲               │ W read ports per unit
+          RECV pairs ─────┘  │  └── selections: (index, -value) zeroes what was selected
                              │                  ▼
-    rx[p] ─► flit FIFO ──────┘      feeder ─► TopKUnit(W) ─► PairNarrower ─► tx[p] / final slot
-                                                                         (SEND)   (ROOT)
-    final-pair memory (chunk slots) ◄── GRECV ;  GSEND ──► tx[p]
+    rx[p] ─► flit FIFO ──────┘      feeder ─► TopKUnit(W) ─► PairNarrower ─┐ (x topk_units)
+                                                    arbiter ◄──────────────┘
+    final-pair memory (chunk slots) ◄── selections, GRECV ;  SEND, GSEND ──► tx[p]
 
 Numeric contract (bit for bit the golden): the residual lives in ``part`` between runs; the
 host's gradient g is added to it (``part + g``, IEEE addition is commutative); every

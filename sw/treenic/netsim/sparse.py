@@ -4,11 +4,15 @@ The sparse engine (``hdl/nic/sparse_sequencer.py``) runs its node's program row 
 row at a time: the program is the one :func:`treenic.schedule.sparse_table.compile_sparse`
 emits, and this model consumes those rows (it derives no schedule of its own). Per row:
 
-* ``SEND`` / ``ROOT``: an exact top-k selection of ``part[lo:lo+n]`` by the ``TopKUnit``
-  (cycles: the unit's documented contract, :func:`topk_exact_cycles`, from its own
-  constants), the selected pairs leave one a cycle through the ``PairNarrower`` (SEND: as
-  body flits behind a head flit, then a tail; each is also zeroed through the scatter
-  adder), then the row waits until the scatter pipeline (``scatter.LATENCY``) is empty;
+* selections (``hdl/nic/sparse_select.py``): a dispatcher walks the same rows ahead of the
+  sequencer (``dispatch_cycles`` a row) and starts each SEND/ROOT row's exact top-k of
+  ``part[lo:lo+n]``, in program order, on the first free of ``topk_units`` units once the
+  RECV rows of that flow before it have drained; a selection takes the ``TopKUnit``'s
+  documented contract (:func:`topk_exact_cycles`, from its own constants) with its emit
+  pass slowed by the one-pair-a-cycle narrower (:func:`emit_pass_cycles`), and ends with
+  the pairs in the flow's slot (each also zeroed through the scatter adder);
+* ``SEND`` / ``ROOT``: wait for the flow's slot; SEND then streams it (head, one pair a
+  cycle, tail);
 * ``RECV`` / ``GRECV``: pop the port's head flit (waiting for it to arrive), one body flit a
   cycle into the scatter adder (RECV) or the final slot (GRECV), the tail, then drain;
 * ``GSEND``: head, one final pair a cycle, tail;
