@@ -31,8 +31,9 @@ to one word keep the golden's order, additions to different words commute.
 
 Dispatch is in program order (a unit is never given a later row before an earlier one),
 so the sequencer, which waits on the rows in the same order, cannot deadlock on it. The
-sequencer's own use of the scatter adder or the final-pair memory (the body flits of a
-RECV / GRECV) has priority over the units' pairs.
+sequencer's own use of the scatter adder or the final-pair memory (a RECV / GRECV message
+body) has priority over the units' pairs, and one selection's pairs go to the adder back to
+back (the adder waits for its pipeline whenever an index is not above the previous one).
 """
 from __future__ import annotations
 
@@ -113,8 +114,8 @@ def build_selection(m, c):
     """The units, the dispatcher and the pair arbiter. Uses from ``c``: ``e``, ``scatter``,
     ``prog_r2`` (the dispatcher's program read port), ``counts``, ``fin_w``, ``sc_*``,
     ``sel_start`` (the run begins), ``recv_done`` (the sequencer drained a RECV row of
-    ``row.chunk``), ``main_uses`` (the sequencer drives the adder / final memory this
-    cycle), ``selected`` (set here: flow c's selection is in its slot)."""
+    ``row.chunk``), ``main_uses`` (the sequencer is in a message body and may drive the
+    adder / final memory), ``selected`` (set here: flow c's selection is in its slot)."""
     e = c.e
     units = [_Unit(m, c, u) for u in range(e.topk_units)]
     _dispatcher(m, c, units)
@@ -163,25 +164,30 @@ def _dispatcher(m, c, units):
 
 
 def _arbiter(m, c, units):
-    """One narrowed beat a cycle from the lowest unit that has one: a pair goes to its
-    flow's slot and (negated) into the scatter adder, a terminator closes the selection."""
+    """One narrowed beat a cycle: a pair goes to its flow's slot and (negated) into the
+    scatter adder, a terminator closes the selection. The unit whose pair goes first keeps
+    the adder until its terminator (``owner``): the adder waits for its pipeline to empty
+    whenever an index is not above the previous one, so interleaving two selections'
+    ascending streams would cost that wait on nearly every pair."""
     e = c.e
+    T = len(units)
+    owner, locked = Signal(range(T)), Signal()
     for i, u in enumerate(units):
         o = u.narrow.o
-        first = o.valid
+        first = o.valid & ~locked
         for v in units[:i]:
             first = first & ~v.narrow.o.valid
-        with m.If(first):
+        with m.If(Mux(locked, owner == i, first)):
             index = (u.lo + o.payload.index)[:32]
-            with m.If(o.payload.end):
+            with m.If(o.valid & o.payload.end):
                 m.d.comb += o.ready.eq(1)
-                m.d.sync += [c.counts[u.chunk].eq(u.pairs), u.busy.eq(0),
+                m.d.sync += [c.counts[u.chunk].eq(u.pairs), u.busy.eq(0), locked.eq(0),
                              c.selected.bit_select(u.chunk, 1).eq(1)]
-            with m.Elif(~c.main_uses):
+            with m.Elif(o.valid & ~c.main_uses):
                 go = c.scatter.i.ready
                 m.d.comb += [o.ready.eq(go), c.sc_valid.eq(1), c.sc_index.eq(index),
                              c.sc_value.eq(o.payload.value ^ SIGN),
                              c.fin_w.addr.eq(u.chunk * e.slot + u.pairs),
                              c.fin_w.data.eq(Cat(index, o.payload.value)), c.fin_w.en.eq(go)]
                 with m.If(go):
-                    m.d.sync += u.pairs.eq(u.pairs + 1)
+                    m.d.sync += [u.pairs.eq(u.pairs + 1), owner.eq(i), locked.eq(1)]

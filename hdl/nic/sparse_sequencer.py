@@ -80,9 +80,10 @@ def sequencer(m, c, head):
                     m.d.sync += [bad.eq(1), e.malformed.eq(e.malformed + 1)]
                 m.next = "RX_BODY"
         with m.State("RX_BODY"):
-            m.d.comb += c.main_uses.eq(c.rx_valid)
+            m.d.comb += c.main_uses.eq(1)   # the whole message: its pairs stay back to back
             _rx_body(m, c, rx, rx_pair_idx, rx_pair_val, fits, n_pairs, seen, bad, slot_base)
         with m.State("DRAIN"):
+            m.d.comb += c.main_uses.eq(1)   # hold the units' pairs back: the adder empties
             with m.If(c.pending == 0):
                 m.d.comb += c.recv_done.eq(row.op == SparseOp.RECV)
                 m.next = "NEXT"
