@@ -67,7 +67,7 @@ import numpy as np
 __all__ = ["build_cosim", "CosimLibrary", "Cosim", "StreamResult", "Port",
            "pack_words", "unpack_words", "cosim_available", "parse_ports"]
 
-_WRAPPER_VERSION = "4"
+_WRAPPER_VERSION = "5"
 _REPO = Path(__file__).resolve().parent.parent
 
 
@@ -223,7 +223,10 @@ static void get_port(Vtop* m, int idx, uint32_t* w) {{
     }}
 }}
 
-static inline void edge(Handle* h) {{
+// The rising half of a cycle: inputs applied and settled (clk low), then the edge. The
+// clock is left high: the caller's next evaluation with clk low -- its own or the next
+// cycle's input settle -- is the falling half.
+static inline void rise(Handle* h) {{
 #if TN_TRACE
     if (h->tfp) h->tfp->dump(10 * h->cycle);          // inputs applied, before the edge
 #endif
@@ -231,8 +234,12 @@ static inline void edge(Handle* h) {{
 #if TN_TRACE
     if (h->tfp) h->tfp->dump(10 * h->cycle + 5);
 #endif
-    h->m->{clk} = 0; h->m->eval();
     h->cycle++;
+}}
+
+static inline void edge(Handle* h) {{
+    rise(h);
+    h->m->{clk} = 0; h->m->eval();
 }}
 
 extern "C" {{
@@ -272,6 +279,21 @@ void tn_step(void* p, uint64_t n) {{
     Handle* h = (Handle*)p;
     h->m->eval();
     for (uint64_t i = 0; i < n; i++) edge(h);
+}}
+
+// Up to n cycles, stopping after the first cycle at whose end (clock low, settled) one of
+// the 1-bit output ports a, b is high; returns the cycles stepped (0 if one already is).
+uint64_t tn_step_until(void* p, uint64_t n, int a, int b) {{
+    Handle* h = (Handle*)p;
+    uint32_t va = 0, vb = 0;
+    h->m->eval();
+    get_port(h->m, a, &va); get_port(h->m, b, &vb);
+    uint64_t i = 0;
+    for (; i < n && !((va | vb) & 1); i++) {{
+        edge(h);
+        get_port(h->m, a, &va); get_port(h->m, b, &vb);
+    }}
+    return i;
 }}
 
 int tn_trace_open(void* p, const char* path) {{
@@ -319,11 +341,15 @@ uint64_t tn_run_streams(void* p, int n_in, const int* in_ports, const uint32_t* 
     uint32_t one = 1, zero = 0;
     for (int s = 0; s < n_out; s++) out_count[s] = 0;
     uint64_t c = 0;
+    // each cycle: clock low and this cycle's inputs in one evaluation, handshakes sampled,
+    // then the rising edge (two evaluations a cycle, not three: every evaluation also
+    // re-runs the logic that depends on the inputs)
     for (; c < max_cycles; c++) {{
         bool done = true;
         for (int s = 0; s < n_in; s++) if (pos[s] < in_count[s]) done = false;
         for (int s = 0; s < n_out; s++) if (out_count[s] < out_cap[s]) done = false;
         if (done) break;
+        m->{clk} = 0;
         uint64_t mi = mask_len ? (c % mask_len) : 0;
         for (int s = 0; s < n_in; s++) {{
             int v = pos[s] < in_count[s] && (!in_mask[s] || in_mask[s][mi]);
@@ -352,8 +378,9 @@ uint64_t tn_run_streams(void* p, int n_in, const int* in_ports, const uint32_t* 
                 }}
             }}
         }}
-        edge(h);
+        rise(h);
     }}
+    m->{clk} = 0;
     for (int s = 0; s < n_in; s++) {{
         in_done[s] = pos[s];
         set_port(m, in_ports[3*s+1], &zero);
@@ -522,6 +549,8 @@ class CosimLibrary:
         lib.tn_get.argtypes = [vp, ctypes.c_int, _u32p]
         lib.tn_eval.argtypes = [vp]
         lib.tn_step.argtypes = [vp, ctypes.c_uint64]
+        lib.tn_step_until.argtypes = [vp, ctypes.c_uint64, ctypes.c_int, ctypes.c_int]
+        lib.tn_step_until.restype = ctypes.c_uint64
         lib.tn_cycle.argtypes = [vp]
         lib.tn_cycle.restype = ctypes.c_uint64
         lib.tn_set_reset.argtypes = [vp, ctypes.c_int]
@@ -617,6 +646,19 @@ class Cosim:
     def step(self, n: int = 1):
         """Settle inputs, then *n* rising clock edges."""
         self._lib.tn_step(self._h, n)
+
+    def step_until(self, n: int, *flags: str) -> int:
+        """Up to *n* cycles like :meth:`step`, stopping after the first cycle that ends with
+        one of the 1-bit outputs *flags* (one or two) high, in C++ (no cycles past it);
+        returns the cycles stepped."""
+        if not 1 <= len(flags) <= 2:
+            raise ValueError(f"step_until takes one or two flag ports, got {len(flags)}")
+        ports = [self._port(f) for f in flags]
+        for p in ports:
+            if p.direction != "output" or p.width != 1:
+                raise ValueError(f"step_until: {p.name!r} is not a 1-bit output")
+        a, b = ports[0].index, ports[-1].index
+        return int(self._lib.tn_step_until(self._h, n, a, b))
 
     def trace(self, path: str | os.PathLike | None):
         """Start writing a VCD waveform to *path* (``None`` closes it).  Needs a
