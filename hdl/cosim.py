@@ -417,6 +417,7 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
                 reset: str | None = "rst", opt: str = "-O2", opt_slow: str = "-O0",
                 verilator_args: Sequence[str] = (), no_inline: Sequence[str] = (),
                 jobs: int | None = None, trace: bool = False,
+                extra_sources: Sequence[str | Path] = (), extra_cpp: str = "",
                 verbose: bool = False) -> "CosimLibrary":
     """Verilate *design* and build a ctypes-loadable shared library (cached).
 
@@ -442,6 +443,12 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
             NIC, not N).
         trace: build with VCD tracing (``--trace``); then :meth:`Cosim.trace` writes
             a waveform (clock low phase at 10*cycle, high at 10*cycle+5).
+        extra_sources: further Verilog files (modules the design instantiates, e.g. a
+            generated IP core and simulation models of vendor primitives).
+        extra_cpp: C++ appended to the generated wrapper (same translation unit: it may
+            use ``Handle``, ``set_port``/``get_port`` and ``Vtop``) for harnesses that
+            drive several clocks or many instances in C++; its ``extern "C"`` functions
+            are reached through :attr:`CosimLibrary.lib`.
     """
     top = top or name
     opt = os.environ.get("TREENIC_COSIM_OPT") or opt
@@ -463,11 +470,13 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
         raise ValueError(f"clock port {clock!r} not among the ports of {top!r}: {sorted(names)}")
     if reset is not None and reset not in names:
         reset = None
-    wrapper = _gen_wrapper(plist, clock, reset, trace)
+    wrapper = _gen_wrapper(plist, clock, reset, trace) + extra_cpp
+    extra_texts = [Path(f).read_text() for f in extra_sources]
     if trace:
         verilator_args = ["--trace", *verilator_args]
     control = "".join(f'no_inline -module "{name}"\n' for name in no_inline)
-    key = hashlib.sha256("\0".join([text, wrapper, _WRAPPER_VERSION, opt, opt_slow, control,
+    key = hashlib.sha256("\0".join([text, *extra_texts, wrapper, _WRAPPER_VERSION, opt,
+                                    opt_slow, control,
                                     " ".join(verilator_args), top,
                                     _verilator_version()]).encode()).hexdigest()[:12]
     out = _build_root() / f"{name}-{key}"
@@ -477,6 +486,9 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
         (out / "top.v").write_text(text)
         (out / "wrapper.cpp").write_text(wrapper)
         sources = ["top.v"]
+        for i, t in enumerate(extra_texts):
+            (out / f"extra{i}.v").write_text(t)
+            sources.append(f"extra{i}.v")
         if control:                     # a control file goes before the sources it controls
             (out / "control.vlt").write_text("`verilator_config\n" + control)
             sources.insert(0, "control.vlt")
@@ -576,6 +588,11 @@ class CosimLibrary:
         lib.tn_run_streams.restype = ctypes.c_uint64
         self._lib = lib
 
+    @property
+    def lib(self) -> ctypes.CDLL:
+        """The loaded library (a harness's own ``extern "C"`` functions)."""
+        return self._lib
+
     def new(self) -> "Cosim":
         return Cosim(self)
 
@@ -597,6 +614,7 @@ class Cosim:
         self._L = library
         self._lib = library._lib
         self._h = ctypes.c_void_p(self._lib.tn_new())
+        self.handle = self._h           # for a harness's functions (extra_cpp)
         self._buf = (ctypes.c_uint32 * 64)()
 
     # -- lifetime
