@@ -50,7 +50,8 @@ from treenic.sparse import select
 
 from .search import DRAIN_CYCLES, GRID_LAYOUT, MAX_SEARCH_BITS, SearchReplay
 
-__all__ = ["TopKUnit", "Mode", "HIST_PASSES", "SCAN_CYCLES", "PASSES", "chunk_beats", "chunk_words",
+__all__ = ["TopKUnit", "Mode", "HIST_PASSES", "SCAN_CYCLES", "PASSES", "exact_cycles",
+           "EMIT_STAGES", "chunk_beats", "chunk_words",
            "decode_pairs", "command_word", "search_command", "search_requests",
            "search_passes", "grid_thresholds"]
 
@@ -78,6 +79,23 @@ class Mode(enum.Enum, shape=2):
 
 #: data passes per mode (SEARCH: data-dependent, see :func:`search_passes`)
 PASSES = {Mode.EXACT: HIST_PASSES + 1, Mode.THRESHOLD: 1, Mode.BAND: 2}
+
+#: cycles between a histogram pass's last beat and its scan (the last write lands)
+HIST_DRAIN = 2
+#: cycles of an EXACT selection beyond its passes and scans: the command, the emit setup,
+#: the output FIFO, the emit pipeline's stages, and pass 0's nonzero count (one more drain)
+EXACT_TAIL = 3 + EMIT_STAGES + 1
+
+
+def exact_cycles(chunk: int, lanes: int, scan_bins: int = ROW_BINS) -> int:
+    """Cycles of an EXACT selection of a ``chunk``-value chunk at full input rate and no
+    output backpressure, from the command to the last output transfer (the unit's cycle
+    contract; the tests measure it): ``PASSES[EXACT]`` passes of C/W beats and
+    ``HIST_PASSES`` scans of ``256 / scan_bins + SCAN_LATENCY`` cycles, each after a
+    ``HIST_DRAIN``, plus ``EXACT_TAIL``. 868 for C = 256, W = 4, two bins a row."""
+    beats = -(-chunk // lanes)
+    return (PASSES[Mode.EXACT] * beats
+            + HIST_PASSES * (BINS // scan_bins + SCAN_LATENCY + HIST_DRAIN) + EXACT_TAIL)
 
 
 # ---- stream formats shared by tests, benches and the benchmark ----------------------------
