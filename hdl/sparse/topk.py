@@ -19,10 +19,11 @@ Modes (``cmd.mode``), each equal to a golden selector of ``treenic.sparse.select
 ``EXACT`` (0) -- ``select.topk`` / ``radix_topk``: |v| descending, ties by ascending index,
     exactly min(k, nonzeros) pairs. Passes: 4 histogram passes over the 31-bit key
     (digits 30..24, 23..16, 15..8, 7..0; 256-bin histograms in block RAM, one per lane,
-    two bins per memory word), each followed by a 131-cycle scan (two bins per cycle, top
-    down) that picks the digit holding the k-th largest key
-    and clears the bins; then 1 emit pass: keys > v_k, plus keys == v_k in ascending index
-    order until k are out.
+    ``scan_bins`` bins per memory word, default 2), each followed by a scan of
+    256/scan_bins + 5 cycles (133 at two bins a row: one row a cycle, top down, then the
+    read, field, half-sum, sum and decision registers) that picks the digit holding the
+    k-th largest key and clears the bins; then 1 emit pass: keys > v_k, plus keys == v_k
+    in ascending index order until k are out.
 ``THRESHOLD`` (1) -- one emit pass: ``key > threshold`` in index order, cut after ``limit``
     pairs: threshold reuse (``ThresholdReuse``: limit = cap_factor * k) and the converged
     outcome of the binary search (limit = 2**32 - 1).
@@ -37,8 +38,13 @@ Modes (``cmd.mode``), each equal to a golden selector of ``treenic.sparse.select
     ``depth`` (1..30) and ``strict`` as in the golden.
 
 Every pass takes C/W cycles at full input rate, independent of k (the emit pass can be
-slowed only by output backpressure). EXACT total at full rate: 5 C/W + 4 * 133 + 4 cycles
-(measured exactly that for C = 256, W = 4: 856).
+slowed only by output backpressure). The emit pass is a 4-stage pipeline (``EMIT_STAGES``:
+key, flags, prefix counts, lane selection) into an 8-beat output FIFO: a beat's pairs are
+on ``o`` 5 cycles after the beat was taken; the input is taken while the FIFO has room for
+every beat in flight. EXACT total at full rate, command to the last output transfer
+(:func:`exact_cycles`): 5 C/W + 4 * (256/scan_bins + 7) + 8 cycles, 868 for C = 256,
+W = 4, two bins a row (the tests measure it). Count passes (BAND, SEARCH) end 2 (BAND) or
+4 (SEARCH, ``search.DRAIN_CYCLES``) cycles after their last beat.
 """
 import numpy as np
 from amaranth import Cat, Const, Module, Mux, Signal, unsigned
