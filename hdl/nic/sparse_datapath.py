@@ -39,10 +39,14 @@ def build_engine(e) -> Module:
     c.row = Signal(ROW)
     c.pending = Signal(16)
     c.sc_valid, c.sc_index, c.sc_value = Signal(), Signal(32), Signal(32)
+    c.sc_set = Signal()           # write the value instead of adding it (ZERO/FIXUP/COPY)
+    c.op = Signal(4)              # the row's op code (op_hi is its bit 3)
+    m.d.comb += c.op.eq(Cat(c.row.op, c.row.op_hi))
     sc = c.scatter
     in_range = (c.sc_index >> (e.depth.bit_length() - 1)) == 0
     m.d.comb += [sc.i.valid.eq(c.sc_valid), sc.i.payload.index.eq(c.sc_index),
-                 sc.i.payload.value.eq(c.sc_value), sc.o.ready.eq(1)]
+                 sc.i.payload.value.eq(c.sc_value), sc.set.eq(c.sc_set),
+                 sc.o.ready.eq(1)]
     m.d.sync += c.pending.eq(c.pending + (c.sc_valid & sc.i.ready & in_range) - sc.o.valid)
     _feeder(m, c)
     _links(m, c)

@@ -43,7 +43,7 @@ from ..sparse.topk import PASSES, Mode, TopKUnit
 __all__ = ["SparseEngine", "HostKind", "HOST_IN", "HOST_OUT"]
 
 ROW = data.StructLayout({"op": 3, "step": 8, "chunk": 8, "port": 4, "lo": 24, "n": 24,
-                         "k": 24, "pad": 1})
+                         "k": 24, "op_hi": 1})
 
 
 class HostKind:

@@ -18,7 +18,8 @@ from ..link.link import LinkChannel
 from .fabric import wiring_plan
 from .sparse_engine import HOST_IN, HOST_OUT, HostKind, SparseEngine
 
-__all__ = ["SparseFabric", "engine_sizes", "load_words", "decode_dump"]
+__all__ = ["SparseFabric", "engine_sizes", "load_words", "decode_dump", "dump_request",
+           "decode_program_dump"]
 
 
 def _pow2(x: int) -> int:
@@ -27,7 +28,7 @@ def _pow2(x: int) -> int:
 
 def engine_sizes(prog: SparseProgram, lanes: int, scan_bins: int = 16) -> dict:
     """SparseEngine parameters for a program (buffers sized to it)."""
-    return dict(ports=prog.ports, depth=_pow2(prog.elements), lanes=lanes, scan_bins=scan_bins,
+    return dict(ports=prog.ports, depth=_pow2(prog.buffer_words), lanes=lanes, scan_bins=scan_bins,
                 max_flow=prog.max_flow, chunks=prog.chunks, slot=_pow2(prog.max_k),
                 rows=max(len(r) for r in prog.rows), rx_depth=_pow2(prog.rx_flits + 1))
 
@@ -120,12 +121,29 @@ def clear_word(elements: int) -> int:
     return HostKind.CLEAR | (elements << 27)
 
 
-def decode_dump(words, elements: int, perm=None) -> tuple[np.ndarray, np.ndarray]:
+def dump_request(prog: SparseProgram) -> int:
+    """The DUMP host word of ``prog``'s run (:attr:`SparseProgram.dump_words`)."""
+    return dump_word(prog.dump_words)
+
+
+def decode_program_dump(words, prog: SparseProgram) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`decode_dump` of a DUMP sent as :func:`dump_request` (``prog``)."""
+    return decode_dump(words, prog.elements, prog.perm, prog.result_base)
+
+
+def decode_dump(words, elements: int, perm=None,
+                result_base: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(residual, result) float32 vectors from a node's dump words (``HOST_OUT`` packed):
     the first ``elements`` words are part[0:elements], the rest the final pairs; ``perm``
-    maps buffer positions back to element indices (hash flows)."""
+    maps buffer positions back to element indices (hash flows). With ``result_base``
+    (TopkA), the result is the dumped region part[result_base : result_base + elements]
+    and the final pairs (every node's selection) are not part of it."""
     w = [int(x) for x in words]
     res = np.array([x >> 32 & 0xFFFFFFFF for x in w[:elements]], np.uint32)
+    if result_base is not None:
+        out = np.array([x >> 32 & 0xFFFFFFFF for x in w[result_base:result_base + elements]],
+                       np.uint32)
+        return res.view(np.float32), out.view(np.float32)
     pos = np.array([x & 0xFFFFFFFF for x in w[elements:]], np.int64)
     val = np.array([x >> 32 & 0xFFFFFFFF for x in w[elements:]], np.uint32)
     out = np.zeros(elements, np.uint32)
@@ -160,7 +178,7 @@ def run_amaranth(fabric: SparseFabric, grads_list, *, max_cycles: int = 200_000)
             await ctx.tick().until(fabric.busy[u] == 1)
             await ctx.tick().until(fabric.busy[u] == 0)
             cycles = ctx.get(fabric.cycles[u])
-            ctx.set(hi.payload.as_value(), dump_word(N))
+            ctx.set(hi.payload.as_value(), dump_request(prog))
             ctx.set(hi.valid, 1)
             await ctx.tick().until(hi.ready)
             ctx.set(hi.valid, 0)
@@ -198,7 +216,7 @@ def _collect(out, prog, iterations):
         res, resid, cyc = np.zeros((P, N), np.float32), np.zeros((P, N), np.float32), 0
         for i, u, words, cycles in out:
             if i == it:
-                resid[u], res[u] = decode_dump(words, N, prog.perm)
+                resid[u], res[u] = decode_program_dump(words, prog)
                 cyc = max(cyc, cycles)
         runs.append((res, resid, cyc))
     return runs

@@ -1,5 +1,6 @@
-"""MultiTree-Sparse on a fabric of sparse engines (Amaranth simulator) vs the golden model
-``treenic.sparse.multitree_sparse``: results AND residuals bit for bit on every node over
+"""MultiTree-Sparse (both residuals) and TopkA on a fabric of sparse engines (Amaranth
+simulator) vs the golden models ``treenic.sparse.multitree_sparse`` and
+``treenic.sparse.topk_family.TopkA``: results AND residuals bit for bit on every node over
 several error-feedback iterations, with random link stalls."""
 import os
 
@@ -7,8 +8,9 @@ import numpy as np
 import pytest
 
 from treenic.hdl.nic.sparse_fabric import SparseFabric, run_amaranth
-from treenic.schedule.sparse_table import compile_sparse
+from treenic.schedule.sparse_table import compile_sparse, compile_topka
 from treenic.sparse.multitree_sparse import MultiTreeSparse
+from treenic.sparse.topk_family import TopkA
 
 
 def _grads(rng, P, N, iterations):
@@ -17,10 +19,14 @@ def _grads(rng, P, N, iterations):
 
 
 def check_fabric(topology, P, N, density, *, iterations=3, stall=64, lanes=2, seed=0,
-                 flow_assignment="contiguous"):
-    golden = MultiTreeSparse(P, N, density, seed=seed, topology=topology,
-                             flow_assignment=flow_assignment)
-    prog = compile_sparse(golden)
+                 flow_assignment="contiguous", residual="local", algorithm="multitree-sparse"):
+    if algorithm == "topka":
+        golden = TopkA(P, N, density, seed=seed)
+        prog = compile_topka(golden, topology)
+    else:
+        golden = MultiTreeSparse(P, N, density, seed=seed, topology=topology,
+                                 flow_assignment=flow_assignment, residual=residual)
+        prog = compile_sparse(golden)
     grads = _grads(np.random.default_rng(seed), P, N, iterations)
     runs = run_amaranth(SparseFabric(prog, lanes=lanes, stall=stall, seed=seed + 1), grads)
     for it, (g, (res, resid, cycles)) in enumerate(zip(grads, runs)):
@@ -40,6 +46,28 @@ def test_ring4_three_iterations_with_stalls():
 def test_ring3_hash_flows_uneven_sizes():
     """A non-power-of-two node count and element count, Zen's hash flows (uneven flows)."""
     check_fabric("ring:3", 3, 45, 0.2, flow_assignment="hash", seed=3, iterations=2)
+
+
+def test_ring4_global_residual_with_stalls():
+    """SparDL's global residual: the accumulator except at final indices (differs from the
+    local residual on these gradients, so the test tells them apart)."""
+    runs = check_fabric("ring:4", 4, 64, 0.25, residual="global", iterations=2, seed=4)
+    local = MultiTreeSparse(4, 64, 0.25, seed=4, topology="ring:4").step(
+        _grads(np.random.default_rng(4), 4, 64, 1)[0])
+    assert not np.array_equal(runs[0][1], local.residuals)
+
+
+def test_topka_ring4_with_stalls():
+    """TopkA: every node's top-k all-gathered on the gather trees, summed in rank order."""
+    check_fabric("ring:4", 4, 64, 0.1, algorithm="topka", seed=5)
+
+
+def test_ring6_hash_flows_global_and_topka_with_stalls():
+    """A non-power-of-two fabric (ring:6, 6 flows of uneven hash sizes), heavy stalls:
+    MultiTree-Sparse with hash flows and the global residual, then TopkA on the same ring."""
+    check_fabric("ring:6", 6, 54, 0.15, flow_assignment="hash", residual="global", seed=6,
+                 iterations=2, stall=128)
+    check_fabric("ring:6", 6, 54, 0.05, algorithm="topka", seed=7, iterations=2, stall=128)
 
 
 LONG = pytest.mark.skipif(os.environ.get("TREENIC_SPARSE_LONG") != "1",
