@@ -30,7 +30,8 @@ def engine_sizes(prog: SparseProgram, lanes: int, scan_bins: int = 16) -> dict:
     """SparseEngine parameters for a program (buffers sized to it)."""
     return dict(ports=prog.ports, depth=_pow2(prog.buffer_words), lanes=lanes, scan_bins=scan_bins,
                 max_flow=prog.max_flow, chunks=prog.chunks, slot=_pow2(prog.max_k),
-                rows=max(len(r) for r in prog.rows), rx_depth=_pow2(prog.rx_flits + 1))
+                rows=max(len(r) for r in prog.rows), rx_depth=_pow2(prog.rx_flits + 1),
+                codec=prog.codec)
 
 
 class SparseFabric(wiring.Component):
@@ -158,7 +159,9 @@ def decode_dump(words, elements: int, perm=None,
 
 def run_amaranth(fabric: SparseFabric, grads_list, *, max_cycles: int = 200_000):
     """Run len(grads_list) error-feedback iterations on the Amaranth simulator; returns per
-    iteration ``(results (P,N), residuals (P,N), cycles)`` (cycles: the slowest node's)."""
+    iteration ``(results (P,N), residuals (P,N), cycles, flits, malformed)`` (cycles: the
+    slowest node's; flits: all nodes' link flits of the iteration; malformed: all nodes'
+    counters after it)."""
     from amaranth.sim import Simulator
     prog = fabric.program
     P, N = len(prog.rows), prog.elements
@@ -168,6 +171,7 @@ def run_amaranth(fabric: SparseFabric, grads_list, *, max_cycles: int = 200_000)
     async def node(ctx, u):
         hi, ho = fabric.host_i[u], fabric.host_o[u]
         for it, grads in enumerate(grads_list):
+            flits0 = ctx.get(fabric.flits[u])
             words = (load_words(prog, u, grads[u]) if it == 0 else
                      load_words(prog, u, grads[u])[len(prog.rows[u]):])
             for w in words + [start_word()]:
@@ -178,6 +182,8 @@ def run_amaranth(fabric: SparseFabric, grads_list, *, max_cycles: int = 200_000)
             await ctx.tick().until(fabric.busy[u] == 1)
             await ctx.tick().until(fabric.busy[u] == 0)
             cycles = ctx.get(fabric.cycles[u])
+            flits = ctx.get(fabric.flits[u]) - flits0
+            bad = ctx.get(fabric.malformed[u])
             ctx.set(hi.payload.as_value(), dump_request(prog))
             ctx.set(hi.valid, 1)
             await ctx.tick().until(hi.ready)
@@ -194,7 +200,7 @@ def run_amaranth(fabric: SparseFabric, grads_list, *, max_cycles: int = 200_000)
                 if n > max_cycles:
                     raise TimeoutError(f"node {u}: dump stalled")
             ctx.set(ho.ready, 0)
-            out.append((it, u, words, cycles))
+            out.append((it, u, words, cycles, flits, bad))
 
     sim = Simulator(fabric)
     sim.add_clock(1e-8)
@@ -214,9 +220,10 @@ def _collect(out, prog, iterations):
     runs = []
     for it in range(iterations):
         res, resid, cyc = np.zeros((P, N), np.float32), np.zeros((P, N), np.float32), 0
-        for i, u, words, cycles in out:
+        flits = bad = 0
+        for i, u, words, cycles, f, b in out:
             if i == it:
                 resid[u], res[u] = decode_program_dump(words, prog)
-                cyc = max(cyc, cycles)
-        runs.append((res, resid, cyc))
+                cyc, flits, bad = max(cyc, cycles), flits + f, bad + b
+        runs.append((res, resid, cyc, flits, bad))
     return runs

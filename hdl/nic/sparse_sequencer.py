@@ -55,7 +55,7 @@ def sequencer(m, c, head):
                 m.d.comb += c.feed_go.eq(1)
                 m.next = "CMD_DONE"
         with m.State("CMD_DONE"):
-            with m.If(c.op == SparseOp.SEND):
+            with m.If((c.op == SparseOp.SEND) | (c.op == SparseOp.SEND_BM)):
                 m.next = "HEAD"
             with m.Else():
                 m.next = "PAIRS"
@@ -69,6 +69,9 @@ def sequencer(m, c, head):
                 m.next = "GS_PAIRS"
             with m.Else():
                 m.next = "PAIRS"
+                if e.codec:
+                    with m.If(c.op == SparseOp.GSEND_BM):
+                        m.next = "GS_ENC"
         with m.State("PAIRS"):
             _selected_pairs(m, c, nar, pair_index, n_pairs, slot_base)
         with m.State("TAIL"):
@@ -96,6 +99,9 @@ def sequencer(m, c, head):
                 with m.If(~ok):
                     m.d.sync += [bad.eq(1), e.malformed.eq(e.malformed + 1)]
                 m.next = "RX_BODY"
+                if e.codec:
+                    with m.If((c.op == SparseOp.RECV_BM) | (c.op == SparseOp.GRECV_BM)):
+                        m.next = "RX_DEC_INIT"
         with m.State("RX_BODY"):
             _rx_body(m, c, rx, rx_pair_idx, rx_pair_val, fits, n_pairs, seen, bad, slot_base)
         with m.State("DRAIN"):
@@ -129,6 +135,9 @@ def sequencer(m, c, head):
             with m.If(e.host_o.ready):
                 m.next = "IDLE"
         _region_states(m, c, j, fin_fire, slot_base)
+        if e.codec:
+            from .sparse_codec_rows import codec_states
+            codec_states(m, c, j, fin_fire, n_pairs, seen, bad, slot_base)
         with m.State("DUMP_SLOT_ADDR"):
             m.next = "DUMP_FIN"
         with m.State("DUMP_FIN"):
@@ -180,17 +189,22 @@ def _idle(m, c, h, pc, j, chunk, dump_n):
                 m.next = "CLEAR_WAIT"
 
 
+def _if(cond, *ops):
+    return ops if cond else ()
+
+
 def _dispatch(m, c):
     e, row = c.e, c.row
     with m.Switch(c.op):
         with m.Case(SparseOp.END):
             m.d.sync += e.busy.eq(0)
             m.next = "IDLE"
-        with m.Case(SparseOp.SEND, SparseOp.ROOT):
+        with m.Case(SparseOp.SEND, SparseOp.ROOT, *_if(e.codec, SparseOp.SEND_BM)):
             m.next = "CMD"
-        with m.Case(SparseOp.RECV, SparseOp.GRECV):
+        with m.Case(SparseOp.RECV, SparseOp.GRECV,
+                    *_if(e.codec, SparseOp.RECV_BM, SparseOp.GRECV_BM)):
             m.next = "RX_HEAD"
-        with m.Case(SparseOp.GSEND):
+        with m.Case(SparseOp.GSEND, *_if(e.codec, SparseOp.GSEND_BM)):
             m.next = "HEAD"
         with m.Case(SparseOp.ACC, SparseOp.ZERO):
             m.next = "SLOT"
@@ -205,17 +219,21 @@ def _dispatch(m, c):
 
 def _selected_pairs(m, c, nar, pair_index, n_pairs, slot_base):
     """SEND: each selected pair leaves as a body flit and is zeroed locally (adding its
-    negation); ROOT: it is written into the flow's final slot and zeroed."""
+    negation); SEND_BM: it goes into the encoder instead of a flit (and is zeroed); ROOT: it
+    is written into the flow's final slot and zeroed."""
     row = c.row
     send = c.op == SparseOp.SEND
-    with m.If(nar.valid & nar.payload.end):
+    end, pair = nar.valid & nar.payload.end, nar.valid
+    if c.e.codec:                               # SEND_BM's pairs: _encoded_pairs
+        end, pair = end & (c.op != SparseOp.SEND_BM), pair & (c.op != SparseOp.SEND_BM)
+    with m.If(end):
         m.d.comb += nar.ready.eq(1)
         with m.If(send):
             m.next = "TAIL"
         with m.Else():
             m.d.sync += c.counts[row.chunk].eq(n_pairs)
             m.next = "DRAIN"
-    with m.Elif(nar.valid):
+    with m.Elif(pair):
         go = c.scatter.i.ready & (c.tx_ok | ~send)
         m.d.comb += [c.sc_valid.eq(c.tx_ok | ~send), c.sc_index.eq(pair_index),
                      c.sc_value.eq(nar.payload.value ^ SIGN), nar.ready.eq(go),
@@ -226,6 +244,28 @@ def _selected_pairs(m, c, nar, pair_index, n_pairs, slot_base):
                      c.fin_w.en.eq(go & ~send)]
         with m.If(go):
             m.d.sync += n_pairs.eq(n_pairs + 1)
+    if c.e.codec:
+        with m.Elif(nar.valid):
+            _encoded_pairs(m, c, nar, pair_index, n_pairs)
+
+
+def _encoded_pairs(m, c, nar, pair_index, n_pairs):
+    """SEND_BM: every pair into the encoder (flow-relative) and zeroed locally; the end
+    marker closes the message and the encoder's words go out (ENC_OUT)."""
+    enc = c.enc
+    with m.If(nar.payload.end):
+        m.d.comb += [enc.i.valid.eq(1), enc.i.payload.none.eq(1), enc.i.payload.last.eq(1),
+                     nar.ready.eq(enc.i.ready)]
+        with m.If(enc.i.ready):
+            m.d.sync += n_pairs.eq(0)
+            m.next = "ENC_OUT"
+    with m.Else():
+        m.d.comb += [c.sc_valid.eq(enc.i.ready), c.sc_index.eq(pair_index),
+                     c.sc_value.eq(nar.payload.value ^ SIGN),
+                     nar.ready.eq(c.scatter.i.ready & enc.i.ready),
+                     enc.i.valid.eq(c.scatter.i.ready),
+                     enc.i.payload.index.eq(nar.payload.index),
+                     enc.i.payload.value.eq(nar.payload.value)]
 
 
 def _rx_body(m, c, rx, idx, val, fits, n_pairs, seen, bad, slot_base):

@@ -30,9 +30,11 @@ RTL_ALGORITHMS = ("multitree-sparse", "topka")
 
 
 def sparse_model(algorithm: str, topology: str, elements: int, density: float, *,
-                 seed: int = 0, flow_assignment: str = "contiguous", residual: str = "local"):
+                 seed: int = 0, flow_assignment: str = "contiguous", residual: str = "local",
+                 codec: bool = False):
     """(golden model, its sparse program) of one RTL sparse all-reduce. TopkA has no flows
-    and keeps the local residual (its golden defines no other)."""
+    and keeps the local residual (its golden defines no other). ``codec``: messages in the
+    codec format (pairs or bitmap + values, the golden codec's rule) instead of pair flits."""
     from treenic.topology import parse
     P = parse(topology).n
     if algorithm == "topka":
@@ -40,13 +42,13 @@ def sparse_model(algorithm: str, topology: str, elements: int, density: float, *
             raise ValueError("topka has no flow assignment and keeps the local residual only")
         from treenic.sparse.topk_family import TopkA
         golden = TopkA(P, elements, density, seed=seed)
-        return golden, compile_topka(golden, topology)
+        return golden, compile_topka(golden, topology, codec=codec)
     if algorithm != "multitree-sparse":
         raise ValueError(f"the sparse engine runs {' and '.join(RTL_ALGORITHMS)}, not "
                          f"{algorithm!r}")
     golden = MultiTreeSparse(P, elements, density, seed=seed, topology=topology,
                              flow_assignment=flow_assignment, residual=residual)
-    return golden, compile_sparse(golden)
+    return golden, compile_sparse(golden, codec=codec)
 
 ENGINE_NAME = "Verilated sparse NIC fabric (treenic.hdl.nic.sparse_sim)"
 
@@ -79,15 +81,17 @@ class SparseFabricSim:
             nodes: the 16-node fabric compiles in a fraction of the time).
         algorithm: ``"multitree-sparse"`` or ``"topka"`` (:data:`RTL_ALGORITHMS`).
         residual: MultiTree-Sparse's ``"local"`` or ``"global"`` residual.
+        codec: codec messages (pairs or bitmap + values) instead of one pair a flit.
     """
 
     def __init__(self, topology: str, elements: int, density: float, *, lanes: int = 16,
                  stall: int = 0, latency: int = 1, seed: int = 0,
                  flow_assignment: str = "contiguous", size_density: float | None = None,
                  opt: str | None = None, verbose: bool = False,
-                 algorithm: str = "multitree-sparse", residual: str = "local"):
+                 algorithm: str = "multitree-sparse", residual: str = "local",
+                 codec: bool = False):
         from treenic.hdl.cosim import build_cosim
-        kw = dict(seed=seed, flow_assignment=flow_assignment, residual=residual)
+        kw = dict(seed=seed, flow_assignment=flow_assignment, residual=residual, codec=codec)
         self.golden, self.program = sparse_model(algorithm, topology, elements, density, **kw)
         prog = self.program
         self.P, self.N = len(prog.rows), elements
@@ -159,7 +163,7 @@ def sparse_allreduce_report(topology: str, elements: int, density: float, *,
                             flow_assignment: str = "contiguous",
                             size_density: float | None = None,
                             algorithm: str = "multitree-sparse",
-                            residual: str = "local") -> dict:
+                            residual: str = "local", codec: bool = False) -> dict:
     """``algorithm`` (MultiTree-Sparse or TopkA) on the Verilated sparse fabric for
     ``iterations`` error-feedback
     iterations (random gradients from ``seed``), each compared with the golden; with
@@ -167,7 +171,7 @@ def sparse_allreduce_report(topology: str, elements: int, density: float, *,
     Verilated dense NIC fabric (:class:`~.fabric_sim.FabricSim`) for comparison."""
     sim = SparseFabricSim(topology, elements, density, lanes=lanes, stall=stall, seed=seed,
                           flow_assignment=flow_assignment, size_density=size_density,
-                          algorithm=algorithm, residual=residual)
+                          algorithm=algorithm, residual=residual, codec=codec)
     rng = np.random.default_rng(seed)
     grads = [rng.standard_normal((sim.P, elements)).astype(np.float32)
              for _ in range(iterations)]
@@ -175,13 +179,16 @@ def sparse_allreduce_report(topology: str, elements: int, density: float, *,
     prog = sim.program
     rep = {"algorithm": algorithm, "topology": prog.topology, "nodes": sim.P,
            "elements": elements, "density": density, "iterations": iterations,
-           "flow_assignment": flow_assignment, "residual": residual, "lanes": lanes,
+           "flow_assignment": flow_assignment, "residual": residual,
+           "messages": "codec (pairs or bitmap + values)" if codec else "pair flits",
+           "lanes": lanes,
            "link_stall": stall, "engine": ENGINE_NAME,
            "bit_exact": all(r.bit_exact for r in runs),
            "bit_exact_per_iteration": [r.bit_exact for r in runs],
            "cycles": max(r.cycles for r in runs),
            "cycles_per_iteration": [r.cycles for r in runs],
            "ideal_cycles": prog.ideal_cycles,
+           "link_flits_full_budget": prog.link_flits,
            "link_bytes": max(r.link_bytes for r in runs),
            "malformed": sum(r.malformed for r in runs),
            "budgets": sorted(set(prog.kb))}

@@ -239,7 +239,7 @@ def cmd_sparse_allreduce(args, topo) -> int:
     r = sparse_allreduce_report(topo.spec, args.elements, args.density,
                                 iterations=args.iterations, seed=args.seed,
                                 algorithm=args.algorithm, residual=args.residual,
-                                flow_assignment=args.flow_assignment)
+                                flow_assignment=args.flow_assignment, codec=args.codec)
     if args.json:
         print(json.dumps(r))
     else:
@@ -447,6 +447,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="multitree-sparse's error-feedback residual (sparse run)")
     a.add_argument("--flow-assignment", choices=("contiguous", "hash"), default="contiguous",
                    help="multitree-sparse's flows: contiguous chunks or Zen's hash")
+    a.add_argument("--codec", action="store_true",
+                   help="sparse run: codec messages (pairs or bitmap + values, whichever is "
+                        "smaller) instead of one pair a flit")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=cmd_allreduce)
 

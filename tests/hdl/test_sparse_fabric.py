@@ -19,19 +19,21 @@ def _grads(rng, P, N, iterations):
 
 
 def check_fabric(topology, P, N, density, *, iterations=3, stall=64, lanes=2, seed=0,
-                 flow_assignment="contiguous", residual="local", algorithm="multitree-sparse"):
+                 flow_assignment="contiguous", residual="local", algorithm="multitree-sparse",
+                 codec=False):
     if algorithm == "topka":
         golden = TopkA(P, N, density, seed=seed)
-        prog = compile_topka(golden, topology)
+        prog = compile_topka(golden, topology, codec=codec)
     else:
         golden = MultiTreeSparse(P, N, density, seed=seed, topology=topology,
                                  flow_assignment=flow_assignment, residual=residual)
-        prog = compile_sparse(golden)
+        prog = compile_sparse(golden, codec=codec)
     grads = _grads(np.random.default_rng(seed), P, N, iterations)
     runs = run_amaranth(SparseFabric(prog, lanes=lanes, stall=stall, seed=seed + 1), grads)
-    for it, (g, (res, resid, cycles)) in enumerate(zip(grads, runs)):
+    for it, (g, (res, resid, cycles, flits, malformed)) in enumerate(zip(grads, runs)):
         want = golden.step(g)
-        assert cycles > 0
+        assert cycles > 0 and malformed == 0
+        assert flits == prog.link_flits      # every message at its full budget here
         np.testing.assert_array_equal(res.view(np.uint32), want.result.view(np.uint32),
                                       err_msg=f"iteration {it}: results")
         np.testing.assert_array_equal(resid.view(np.uint32), want.residuals.view(np.uint32),
@@ -68,6 +70,19 @@ def test_ring6_hash_flows_global_and_topka_with_stalls():
     check_fabric("ring:6", 6, 54, 0.15, flow_assignment="hash", residual="global", seed=6,
                  iterations=2, stall=128)
     check_fabric("ring:6", 6, 54, 0.05, algorithm="topka", seed=7, iterations=2, stall=128)
+
+
+def test_codec_messages_bitmap_and_pairs():
+    """Codec messages (``treenic.sparse.codec``'s format and decision rule in the encoder):
+    bitmap + values where smaller (ring:4 flows of 16 at 25 %: 4 pairs, one bitmap word;
+    TopkA: k = 6 of 64, two bitmap words), pairs where not (flows of 16 at 10 %: one pair).
+    Every link flit is counted against the golden codec's message sizes."""
+    from treenic.schedule.sparse_table import message_flits
+    assert message_flits(4, 16, True) < message_flits(4, 16, False)
+    assert message_flits(1, 16, True) == 4     # head, header word + one pair (2 flits), tail
+    check_fabric("ring:4", 4, 64, 0.25, residual="global", iterations=2, seed=8, codec=True)
+    check_fabric("ring:4", 4, 64, 0.1, algorithm="topka", iterations=2, seed=9, codec=True)
+    check_fabric("ring:4", 4, 64, 0.1, iterations=2, seed=10, codec=True)
 
 
 LONG = pytest.mark.skipif(os.environ.get("TREENIC_SPARSE_LONG") != "1",

@@ -60,6 +60,27 @@ class SparseOp(enum.IntEnum):
     ZERO = 7     # part[lo + i] = +0 for every pair (i, v) of the final slot of chunk
     FIXUP = 8    # part[k + i] = part[lo + i] for every pair (i, v) of the final slot of chunk
     COPY = 9     # part[k + j] = part[lo + j] for j < n
+    # the message rows again, with codec messages (``treenic.sparse.codec``: a header word,
+    # then pairs or the flow's bitmap + values, whichever is smaller; two words a flit)
+    SEND_BM = 10
+    RECV_BM = 11
+    GSEND_BM = 12
+    GRECV_BM = 13
+
+
+#: message row -> its codec-message twin
+CODEC_OPS = {SparseOp.SEND: SparseOp.SEND_BM, SparseOp.RECV: SparseOp.RECV_BM,
+             SparseOp.GSEND: SparseOp.GSEND_BM, SparseOp.GRECV: SparseOp.GRECV_BM}
+
+
+def message_flits(count: int, chunk: int, codec: bool) -> int:
+    """Link flits of one message of ``count`` pairs over a flow of ``chunk`` elements: head,
+    body, tail. Pair messages: one pair a flit; codec messages: the golden codec's words
+    (:func:`treenic.sparse.codec.message_words`, its decision rule), two a flit."""
+    if not codec:
+        return count + 2
+    from treenic.sparse.codec import message_words
+    return 2 + -(-message_words(count, chunk) // 2)
 
 
 ROW_FIELDS = (("op", 3), ("step", 8), ("chunk", 8), ("port", 4), ("lo", 24), ("n", 24),
@@ -114,6 +135,8 @@ class SparseProgram:
     residual: str = "local"
     buffer_words: int = 0  # part words the rows address: N, or 2N with a second region
     result_base: int | None = None   # TopkA: the result region part[N:2N]; else the finals
+    codec: bool = False    # messages in the codec format (pairs or bitmap + values)
+    link_flits: int = 0    # flits (head, body, tail) all links carry in a run at full budgets
 
     def __post_init__(self):
         self.buffer_words = self.buffer_words or self.elements
@@ -134,7 +157,7 @@ def _port_map(topology) -> dict[tuple[int, int], tuple[int, int]]:
     return out
 
 
-def compile_sparse(model) -> SparseProgram:
+def compile_sparse(model, *, codec: bool = False) -> SparseProgram:
     """The sparse program of a built ``MultiTreeSparse`` model. Hash flows (Zen's h0) are
     the golden's own permuted space: buffer position j holds element ``perm[j]``, so every
     flow is contiguous in the buffer and ascending positions are ascending indices."""
@@ -151,6 +174,7 @@ def compile_sparse(model) -> SparseProgram:
     rx = {}
 
     def row(op, step, c, p=0):
+        op = CODEC_OPS.get(op, op) if codec else op
         return pack_row(op=op, step=step, chunk=c, port=p, lo=off[c], n=off[c + 1] - off[c],
                         k=kb[c])
 
@@ -158,7 +182,11 @@ def compile_sparse(model) -> SparseProgram:
     if residual == "global":                   # snapshot the accumulator: part[N:2N]
         for r in rows:
             r.append(pack_row(op=SparseOp.COPY, lo=0, n=N, k=N))
-    link_pairs, ideal = 0, 0
+    link_pairs, ideal, link_flits = 0, 0, 0
+
+    def flits(c):
+        return message_flits(int(kb[c]), int(off[c + 1] - off[c]), codec)
+
     phases = [(SparseOp.SEND, SparseOp.RECV, plan.reduce, 1),
               (SparseOp.GSEND, SparseOp.GRECV, plan.gather, len(plan.reduce) + 1)]
     for send_op, recv_op, steps, first in phases:
@@ -168,15 +196,16 @@ def compile_sparse(model) -> SparseProgram:
         for s, trans in enumerate(steps, start=first):
             load: dict[tuple[int, int], int] = {}
             for src, dst, c in trans:
-                load[(src, dst)] = load.get((src, dst), 0) + int(kb[c]) + 2
+                load[(src, dst)] = load.get((src, dst), 0) + flits(c)
             ideal += max(load.values(), default=0)
             for src, dst, c in trans:
                 rows[src].append(row(send_op, s, c, port[(src, dst)][0]))
                 link_pairs += int(kb[c])
+                link_flits += flits(c)
             for src, dst, c in trans:
                 q = port[(src, dst)][1]
                 rows[dst].append(row(recv_op, s, c, q))
-                rx[(dst, q)] = rx.get((dst, q), 0) + int(kb[c]) + 2
+                rx[(dst, q)] = rx.get((dst, q), 0) + flits(c)
     for r in rows:
         if residual == "global":
             # final indices keep what the node discarded, the rest its accumulator
@@ -188,7 +217,8 @@ def compile_sparse(model) -> SparseProgram:
     return SparseProgram(topo.spec, model.elements, rows, sched.num_chunks,
                          int(np.diff(off).max()), int(kb.max()), max(rx.values(), default=1),
                          _ports(topo), [int(k) for k in kb], link_pairs, perm, ideal,
-                         residual=residual, buffer_words=N * (2 if residual == "global" else 1))
+                         residual=residual, buffer_words=N * (2 if residual == "global" else 1),
+                         codec=codec, link_flits=link_flits)
 
 
 def _ports(topo) -> int:
@@ -207,7 +237,7 @@ def rank_slots(plan, workers: int) -> list[int]:
     return slots
 
 
-def compile_topka(model, topology: str | None = None) -> SparseProgram:
+def compile_topka(model, topology: str | None = None, *, codec: bool = False) -> SparseProgram:
     """The sparse program of a ``TopkA`` golden model on the MultiTree gather trees of
     ``topology`` (default: MultiTree-Sparse's default for the worker count); see the module
     docstring. The sum order is the golden's: slots added in ascending rank order."""
@@ -222,6 +252,9 @@ def compile_topka(model, topology: str | None = None) -> SparseProgram:
     have = [{w} for w in range(P)]          # ranks whose selection a node holds
     summed = [0] * P                         # ranks added so far, in ascending order
     rx, link_pairs, ideal = {}, 0, 0
+    gsend, grecv = ((SparseOp.GSEND_BM, SparseOp.GRECV_BM) if codec else
+                    (SparseOp.GSEND, SparseOp.GRECV))
+    flits = message_flits(k, N, codec)
 
     def add_ready(u):
         while summed[u] < P and summed[u] in have[u]:
@@ -234,18 +267,18 @@ def compile_topka(model, topology: str | None = None) -> SparseProgram:
         trans = [t for t in trans if t[2] in rank_of]
         load: dict[tuple[int, int], int] = {}
         for src, dst, c in trans:
-            rows[src].append(pack_row(op=SparseOp.GSEND, step=s, chunk=c,
+            rows[src].append(pack_row(op=gsend, step=s, chunk=c,
                                       port=port[(src, dst)][0], lo=0, n=N, k=k))
-            load[(src, dst)] = load.get((src, dst), 0) + k + 2
+            load[(src, dst)] = load.get((src, dst), 0) + flits
             link_pairs += k
         ideal += max(load.values(), default=0)
         for u in range(P):                  # add while the messages of this step travel
             add_ready(u)
         for src, dst, c in trans:
             q = port[(src, dst)][1]
-            rows[dst].append(pack_row(op=SparseOp.GRECV, step=s, chunk=c, port=q, lo=0,
+            rows[dst].append(pack_row(op=grecv, step=s, chunk=c, port=q, lo=0,
                                       n=N, k=k))
-            rx[(dst, q)] = rx.get((dst, q), 0) + k + 2
+            rx[(dst, q)] = rx.get((dst, q), 0) + flits
             have[dst].add(rank_of[c])
     for u in range(P):
         add_ready(u)
@@ -254,4 +287,5 @@ def compile_topka(model, topology: str | None = None) -> SparseProgram:
         rows[u].append(pack_row(op=SparseOp.END))
     return SparseProgram(topo.spec, N, rows, sched.num_chunks, N, k, max(rx.values(), default=1),
                          _ports(topo), [k] * sched.num_chunks, link_pairs, None, ideal,
-                         algorithm="topka", buffer_words=2 * N, result_base=N)
+                         algorithm="topka", buffer_words=2 * N, result_base=N, codec=codec,
+                         link_flits=link_pairs // k * flits)
