@@ -97,3 +97,20 @@ def test_ring8_three_iterations_with_stalls():            # ~90 s
 @LONG
 def test_torus4x4_hash_flows_with_stalls():               # several minutes
     check_fabric("torus:4x4", 16, 160, 0.1, flow_assignment="hash", seed=2)
+
+
+def test_timing_model_prices_topka_and_global_rows():
+    """The network model (``treenic.netsim.sparse.predict``) follows the new rows: within
+    5 % of the Amaranth fabric (W = 16) for TopkA (steady state: the second run, whose ZERO
+    rows clear full slots) and the global residual; codec rows are refused, not guessed."""
+    from treenic.hdl.nic.sparse_sim import sparse_model
+    from treenic.netsim.sparse import predict
+    rng = np.random.default_rng(11)
+    grads = [rng.standard_normal((4, 256)).astype(np.float32) for _ in range(2)]
+    for alg, residual, d in (("topka", "local", 0.1), ("multitree-sparse", "global", 0.25)):
+        _, prog = sparse_model(alg, "ring:4", 256, d, residual=residual)
+        cycles = run_amaranth(SparseFabric(prog, lanes=16, seed=1), grads)[1][2]
+        assert abs(predict(prog) - cycles) <= 0.05 * cycles, (alg, predict(prog), cycles)
+    _, prog = sparse_model("multitree-sparse", "ring:4", 256, 0.25, codec=True)
+    with pytest.raises(ValueError, match="codec-message rows"):
+        predict(prog)
