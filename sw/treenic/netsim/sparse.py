@@ -12,7 +12,13 @@ emits, and this model consumes those rows (it derives no schedule of its own). P
 * ``RECV`` / ``GRECV``: pop the port's head flit (waiting for it to arrive), one body flit a
   cycle into the scatter adder (RECV) or the final slot (GRECV), the tail, then drain;
 * ``GSEND``: head, one final pair a cycle, tail;
+* ``ACC`` / ``ZERO`` (TopkA's sum, its result region's clearing): one slot pair a cycle
+  through the scatter unit, then drain; ``FIXUP`` (global residual): two cycles a pair;
+  ``COPY`` (global residual's snapshot and restore): one word a cycle; slots are priced at
+  their full budget ``kb`` of the row's flow;
 * ``END``.
+
+Codec-message rows (``*_BM``) are not priced: :func:`predict` refuses them.
 
 Every row pays the sequencer's FETCH, LOAD, DISPATCH and NEXT states. A message's flits
 travel over a link priced by the network model's flit model (:meth:`NicTiming.link_rate`
@@ -101,6 +107,10 @@ class SparseTiming:
         of the zeroing pairs and NEXT follow it).
     rx_extra : int
         A flit out of the link's registers to readable in the receive FIFO.
+    slot_fixed, copy_fixed : int
+        ACC / ZERO / FIXUP beyond one (FIXUP: two) cycles per slot pair, COPY beyond one
+        cycle per word (one engine in the Amaranth simulator, ROOT of 50 pairs then the row:
+        ACC 63, ZERO 63, FIXUP 113 cycles; COPY of 256 words 270).
     """
     lanes: int = 16
     scan_bins: int = 16
@@ -114,6 +124,8 @@ class SparseTiming:
     head_cycles: int = 5
     tail_lead: int = SCATTER_LATENCY + 1
     rx_extra: int = 1
+    slot_fixed: int = 13
+    copy_fixed: int = 14
 
     def with_(self, **kw) -> "SparseTiming":
         return replace(self, **kw)
@@ -151,10 +163,17 @@ def select_cycles(n: int, k: int, tm: SparseTiming) -> float:
             + emit_pass_cycles(n, k, tm.lanes, tm.pair_cycles))
 
 
-def _row(t, row, tm, flit_time, inbox):
+def _row(t, row, tm, flit_time, inbox, kb=()):
     """(cycle the next row starts, message sent / "pop" / None); None while a receive
-    waits for a message no sender has produced yet."""
+    waits for a message no sender has produced yet. ``kb``: the program's budget per flow
+    (the slot rows' pair counts)."""
     op, k = row["op"], row["k"]
+    if op in (SparseOp.ACC, SparseOp.ZERO, SparseOp.FIXUP):
+        return t + tm.slot_fixed + kb[row["chunk"]] * (2 if op == SparseOp.FIXUP else 1), None
+    if op == SparseOp.COPY:
+        return t + tm.copy_fixed + row["n"], None
+    if op >= SparseOp.SEND_BM:
+        raise ValueError(f"the sparse timing model does not price codec-message rows ({op.name})")
     if op in (SparseOp.SEND, SparseOp.ROOT):
         end = t + select_cycles(row["n"], k, tm)
         return end, ((t + tm.head_cycles, end - tm.tail_lead) if op == SparseOp.SEND
@@ -193,7 +212,7 @@ def predict(program, timing: SparseTiming | None = None, *, detail: bool = False
             while end[u] is None:
                 row = rows[u][pc[u]]
                 key = (u, port_of[u][pc[u]])
-                r = _row(now[u], row, tm, flit_time, inbox.get(key, []))
+                r = _row(now[u], row, tm, flit_time, inbox.get(key, []), program.kb)
                 if r is None:
                     break
                 nxt, msg = r
