@@ -21,9 +21,11 @@ port has either finished the flow (its arrived bit) or has its open message on t
 with ``done_to >= addr + lanes`` (written back through the beat).  That test is
 registered (``pace_ok``) from the sources' state and ``addr + lanes`` (no grant taken)
 or ``addr + 2·lanes`` (a grant taken this cycle), so the bank grant only sees one more
-register in the request's AND.  ``done_to`` is set a cycle after the write-back it
-reports and the test adds another, so the read always sees the written value (buffer
-contract: a write is visible to reads requested a cycle later).
+register in the request's AND (at ``go`` the first beat's test is made from the
+descriptor).  ``done_to`` is set a cycle after the write-back it reports and the test
+adds another, so the read always sees the written value (buffer contract: a write is
+visible to reads requested a cycle later).  The head flit of a cut-through message leaves
+without waiting for the first data beat: the link carries it during the buffer read.
 """
 from __future__ import annotations
 
@@ -140,6 +142,10 @@ class TxUnit(wiring.Component):
         left_nz = Signal()
         pop = q.r_en & q.r_rdy
         pace_ok = self._pace(m, hdr.flow, issue, left_nz) if p.cut_through else 1
+        # cut-through: the head flit leaves at once, while the first read is in flight
+        # (it would otherwise cost the message two cycles on the link: the packetiser
+        # takes a header, then sends its flit, then the data)
+        early_head = int(p.cut_through)
         m.d.comb += [brd.req.eq(left_nz & (room != 0) & pace_ok), brd.addr.eq(addr),
                      issue.eq(brd.grant)]
         m.d.sync += [inflight.eq(Cat(issue, inflight[:-1])), room.eq(room - issue + pop)]
@@ -154,7 +160,8 @@ class TxUnit(wiring.Component):
                      # behind it while the buffer read is in flight (``~left_nz``, not
                      # ``left == 0``: no wide compare in front of the packetiser's header
                      # load)
-                     pk.hdr.valid.eq(hdr_pend & (q.r_rdy | (~left_nz & (inflight == 0))))]
+                     pk.hdr.valid.eq(hdr_pend & (q.r_rdy | (~left_nz & (inflight == 0)) |
+                                                 early_head))]
         with m.If(pk.hdr.valid & pk.hdr.ready):
             m.d.sync += hdr_pend.eq(0)
         m.d.comb += self.idle.eq(~hdr_pend & ~left_nz & (inflight == 0) & ~q.r_rdy &
@@ -184,18 +191,24 @@ class TxUnit(wiring.Component):
         pace_ok = Signal()
         with m.If(issue):
             m.d.sync += [end1.eq(end1 + W), end2.eq(end2 + W)]
-        ok1, ok2 = [], []
+        m.d.sync += pace_ok.eq(~paced | Mux(issue, self._written(flow, red, src, end2),
+                                            self._written(flow, red, src, end1)))
+        with m.If(self.go):
+            # the first beat's test from the descriptor itself (its registers load now)
+            first = self._written(d.flow, d.src_red, d.src, d.start + W)
+            m.d.sync += [paced.eq(d.paced), red.eq(d.src_red),
+                         src.eq(d.src), end1.eq(d.start + W), end2.eq(d.start + 2 * W),
+                         pace_ok.eq(~d.paced | first)]
+        m.d.comb += self.starved.eq(left_nz & ~pace_ok)
+        return pace_ok
+
+    def _written(self, flow, red, src, end):
+        """Every source port in ``src`` has finished ``flow`` (REDUCE contributions if
+        ``red``, else GATHER data) or has its open message on it written back through
+        ``end``."""
+        ok = []
         for q, s in enumerate(self.sources):
             arrived = Mux(red, s.reduce_done, s.gather_done).bit_select(flow, 1)
             on_flow = s.msg_open & (s.msg_reduce == red) & (s.msg_flow == flow)
-            ok1.append(~src[q] | arrived | (on_flow & (s.done_to >= end1)))
-            ok2.append(~src[q] | arrived | (on_flow & (s.done_to >= end2)))
-        m.d.sync += pace_ok.eq(~paced | Mux(issue, Cat(*ok2).all(), Cat(*ok1).all()))
-        with m.If(self.go):
-            # the new descriptor's addresses are in the registers next cycle: the test
-            # starts then (one cycle lost per early-issued message only)
-            m.d.sync += [paced.eq(d.paced), red.eq(d.src_red),
-                         src.eq(d.src), end1.eq(d.start + W), end2.eq(d.start + 2 * W),
-                         pace_ok.eq(~d.paced)]
-        m.d.comb += self.starved.eq(left_nz & ~pace_ok)
-        return pace_ok
+            ok.append(~src[q] | arrived | (on_flow & (s.done_to >= end)))
+        return Cat(*ok).all()
