@@ -118,16 +118,14 @@ class SearchReplay:
             m.d.sync += [c.eq(0) for c in self.counts]      # the count pass starts from 0
         return thr.valid & (self.load == count - 1)
 
-    def count_pipeline(self, m, keys, counting):
-        """Per grid point: register the W comparisons, register their popcount, accumulate
+    def count_pipeline(self, m, rkeys, counting):
+        """Per grid point: register the W comparisons of the registered keys ``rkeys``
+        (one cycle behind ``counting``), register their popcount, accumulate
         (DRAIN_CYCLES after the last beat the counts are final)."""
         from .topk import _tree_sum
-        W = len(keys)
-        # the keys registered first: the comparators then sit beside their inputs (W x
-        # points loads on every input bit missed 8 ns)
-        rkeys = [Signal(31, name=f"grid_key{l}") for l in range(W)]
+        W = len(rkeys)
         rcounting = Signal()
-        m.d.sync += [r.eq(key) for r, key in zip(rkeys, keys)] + [rcounting.eq(counting)]
+        m.d.sync += rcounting.eq(counting)
         for j, thr in enumerate(self.table):
             hits = Signal(W, name=f"grid_hits{j}")
             pop = Signal(range(W + 1), name=f"grid_pop{j}")
