@@ -62,6 +62,7 @@ class SearchReplay:
         self.threshold = Signal(31)                  # accepted threshold, else thr(lo)
         self.load = Signal(range(self.points + 1))
         self.j_lo, self.j_hi = Signal(H + 1), Signal(H + 1)
+        self.j_mid, self.j_span = Signal(H + 1), Signal(H + 1)   # (lo + hi) / 2, hi - lo
         self.table = [Signal(31, name=f"grid_thr{j}") for j in range(self.points)]
         self.counts = [Signal(CB + 1, name=f"grid_count{j}") for j in range(self.points)]
         self.drain = Signal(2)
@@ -137,23 +138,29 @@ class SearchReplay:
         """One binary-search step per cycle on the table. Returns (accepted, exhausted):
         accepted -> ``st.hi``/``st.lo`` hold the threshold; exhausted -> the table's levels
         are used up (lo/hi updated, ``span_log`` reduced)."""
-        j_mid = (self.j_lo + self.j_hi) >> 1
+        j_mid = self.j_mid
         ok, below, thr = Signal(), Signal(), Signal(31)
         with m.Switch(j_mid):
             for j in range(self.points):
                 with m.Case(j + 1):
                     m.d.comb += [ok.eq(self.ok_lo[j] & self.under_2k[j]),
                                  below.eq(self.below[j]), thr.eq(self.table[j])]
-        stepping = (self.j_hi - self.j_lo) > 1
+        # j_hi - j_lo (a power of two) is kept one-hot in ``j_span``: > 1 is a bit test, and
+        # the next probe j_mid +- j_span/4 is ready the next cycle (a subtract, a compare and
+        # an add in front of the table mux fed the enables of hi/lo: 90 MHz at W = 2)
+        stepping = self.j_span[1:].any()
+        quarter = self.j_span >> 2
         accepted, exhausted = Signal(), Signal()
         m.d.comb += [accepted.eq(stepping & ok), exhausted.eq(~stepping)]
         with m.If(accepted):
             m.d.sync += [self.converged.eq(1), self.threshold.eq(thr), st.hi.eq(thr),
                          st.lo.eq(thr)]
         with m.Elif(stepping & below):
-            m.d.sync += self.j_hi.eq(j_mid)
+            m.d.sync += [self.j_hi.eq(j_mid), self.j_mid.eq(j_mid - quarter),
+                         self.j_span.eq(self.j_span >> 1)]
         with m.Elif(stepping):
-            m.d.sync += self.j_lo.eq(j_mid)
+            m.d.sync += [self.j_lo.eq(j_mid), self.j_mid.eq(j_mid + quarter),
+                         self.j_span.eq(self.j_span >> 1)]
         with m.Else():
             m.d.sync += [self.lo.eq(self.lo + (self.j_lo << self.shift)),
                          self.hi.eq(self.lo + (self.j_hi << self.shift))]
@@ -162,4 +169,5 @@ class SearchReplay:
 
     def begin_decision(self, m):
         m.d.sync += [self.j_lo.eq(0), self.j_hi.eq(_pow2(self.levels)),
+                     self.j_span.eq(_pow2(self.levels)), self.j_mid.eq(_pow2(self.levels) >> 1),
                      self.passes.eq(self.passes + 1)]

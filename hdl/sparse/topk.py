@@ -598,8 +598,9 @@ class TopKUnit(wiring.Component):
         a_value = [Signal(32, name=f"a_value{l}") for l in range(W)]
         m.d.sync += [a_valid.eq(k_valid), a_last.eq(k_last), a_beat.eq(k_beat)]
         for l, key in enumerate(k_key):
-            m.d.sync += [a_above[l].eq(key > st.hi),
-                         a_band[l].eq((key > st.lo) & (key <= st.hi) & (key != 0)),
+            # lo < key <= hi; key > lo >= 0 already excludes key 0 (two comparators a lane)
+            above = key > st.hi
+            m.d.sync += [a_above[l].eq(above), a_band[l].eq((key > st.lo) & ~above),
                          a_value[l].eq(k_value[l])]
         # P: prefix counts (flags of the lanes before l) and beat totals
         p_valid, p_last = Signal(), Signal()
