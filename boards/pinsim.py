@@ -37,6 +37,7 @@ import os
 import select
 import socket
 import struct
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -306,14 +307,33 @@ void pc_stats(void* p, uint64_t* out) {
 
 def build_pin_board(params: NicParams, *, verbose: bool = False):
     """Verilate one :class:`PinBoard` with the harness (cached under ``build/cosim``);
-    returns the :class:`~treenic.hdl.cosim.CosimLibrary`."""
+    returns the :class:`~treenic.hdl.cosim.CosimLibrary`.
+
+    The Verilog is written by a child Python with a fixed hash seed: Amaranth's port order
+    follows set iteration, so text from this process would differ run to run and miss the
+    cache (a fresh Verilator build: minutes)."""
+    from dataclasses import asdict
     from treenic.hdl.cosim import build_cosim
     from .boardsim import liteeth_sources
     src = liteeth_sources()
-    return build_cosim(PinBoard(params=params, verilog=src[0]), name="pin_board",
-                       extra_sources=src, extra_cpp=HARNESS_CPP, opt="-O2", opt_slow="-O0",
-                       jobs=2, verilator_args=["--no-timing", "-Wno-STMTDLY", "-Wno-ASSIGNDLY"],
+    code = ("import json, sys; from treenic.boards.pinsim import pin_board_verilog; "
+            "sys.stdout.write(pin_board_verilog(json.loads(sys.argv[1]), sys.argv[2]))")
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(asdict(params)), str(src[0])],
+                       env={**os.environ, "PYTHONHASHSEED": "0"}, capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"pinsim: elaborating the board failed:\n{r.stderr[-3000:]}")
+    return build_cosim(r.stdout, name="pin_board", extra_sources=src, extra_cpp=HARNESS_CPP,
+                       opt="-O2", opt_slow="-O0", jobs=2,
+                       verilator_args=["--no-timing", "-Wno-STMTDLY", "-Wno-ASSIGNDLY"],
                        verbose=verbose)
+
+
+def pin_board_verilog(params: dict, liteeth_verilog: str) -> str:
+    """Amaranth's Verilog of a :class:`PinBoard` (module ``pin_board``)."""
+    from amaranth.back import verilog
+    return verilog.convert(PinBoard(params=NicParams(**params), verilog=Path(liteeth_verilog)),
+                           name="pin_board")
 
 
 class PinCluster:
