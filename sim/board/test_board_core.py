@@ -50,7 +50,9 @@ def test_pins_harness_agrees_with_cocotbext(tmp_path):
     p = NicParams(**SIM_NIC)
     reqs, bulk = pinsim.agreement_requests(p), pinsim.bulk_writes(p)
     out = tmp_path / "reference.json"
-    os.environ["MAKEFLAGS"] = VERILATOR_MAKEFLAGS
+    # TREENIC_SIM_MAKEFLAGS: e.g. "OPT_FAST=-O0 OPT_SLOW=-O0 OPT_GLOBAL=-O0", a faster build
+    os.environ["MAKEFLAGS"] = (VERILATOR_MAKEFLAGS + " " +
+                               os.environ.get("TREENIC_SIM_MAKEFLAGS", "")).strip()
     run_bench(pinsim.PinBoard(params=p, verilog=liteeth_sources()[0]), name="pin_board_ref",
               test_module="pins_agree_tb", sim="verilator", extra_sources=liteeth_sources(),
               build_args=["--timing"], test_dir=HERE,
