@@ -23,7 +23,7 @@ from .params import NicParams, Reg, Ctrl
 
 __all__ = ["host_writes", "params_for_images", "image_writes", "order_writes",
            "buffer_writes", "NicImageError", "decode_image", "decode_images",
-           "sim_read_buffers"]
+           "sim_read_buffers", "sim_read_word"]
 
 
 class NicImageError(ValueError):
@@ -164,16 +164,23 @@ async def sim_read_buffers(ctx, fabric, params: NicParams, nodes: int, elements:
     the fabric's host read stream (``hr`` requests, ``hrd`` data), one word at a time.
     Returns the raw binary32 words, shape (nodes, elements), dtype uint32."""
     res = np.zeros((nodes, elements), np.uint32)
-    ctx.set(fabric.hrd.ready, 1)
     for u in range(nodes):
         for e in range(elements):
-            ctx.set(fabric.hr.valid, 1)
-            ctx.set(fabric.hr.payload.node, u)
-            ctx.set(fabric.hr.payload.addr, params.buf_addr(e))
-            await ctx.tick()
-            ctx.set(fabric.hr.valid, 0)
-            while not ctx.get(fabric.hrd.valid):
-                await ctx.tick()
-            res[u, e] = ctx.get(fabric.hrd.payload)
-            await ctx.tick()
+            res[u, e] = await sim_read_word(ctx, fabric, u, params.buf_addr(e))
     return res
+
+
+async def sim_read_word(ctx, fabric, node: int, addr: int) -> int:
+    """Amaranth-simulator testbench helper: one host-bus read of word ``addr`` of
+    ``node`` through the fabric's host read stream."""
+    ctx.set(fabric.hrd.ready, 1)
+    ctx.set(fabric.hr.valid, 1)
+    ctx.set(fabric.hr.payload.node, node)
+    ctx.set(fabric.hr.payload.addr, addr)
+    await ctx.tick()
+    ctx.set(fabric.hr.valid, 0)
+    while not ctx.get(fabric.hrd.valid):
+        await ctx.tick()
+    word = ctx.get(fabric.hrd.payload)
+    await ctx.tick()
+    return word

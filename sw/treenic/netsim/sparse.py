@@ -39,27 +39,17 @@ import math
 from dataclasses import dataclass, replace
 
 from treenic.hdl.sparse.scatter import LATENCY as SCATTER_LATENCY
-from treenic.hdl.sparse.topk import BINS, HIST_PASSES, PASSES, SCAN_CYCLES, ROWS, Mode
+from treenic.hdl.sparse.topk import exact_cycles
 from treenic.schedule.sparse_table import SparseOp, unpack_row
 
 from .timing import RTL
 
 __all__ = ["SparseTiming", "SPARSE_RTL", "topk_exact_cycles", "emit_pass_cycles", "predict", "calibrate"]
 
-#: cycles of one histogram pass's scan beyond the rows it reads: the unit's docstring gives
-#: the EXACT total 5 C/W + 4 * 133 + 4 at its default 128 rows, a scan of SCAN_CYCLES = 131
-#: plus two cycles of pass turnaround
-_SCAN_EXTRA = SCAN_CYCLES - ROWS + 2
-_TOPK_TAIL = 4
-
-
 def topk_exact_cycles(n: int, lanes: int, scan_bins: int) -> int:
     """The ``TopKUnit``'s EXACT-mode cycles for a chunk of ``n`` values at full input rate:
-    ``PASSES[EXACT]`` data passes of ``ceil(n/W)`` beats, ``HIST_PASSES`` histogram scans of
-    ``BINS/scan_bins`` rows each, and the unit's fixed tail (``hdl/sparse/topk.py``)."""
-    beats = -(-n // lanes)
-    return (PASSES[Mode.EXACT] * beats + HIST_PASSES * (BINS // scan_bins + _SCAN_EXTRA)
-            + _TOPK_TAIL)
+    the unit's own cycle contract (:func:`treenic.hdl.sparse.topk.exact_cycles`)."""
+    return exact_cycles(n, lanes, scan_bins)
 
 
 def _beat_widths(n: int, lanes: int) -> list[int]:
@@ -147,11 +137,11 @@ class SparseTiming:
 #: constants from them (a test holds :data:`SPARSE_RTL` equal to that).
 CALIBRATION = {
     ("END", 0, 0): 3,
-    ("ROOT", 500, 50): 310, ("ROOT", 250, 12): 192, ("ROOT", 256, 1): 185,
-    ("SEND", 500, 50): 310, ("SEND", 250, 12): 192, ("SEND", 256, 1): 185,
+    ("ROOT", 500, 50): 321, ("ROOT", 250, 12): 202, ("ROOT", 256, 1): 197,
+    ("SEND", 500, 50): 321, ("SEND", 250, 12): 202, ("SEND", 256, 1): 197,
     ("RECV", 500, 50): 67, ("RECV", 500, 12): 29,
     ("GRECV", 500, 50): 60, ("GRECV", 500, 12): 22,
-    ("ROOT+GSEND", 500, 50): 368,
+    ("ROOT+GSEND", 500, 50): 379,
 }
 
 
