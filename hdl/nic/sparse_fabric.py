@@ -106,7 +106,8 @@ def load_words(prog: SparseProgram, node: int, grads: np.ndarray) -> list[int]:
     if prog.perm is not None:
         g = g[np.asarray(prog.perm)]          # hash flows: the buffer is in flow order
     out = [word(HostKind.PROG, a, r) for a, r in enumerate(prog.rows[node])]
-    out += [word(HostKind.GRAD, i, int(v)) for i, v in enumerate(g)]
+    base = prog.residual_base          # global residual: the accumulator is part[N:2N]
+    out += [word(HostKind.GRAD, base + i, int(v)) for i, v in enumerate(g)]
     return out
 
 
@@ -129,6 +130,10 @@ def dump_request(prog: SparseProgram) -> int:
 
 def decode_program_dump(words, prog: SparseProgram) -> tuple[np.ndarray, np.ndarray]:
     """:func:`decode_dump` of a DUMP sent as :func:`dump_request` (``prog``)."""
+    words = list(words)
+    if prog.residual_base:             # the residual region first, the final pairs as before
+        words = (words[prog.residual_base:prog.residual_base + prog.elements] +
+                 words[prog.dump_words:])
     return decode_dump(words, prog.elements, prog.perm, prog.result_base)
 
 

@@ -251,7 +251,7 @@ class StatelessSparse:
             sim = self._sims[key] = SparseFabricSim(self.topology, accs.shape[1], density,
                                                     lanes=self.lanes, **kw)
         elif sim.loaded:
-            sim.sim.run_streams(inputs={f"host_i__{u}": [clear_word(sim.N)]
+            sim.sim.run_streams(inputs={f"host_i__{u}": [clear_word(sim.program.dump_words)]
                                         for u in range(sim.P)})
         r = sim.run(accs)
         golden, _ = sparse_model(algorithm, self.topology, sim.N, density, seed=seed,

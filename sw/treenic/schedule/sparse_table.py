@@ -11,11 +11,12 @@ engine (:mod:`treenic.hdl.nic.sparse_engine`) executes in order. Per node:
 * one ROOT row per flow the node is the root of (select the final block into the flow's
   final-pair slot; the unselected rest stays as the residual);
 * gather step s: GSEND rows (copy a final block to a port), then GRECV rows;
-* ``residual="global"`` (SparDL's GRC, as the golden defines it): a first COPY row saves
-  the accumulator ``part[0:N]`` into the snapshot region ``part[N:2N]``; after the gather,
-  one FIXUP row per flow writes the node's own ``part`` value at every final index into the
-  snapshot, and a last COPY row moves the snapshot back to ``part[0:N]`` -- the residual is
-  the accumulator except at final indices, where it is what the node discarded;
+* ``residual="global"`` (SparDL's GRC, as the golden defines it): the accumulator lives in
+  ``part[N:2N]`` (the host adds its gradients there, ``residual_base = N``); a first COPY
+  row copies it into the work region ``part[0:N]``, where the rows above run; after the
+  gather, one FIXUP row per flow writes the node's own work value at every final index
+  into ``part[N:2N]`` -- which is then the residual: the accumulator except at final
+  indices, where it is what the node discarded;
 * END.
 
 TopkA (:func:`compile_topka`, the baseline of ``treenic.sparse.topk_family.TopkA``): every
@@ -135,6 +136,7 @@ class SparseProgram:
     residual: str = "local"
     buffer_words: int = 0  # part words the rows address: N, or 2N with a second region
     result_base: int | None = None   # TopkA: the result region part[N:2N]; else the finals
+    residual_base: int = 0  # where the accumulator / residual lives (global: N)
     codec: bool = False    # messages in the codec format (pairs or bitmap + values)
     link_flits: int = 0    # flits (head, body, tail) all links carry in a run at full budgets
 
@@ -143,8 +145,8 @@ class SparseProgram:
 
     @property
     def dump_words(self) -> int:
-        """part words a DUMP streams: the residual, and TopkA's result region behind it."""
-        return self.elements if self.result_base is None else self.result_base + self.elements
+        """part words a DUMP streams: up to the residual's end, or TopkA's result region's."""
+        return max(self.residual_base, self.result_base or 0) + self.elements
 
 
 def _port_map(topology) -> dict[tuple[int, int], tuple[int, int]]:
@@ -179,9 +181,9 @@ def compile_sparse(model, *, codec: bool = False) -> SparseProgram:
                         k=kb[c])
 
     N = model.elements
-    if residual == "global":                   # snapshot the accumulator: part[N:2N]
+    if residual == "global":                   # the accumulator part[N:2N] into part[0:N]
         for r in rows:
-            r.append(pack_row(op=SparseOp.COPY, lo=0, n=N, k=N))
+            r.append(pack_row(op=SparseOp.COPY, lo=N, n=N, k=0))
     link_pairs, ideal, link_flits = 0, 0, 0
 
     def flits(c):
@@ -211,13 +213,13 @@ def compile_sparse(model, *, codec: bool = False) -> SparseProgram:
             # final indices keep what the node discarded, the rest its accumulator
             r.extend(pack_row(op=SparseOp.FIXUP, chunk=c, lo=0, k=N)
                      for c in range(sched.num_chunks))
-            r.append(pack_row(op=SparseOp.COPY, lo=N, n=N, k=0))
         r.append(pack_row(op=SparseOp.END))
     perm = None if model.perm is None else [int(i) for i in model.perm]
     return SparseProgram(topo.spec, model.elements, rows, sched.num_chunks,
                          int(np.diff(off).max()), int(kb.max()), max(rx.values(), default=1),
                          _ports(topo), [int(k) for k in kb], link_pairs, perm, ideal,
                          residual=residual, buffer_words=N * (2 if residual == "global" else 1),
+                         residual_base=N if residual == "global" else 0,
                          codec=codec, link_flits=link_flits)
 
 
