@@ -4,6 +4,7 @@ Run::
 
     python -m treenic.boards.bitstream --board ecpix5 --out build/bitstream/ecpix5
     python -m treenic.boards.bitstream --board ecpix5 --small      # 8 KiB buffer, faster P&R
+    python -m treenic.boards.bitstream --board colorlight --area-only   # Yosys only
     python -m treenic.boards.bitstream --list
 
 Steps: LiteEth's UDP core is generated for the board (``liteeth_gen``, cached by its
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import subprocess
 import sys
 import time
 from dataclasses import asdict
@@ -30,7 +32,11 @@ from pathlib import Path
 from . import synth
 from .core import LINKS
 
-__all__ = ["BOARDS", "build", "main"]
+__all__ = ["BOARDS", "DEVICE_CAPACITY", "area", "build", "main"]
+
+#: each board's FPGA: LUT4s, flip-flops, DP16KD block RAMs (Lattice ECP5 family data sheet)
+DEVICE_CAPACITY = {"ecpix5": {"luts": 83640, "ffs": 83640, "brams": 208},
+                   "colorlight": {"luts": 24288, "ffs": 24288, "brams": 56}}
 
 
 def _ecpix5(out: Path, small: bool, node: int, topology: str):
@@ -105,6 +111,44 @@ def build(board: str, out: Path, *, small: bool = False, seed: int = 1,
     return rep
 
 
+def area(board: str, out: Path, *, node: int = 0, topology: str = "ring:4") -> dict:
+    """Yosys ``synth_ecp5`` of one board's top (the same build plan as :func:`build`, no
+    place and route): cell counts against the device (``area.json`` in *out*).
+
+    ``lut4_equivalents`` counts a CCU2C carry cell as 2 LUT4 and a TRELLIS_DPR16X4 LUT RAM
+    as 2, how they occupy a slice; it is an estimate before packing."""
+    if board not in BOARDS:
+        raise KeyError(f"unknown board {board!r}; known: {', '.join(BOARDS)}")
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+    plat, top, params, links = BOARDS[board](out, False, node, topology)
+    env = synth._tool_env()
+    plan = plat.prepare(top, name="top")
+    plan.extract(str(out))
+    script = [line for line in (out / "top.ys").read_text().splitlines()
+              if not line.startswith("write_json")] + ["tee -o top.stat stat"]
+    (out / "area.ys").write_text("\n".join(script) + "\n")
+    r = subprocess.run([env["YOSYS"], "-q", "-l", "area.log", "area.ys"], cwd=out, env=env,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"yosys area run for {board} failed:\n{r.stderr[-3000:]}")
+    yos = synth.parse_yosys_stat((out / "top.stat").read_text())
+    cap = DEVICE_CAPACITY[board]
+    lut_eq = yos["luts"] + 2 * yos["carry"] + 2 * yos["lutram"]
+    rep = {"board": board, "device": plat.device + "-" + plat.package,
+           "nic": asdict(params), "links": links,
+           "yosys": {k: v for k, v in yos.items() if k != "cells"},
+           "lut4_equivalents": lut_eq, "capacity": cap,
+           "lut_use": round(lut_eq / cap["luts"], 3), "ff_use": round(yos["ffs"] / cap["ffs"], 3),
+           "bram_use": round(yos["brams"] / cap["brams"], 3),
+           "fits": lut_eq <= cap["luts"] and yos["ffs"] <= cap["ffs"] and
+           yos["brams"] <= cap["brams"],
+           "seconds": round(time.time() - t0, 1), "tools": "YoWASP yosys synth_ecp5 (area only)"}
+    (out / "area.json").write_text(json.dumps(rep, indent=2, default=str) + "\n")
+    return rep
+
+
 def _markdown(rep: dict) -> str:
     lines = [f"# {rep['board']} bitstream ({rep['device']})", "",
              f"Tools: {rep['tools']}; links: {rep['links']}; build {rep['seconds']} s.", "",
@@ -134,6 +178,8 @@ def main(argv=None) -> int:
     ap.add_argument("--allow-negative-slack", action="store_true",
                     help="exit 0 even when a clock misses its constraint")
     ap.add_argument("--nextpnr-opts", default="")
+    ap.add_argument("--area-only", action="store_true",
+                    help="Yosys synthesis only: cell counts against the device, no bitstream")
     ap.add_argument("--list", action="store_true")
     args = ap.parse_args(argv)
     if args.list:
@@ -142,6 +188,10 @@ def main(argv=None) -> int:
     if args.board not in BOARDS:
         ap.error(f"unknown board {args.board!r}; known: {', '.join(BOARDS)}")
     out = args.out or Path("build/bitstream") / args.board
+    if args.area_only:
+        rep = area(args.board, Path(str(out) + "-area"), node=args.node, topology=args.topology)
+        print(json.dumps(rep, default=str))
+        return 0
     try:
         rep = build(args.board, out, small=args.small, seed=args.seed,
                     allow_negative_slack=args.allow_negative_slack,

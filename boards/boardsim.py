@@ -1,10 +1,18 @@
 """Simulated boards on loopback: ``treenic boardsim --topology ring:4``.
 
-Starts N complete boards (:class:`treenic.boards.cluster.BoardCluster`: LiteEth RGMII
-PHY/MAC/UDP, host protocol engine, NIC; links through the fabric's link model, no link
-PHY) in one Verilated simulation (cocotb), their RGMII pins driven by cocotbext-eth's
-RGMII models and bridged to UDP sockets on 127.0.0.1, prints the boards' addresses and
-serves until interrupted.  The unchanged ``udp`` backend talks to them::
+Starts N complete boards (LiteEth RGMII PHY/MAC/UDP, host protocol engine, NIC, link
+PHYs), their RGMII pins bridged to UDP sockets on 127.0.0.1, prints the boards' addresses
+and serves until interrupted.  Two simulators run the same RTL:
+
+* ``--sim pins`` (default, :mod:`treenic.boards.pinsim`): one Verilated board top per
+  board stepped by a C++ harness that is each board's RGMII PHY (frames with preamble,
+  SFD and FCS on both clock edges) and wires the serial link lanes pin to pin; Python
+  handles whole frames only.  Fast enough to train through.
+* ``--sim cocotb`` (the reference, :class:`treenic.boards.cluster.BoardCluster` in one
+  Verilated netlist under cocotb): cocotbext-eth's RGMII models at the pins; ~1 us of
+  simulated time per wall second.
+
+The unchanged ``udp`` backend talks to either::
 
     treenic boardsim --topology ring:4          # prints {"boards": [[host, port], ...]}
     open_nic("udp", r, 4, "ring:4", boards=[...], local_port=0,
@@ -25,7 +33,11 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["SIM_NIC", "BoardSim", "liteeth_sources", "main", "REPO_SIM"]
+__all__ = ["SIM_NIC", "BoardSim", "SIMULATORS", "liteeth_sources", "main", "REPO_SIM"]
+
+#: ``--sim`` choices and what each is, for reports
+SIMULATORS = {"pins": "Verilator C++ harness, RGMII PHY model in C++ (treenic.boards.pinsim)",
+              "cocotb": "Verilator + cocotb, cocotbext-eth RGMII models"}
 
 #: the simulated boards' NIC: the boards' 4-port core with an 8 Ki-element buffer (same
 #: logic; a smaller buffer keeps the Verilator build and the simulation short)
@@ -81,10 +93,17 @@ class BoardSim:
     """Simulated boards in a subprocess; ``addresses`` once :meth:`start` returns."""
 
     def __init__(self, topology: str = "ring:4", *, idle_s: float = 600,
-                 start_timeout: float = 3600, log=None, links: str = "serial"):
+                 start_timeout: float = 3600, log=None, links: str = "serial",
+                 sim: str = "pins"):
         from .cluster import CLUSTER_LINKS
         if links not in CLUSTER_LINKS:
             raise ValueError(f"links must be one of {sorted(CLUSTER_LINKS)}, not {links!r}")
+        if sim not in SIMULATORS:
+            raise ValueError(f"sim must be one of {sorted(SIMULATORS)}, not {sim!r}")
+        if sim == "pins" and links != "serial":
+            raise ValueError("--sim pins wires the boards through their serial link PHYs "
+                             "only (--links serial)")
+        self.sim = sim
         self.topology, self.idle_s, self.start_timeout = topology, idle_s, start_timeout
         self.links = links
         self.log = log or (lambda s: print(s, file=sys.stderr))
@@ -94,12 +113,12 @@ class BoardSim:
         self.addresses = None
 
     def start(self):
-        self.log(f"boardsim: starting {self.topology} simulated boards (first run builds the "
-                 "Verilated cluster: minutes)")
+        self.log(f"boardsim: starting {self.topology} simulated boards on {SIMULATORS[self.sim]}"
+                 " (the first run builds the Verilated boards: minutes)")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "treenic.boards.boardsim", "--topology", self.topology,
              "--serve", str(self.addr_file), str(self.stop_file), "--idle", str(self.idle_s),
-             "--links", self.links],
+             "--links", self.links, "--sim", self.sim],
             stdout=open(self.dir / "sim.log", "w"), stderr=subprocess.STDOUT)
         deadline = time.monotonic() + self.start_timeout
         while not self.addr_file.exists():
@@ -131,8 +150,8 @@ class BoardSim:
     def describe(self) -> str:
         from .cluster import CLUSTER_LINKS
         return (f"simulated boards ({self.topology}: {len(self.addresses or [])} Verilated "
-                f"BoardCores, LiteEth RGMII over cocotbext-eth, links: "
-                f"{CLUSTER_LINKS[self.links]}) at "
+                f"BoardCores at their LiteEth RGMII pins, simulator: {SIMULATORS[self.sim]}, "
+                f"links: {CLUSTER_LINKS[self.links]}) at "
                 + ", ".join(f"{h}:{p}" for h, p in self.addresses or []))
 
 
@@ -141,6 +160,9 @@ def add_arguments(ap) -> None:
     ap.add_argument("--links", choices=("serial", "channel"), default="serial",
                     help="NIC links: serial PHY lanes pin to pin, or the fabric's link "
                          "model without a PHY (%(default)s)")
+    ap.add_argument("--sim", choices=sorted(SIMULATORS), default="pins",
+                    help="pins: C++ RGMII harness (fast); cocotb: cocotbext-eth models, "
+                         "the reference (%(default)s)")
     ap.add_argument("--idle", type=float, default=600,
                     help="stop after this many seconds without a datagram")
     ap.add_argument("--serve", nargs=2, metavar=("ADDR_FILE", "STOP_FILE"),
@@ -148,10 +170,16 @@ def add_arguments(ap) -> None:
 
 
 def run(args) -> int:
+    if args.serve and args.sim == "pins":
+        from treenic.hdl.nic import NicParams
+        from .pinsim import serve
+        os.environ["PATH"] = str(Path(sys.executable).parent) + os.pathsep + os.environ["PATH"]
+        serve(args.topology, NicParams(**SIM_NIC), *args.serve, idle_s=args.idle)
+        return 0
     if args.serve:
         run_cluster(args.topology, *args.serve, idle_s=args.idle, links=args.links)
         return 0
-    sim = BoardSim(args.topology, idle_s=args.idle, links=args.links)
+    sim = BoardSim(args.topology, idle_s=args.idle, links=args.links, sim=args.sim)
     try:
         sim.start()
         print(json.dumps({"topology": args.topology, "boards": sim.addresses,

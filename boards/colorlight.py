@@ -17,9 +17,10 @@ them, the link core's resource has none.  Each board is built for its node of a 
 board's second Ethernet port into one switch (the link network) and the first into the
 host network.
 
-The NIC is :data:`COLORLIGHT_NIC`, 2 ports (a ring).  It does not fit the 25F yet: Yosys
-puts the whole top at about 24.6 k LUT4 equivalents against the device's 24 288
-(``docs/boards.md``), so the NIC has to shrink further (e.g. 32-bit flits).
+The NIC is :data:`COLORLIGHT_NIC`: 2 ports (a ring), 32-bit flits, 1 Ki elements, a
+4-node table.  With 64-bit flits and 4 Ki elements the whole top was about 24.6 k LUT4
+equivalents against the device's 24 288; ``python -m treenic.boards.bitstream --board
+colorlight --area-only`` measures the area (``docs/boards.md``).
 LED (P11, active low): on while the PLL is locked and no link fault was seen; blinks at
 ~1.5 Hz once the NIC is DONE.
 """
@@ -41,10 +42,12 @@ __all__ = ["ColorlightTop", "colorlight_platform", "COLORLIGHT_NIC", "board_addr
 
 NIC_CLOCK_HZ = 125e6
 ETH_CLOCK_HZ = 75e6
-#: the NIC beside two LiteEth cores on the LFE5U-25F: 2 ports, 4 Ki elements (too large
-#: still, see the module docstring)
-COLORLIGHT_NIC = dict(ports=2, width=64, depth=4096, max_nodes=8, max_entries=32,
-                      max_steps=16, sub_words=16)
+#: the NIC beside two LiteEth cores on the LFE5U-25F: 2 ports, 32-bit flits (one FP32
+#: adder lane), 1 Ki elements, 4 nodes (ring:4 multitree needs 8 rows and 4 steps).  The
+#: sub-packet head then fills the 32-bit flit exactly: port 1 + port 1 + flow 2 + op 2 +
+#: step 4 + offset 11 + length 11 bits (FlitFormat refuses anything larger)
+COLORLIGHT_NIC = dict(ports=2, width=32, depth=1024, max_nodes=4, max_entries=16,
+                      max_steps=8, sub_words=16)
 #: EHXPLLL for 25 MHz in: CLKOP = 25 * 5 = 125 MHz (feedback), VCO 750 MHz, CLKOS /10
 PLL = dict(CLKI_DIV=1, CLKFB_DIV=5, CLKOP_DIV=6, CLKOS_DIV=10)
 

@@ -33,17 +33,38 @@ def build_engine(e) -> Module:
     c.row = Signal(ROW)
     c.pending = Signal(16)
     c.sc_valid, c.sc_index, c.sc_value = Signal(), Signal(32), Signal(32)
+    c.sc_set = Signal()           # write the value instead of adding it (ZERO/FIXUP/COPY)
+    c.op = Signal(4)              # the row's op code (op_hi is its bit 3)
+    m.d.comb += c.op.eq(Cat(c.row.op, c.row.op_hi))
     sc = c.scatter
     in_range = (c.sc_index >> (e.depth.bit_length() - 1)) == 0
     m.d.comb += [sc.i.valid.eq(c.sc_valid), sc.i.payload.index.eq(c.sc_index),
-                 sc.i.payload.value.eq(c.sc_value), sc.o.ready.eq(1)]
+                 sc.i.payload.value.eq(c.sc_value), sc.set.eq(c.sc_set),
+                 sc.o.ready.eq(1)]
     m.d.sync += c.pending.eq(c.pending + (c.sc_valid & sc.i.ready & in_range) - sc.o.valid)
     c.sel_start, c.recv_done, c.main_uses = Signal(), Signal(), Signal()
     c.selected = Signal(e.chunks)
+    c.sel_busy = Signal()         # a top-k unit holds a selection (driven by the selection side)
+    if e.codec:
+        _codec(m, c)
     _links(m, c)
     _sequencer(m, c)
     build_selection(m, c)       # drives the adder only in cycles the sequencer does not
     return m
+
+
+def _codec(m, c):
+    """The message codec of the ``*_BM`` rows: one encoder (SEND_BM, GSEND_BM) and one
+    decoder (RECV_BM, GRECV_BM), both over the row's flow (chunk C = ``n``); the decoder is
+    reset at every message start, so a malformed message cannot leave it mid-message."""
+    from amaranth.hdl import ResetInserter
+    from ..sparse.codec import SparseDecoder, SparseEncoder
+    C = max(32, c.e.max_flow)
+    c.dec_reset = Signal()
+    m.submodules.encoder = c.enc = SparseEncoder(max_chunk=C)
+    c.dec = SparseDecoder(max_chunk=C)
+    m.submodules.decoder = ResetInserter(c.dec_reset)(c.dec)
+    m.d.comb += [c.enc.chunk.eq(c.row.n), c.dec.chunk.eq(c.row.n)]
 
 
 def _links(m, c):

@@ -7,7 +7,8 @@ torus:4x4 (16 flows) spends ~6400 of its cycles selecting, one flow after anothe
 links idle. A leaf's selection needs no input at all, and every other selection needs only
 the receives of its own flow; so a dispatcher walks the same program ahead of the
 sequencer and starts each SEND/ROOT selection on a free unit as soon as the receives of
-that flow that precede it in the program are accumulated:
+that flow that precede it in the program are accumulated (RECV_BM counts as a receive,
+SEND_BM as a send: its slot then goes through the encoder):
 
 ::
 
@@ -20,6 +21,7 @@ that flow that precede it in the program are accumulated:
     unit u': ...                                         ──────┘   one pair a cycle)
         pair -> flow c's final-pair slot + (index, -value) into the scatter adder (zeroes it)
         end  -> counts[c], selected[c] = 1
+    slot / region row (ACC, ZERO, FIXUP, COPY) -> wait until the sequencer has run it
     sequencer: SEND row of c waits selected[c], then streams slot c (head, pairs, tail);
                ROOT row of c waits selected[c] (its slot is the final block).
 
@@ -27,7 +29,10 @@ Numerics are unchanged (bit for bit the golden): a selection of flow c reads par
 only after every pair the golden adds to it before its selection is in the buffer (the
 sequencer's RECV rows drain before ``done`` counts them), and the zeroing adds of flow c
 touch only flow c's words, which no receive touches afterwards within the run; additions
-to one word keep the golden's order, additions to different words commute.
+to one word keep the golden's order, additions to different words commute. The slot and
+region rows (TopkA's ZERO/ACC, the global residual's COPY/FIXUP) read or write words and
+slots a selection may touch, so the dispatcher stops at each until the sequencer has run
+it, and the sequencer starts one only with no selection in flight and the adder empty.
 
 Dispatch is in program order (a unit is never given a later row before an earlier one),
 so the sequencer, which waits on the rows in the same order, cannot deadlock on it. The
@@ -114,8 +119,9 @@ def build_selection(m, c):
     """The units, the dispatcher and the pair arbiter. Uses from ``c``: ``e``, ``scatter``,
     ``prog_r2`` (the dispatcher's program read port), ``counts``, ``fin_w``, ``sc_*``,
     ``sel_start`` (the run begins), ``recv_done`` (the sequencer drained a RECV row of
-    ``row.chunk``), ``main_uses`` (the sequencer is in a message body and may drive the
-    adder / final memory), ``selected`` (set here: flow c's selection is in its slot)."""
+    ``row.chunk``), ``seq_pc`` (the sequencer's row), ``main_uses`` (the sequencer is in a message body and may drive the
+    adder / final memory), ``selected`` (set here: flow c's selection is in its slot), ``sel_busy`` (set here: a unit
+    holds a selection)."""
     e = c.e
     units = [_Unit(m, c, u) for u in range(e.topk_units)]
     _dispatcher(m, c, units)
@@ -130,11 +136,12 @@ def _dispatcher(m, c, units):
     pc = Signal(range(e.rows + 1))
     rd = c.prog_r2
     row = rd.data
-    m.d.comb += rd.addr.eq(pc)
+    op = Signal(4)                      # the row's op code (op_hi is its bit 3)
+    m.d.comb += [rd.addr.eq(pc), op.eq(Cat(row.op, row.op_hi))]
     with m.If(c.recv_done):
         m.d.sync += done[c.row.chunk].eq(done[c.row.chunk] + 1)
     free = Signal(len(units))
-    m.d.comb += free.eq(Cat(*[~u.busy for u in units]))
+    m.d.comb += [free.eq(Cat(*[~u.busy for u in units])), c.sel_busy.eq(~free.all())]
     with m.FSM(name="dispatch"):
         with m.State("OFF"):
             with m.If(c.sel_start):             # a run starts from row 0
@@ -142,15 +149,19 @@ def _dispatcher(m, c, units):
         with m.State("FETCH"):
             m.next = "LOOK"
         with m.State("LOOK"):
-            with m.Switch(row.op):
-                with m.Case(SparseOp.RECV):
+            with m.Switch(op):
+                with m.Case(SparseOp.RECV, SparseOp.RECV_BM):
                     m.d.sync += [seen[row.chunk].eq(seen[row.chunk] + 1), pc.eq(pc + 1)]
                     m.next = "FETCH"
-                with m.Case(SparseOp.SEND, SparseOp.ROOT):
+                with m.Case(SparseOp.SEND, SparseOp.SEND_BM, SparseOp.ROOT):
                     with m.If((done[row.chunk] == seen[row.chunk]) & free.any()):
                         for i, u in enumerate(units):   # the lowest free unit takes it
                             with m.If(free[i] & ((free & ((1 << i) - 1)) == 0)):
                                 u.start(m, row)
+                        m.d.sync += pc.eq(pc + 1)
+                        m.next = "FETCH"
+                with m.Case(SparseOp.ACC, SparseOp.ZERO, SparseOp.FIXUP, SparseOp.COPY):
+                    with m.If(c.seq_pc > pc):   # a barrier: the sequencer has run it
                         m.d.sync += pc.eq(pc + 1)
                         m.next = "FETCH"
                 with m.Case(SparseOp.END):

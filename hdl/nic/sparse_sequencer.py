@@ -19,6 +19,7 @@ def sequencer(m, c, head):
     m.d.comb += hd_set
     slot_base = row.chunk * e.slot
     m.d.comb += c.prog_r.addr.eq(pc)
+    c.seq_pc = pc                   # the dispatcher's barrier at slot and region rows
     h = e.host_i
     j, chunk = Signal(24), Signal(range(e.chunks + 1))
     dump_n = Signal(24)
@@ -48,7 +49,7 @@ def sequencer(m, c, head):
             _dispatch(m, c)
         with m.State("SEL_WAIT"):        # the selection side fills the flow's slot
             with m.If(c.selected.bit_select(row.chunk, 1)):
-                with m.If(row.op == SparseOp.SEND):
+                with m.If((c.op == SparseOp.SEND) | (c.op == SparseOp.SEND_BM)):
                     m.next = "HEAD"
                 with m.Else():
                     m.next = "NEXT"
@@ -59,6 +60,9 @@ def sequencer(m, c, head):
                 m.next = "HEAD_DONE"
         with m.State("HEAD_DONE"):
             m.next = "GS_PAIRS"
+            if e.codec:                 # SEND_BM streams its slot through the encoder too
+                with m.If((c.op == SparseOp.GSEND_BM) | (c.op == SparseOp.SEND_BM)):
+                    m.next = "GS_ENC"
         with m.State("GS_PAIRS"):
             cnt = c.counts[row.chunk]
             with m.If(j == cnt):
@@ -79,13 +83,16 @@ def sequencer(m, c, head):
                 with m.If(~ok):
                     m.d.sync += [bad.eq(1), e.malformed.eq(e.malformed + 1)]
                 m.next = "RX_BODY"
+                if e.codec:
+                    with m.If((c.op == SparseOp.RECV_BM) | (c.op == SparseOp.GRECV_BM)):
+                        m.next = "RX_DEC_INIT"
         with m.State("RX_BODY"):
             m.d.comb += c.main_uses.eq(1)   # the whole message: its pairs stay back to back
             _rx_body(m, c, rx, rx_pair_idx, rx_pair_val, fits, n_pairs, seen, bad, slot_base)
         with m.State("DRAIN"):
             m.d.comb += c.main_uses.eq(1)   # hold the units' pairs back: the adder empties
             with m.If(c.pending == 0):
-                m.d.comb += c.recv_done.eq(row.op == SparseOp.RECV)
+                m.d.comb += c.recv_done.eq((c.op == SparseOp.RECV) | (c.op == SparseOp.RECV_BM))
                 m.next = "NEXT"
         with m.State("NEXT"):
             m.d.sync += pc.eq(pc + 1)
@@ -114,6 +121,10 @@ def sequencer(m, c, head):
             m.d.comb += [e.host_o.valid.eq(1), e.host_o.payload.end.eq(1)]
             with m.If(e.host_o.ready):
                 m.next = "IDLE"
+        _region_states(m, c, j, fin_fire, slot_base)
+        if e.codec:
+            from .sparse_codec_rows import codec_states
+            codec_states(m, c, j, fin_fire, n_pairs, seen, bad, slot_base)
         with m.State("DUMP_SLOT_ADDR"):
             m.next = "DUMP_FIN"
         with m.State("DUMP_FIN"):
@@ -165,18 +176,25 @@ def _idle(m, c, h, pc, j, chunk, dump_n):
                 m.next = "CLEAR_WAIT"
 
 
+def _if(cond, *ops):
+    return ops if cond else ()
+
+
 def _dispatch(m, c):
     e, row = c.e, c.row
-    with m.Switch(row.op):
+    with m.Switch(c.op):
         with m.Case(SparseOp.END):
             m.d.sync += e.busy.eq(0)
             m.next = "IDLE"
-        with m.Case(SparseOp.SEND, SparseOp.ROOT):
+        with m.Case(SparseOp.SEND, SparseOp.ROOT, *_if(e.codec, SparseOp.SEND_BM)):
             m.next = "SEL_WAIT"
-        with m.Case(SparseOp.RECV, SparseOp.GRECV):
+        with m.Case(SparseOp.RECV, SparseOp.GRECV,
+                    *_if(e.codec, SparseOp.RECV_BM, SparseOp.GRECV_BM)):
             m.next = "RX_HEAD"
-        with m.Case(SparseOp.GSEND):
+        with m.Case(SparseOp.GSEND, *_if(e.codec, SparseOp.GSEND_BM)):
             m.next = "HEAD"
+        with m.Case(SparseOp.ACC, SparseOp.ZERO, SparseOp.FIXUP, SparseOp.COPY):
+            m.next = "REGION_WAIT"
         with m.Default():
             m.d.sync += e.malformed.eq(e.malformed + 1)
             m.next = "NEXT"
@@ -186,7 +204,7 @@ def _rx_body(m, c, rx, idx, val, fits, n_pairs, seen, bad, slot_base):
     """Body flits: pairs of the expected flow go to the scatter adder (RECV) or the final
     slot (GRECV); the tail's count closes the message."""
     e, row = c.e, c.row
-    reduce = row.op == SparseOp.RECV
+    reduce = c.op == SparseOp.RECV
     with m.If(c.rx_valid & (rx.type == FlitType.SUB_BODY)):
         take = fits & ~bad
         ready = c.scatter.i.ready | ~reduce | ~take
@@ -235,3 +253,69 @@ def _clear(m, c, j, dump_n):
         m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(j), c.sc_value.eq(c.dump_r.data ^ SIGN)]
         with m.If(fire):
             m.d.sync += j.eq(j + 1)
+
+
+def _region_states(m, c, j, fin_fire, slot_base):
+    """The rows that walk a final slot or a buffer region through the scatter unit, one
+    write a cycle (FIXUP: one each two cycles), then drain:
+
+    * SLOT (ACC / ZERO): for each pair (i, v) of the slot, ``part[lo + i] += v`` (ACC) or
+      ``= +0`` (ZERO, the scatter unit's set mode);
+    * FIX_READ / FIX_WRITE (FIXUP): ``part[k + i] = part[lo + i]`` for each pair of the slot;
+    * COPY_ADDR / COPY: ``part[k + j] = part[lo + j]`` for j < n.
+
+    Slots hold ascending indices, so the scatter unit never waits on a hazard inside a row.
+    """
+    row, sc = c.row, c.scatter
+    fire = c.sc_valid & sc.i.ready
+    with m.State("REGION_WAIT"):    # no selection in flight, its zeroing adds done
+        with m.If(~c.sel_busy & (c.pending == 0)):
+            with m.Switch(c.op):
+                with m.Case(SparseOp.ACC, SparseOp.ZERO):
+                    m.next = "SLOT"
+                with m.Case(SparseOp.FIXUP):
+                    m.next = "FIX_READ"
+                with m.Default():
+                    m.next = "COPY_ADDR"
+    fin_index, fin_value = c.fin_r.data[:32], c.fin_r.data[32:]
+    count = c.counts[row.chunk]
+    with m.State("SLOT"):
+        m.d.comb += c.main_uses.eq(1)
+        with m.If(j == count):
+            m.next = "DRAIN"
+        with m.Else():
+            zero = c.op == SparseOp.ZERO
+            m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(row.lo + fin_index),
+                         c.sc_value.eq(Mux(zero, 0, fin_value)), c.sc_set.eq(zero),
+                         fin_fire.eq(fire)]
+            with m.If(fire):
+                m.d.sync += j.eq(j + 1)
+    with m.State("FIX_READ"):
+        m.d.comb += c.main_uses.eq(1)
+        m.d.comb += c.dump_r.addr.eq(row.lo + fin_index)
+        with m.If(j == count):
+            m.next = "DRAIN"
+        with m.Else():
+            m.next = "FIX_WRITE"
+    with m.State("FIX_WRITE"):
+        m.d.comb += c.main_uses.eq(1)
+        m.d.comb += [c.dump_r.addr.eq(row.lo + fin_index), c.sc_valid.eq(1),
+                     c.sc_index.eq(row.k + fin_index), c.sc_value.eq(c.dump_r.data),
+                     c.sc_set.eq(1), fin_fire.eq(fire)]
+        with m.If(fire):
+            m.d.sync += j.eq(j + 1)
+            m.next = "FIX_READ"
+    with m.State("COPY_ADDR"):
+        m.d.comb += c.main_uses.eq(1)
+        m.d.comb += c.dump_r.addr.eq(row.lo + j)
+        m.next = "COPY"
+    with m.State("COPY"):
+        m.d.comb += c.main_uses.eq(1)
+        m.d.comb += c.dump_r.addr.eq(Mux(fire, row.lo + j + 1, row.lo + j))
+        with m.If(j == row.n):
+            m.next = "DRAIN"
+        with m.Else():
+            m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(row.k + j),
+                         c.sc_value.eq(c.dump_r.data), c.sc_set.eq(1)]
+            with m.If(fire):
+                m.d.sync += j.eq(j + 1)

@@ -20,6 +20,7 @@ dense and the sparse phases, wall time, plot path). Backends:
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import sys
 import time
@@ -355,6 +356,9 @@ def _summarise(cfg, ranks, wall):
         np.array_equal(r["params"].view(np.uint32), r0["params"].view(np.uint32))
         for r in ranks))
     s["params"] = r0["params"]
+    # the trained weights' digest: two runs (backends) are bit-exact when it matches
+    s["params_sha256"] = hashlib.sha256(
+        np.ascontiguousarray(r0["params"]).view(np.uint8).tobytes()).hexdigest()
     if "bytes_sent" in r0:
         # "engine": what ran the sparse steps of a sparse run, the dense ones of a dense run
         s["dense_engine"], s["sparse_engine"] = r0["dense_engine"], r0["sparse_engine"]

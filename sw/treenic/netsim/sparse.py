@@ -16,7 +16,13 @@ emits, and this model consumes those rows (it derives no schedule of its own). P
 * ``RECV`` / ``GRECV``: pop the port's head flit (waiting for it to arrive), one body flit a
   cycle into the scatter adder (RECV) or the final slot (GRECV), the tail, then drain;
 * ``GSEND``: head, one final pair a cycle, tail;
+* ``ACC`` / ``ZERO`` (TopkA's sum, its result region's clearing): one slot pair a cycle
+  through the scatter unit, then drain; ``FIXUP`` (global residual): two cycles a pair;
+  ``COPY`` (global residual's snapshot and restore): one word a cycle; slots are priced at
+  their full budget ``kb`` of the row's flow;
 * ``END``.
+
+Codec-message rows (``*_BM``) are not priced: :func:`predict` refuses them.
 
 Every row pays the sequencer's FETCH, LOAD, DISPATCH and NEXT states. A message's flits
 travel over a link priced by the network model's flit model (:meth:`NicTiming.link_rate`
@@ -36,27 +42,21 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 
-from treenic.hdl.sparse.topk import BINS, HIST_PASSES, PASSES, SCAN_CYCLES, ROWS, Mode
+from treenic.hdl.sparse.topk import exact_cycles
 from treenic.schedule.sparse_table import SparseOp, unpack_row
 
 from .timing import RTL
 
 __all__ = ["SparseTiming", "SPARSE_RTL", "topk_exact_cycles", "emit_pass_cycles", "predict", "calibrate"]
 
-#: cycles of one histogram pass's scan beyond the rows it reads: the unit's docstring gives
-#: the EXACT total 5 C/W + 4 * 133 + 4 at its default 128 rows, a scan of SCAN_CYCLES = 131
-#: plus two cycles of pass turnaround
-_SCAN_EXTRA = SCAN_CYCLES - ROWS + 2
-_TOPK_TAIL = 4
+#: the slot and region rows (TopkA, global residual): barriers for the selection side
+REGION_OPS = (SparseOp.ACC, SparseOp.ZERO, SparseOp.FIXUP, SparseOp.COPY)
 
 
 def topk_exact_cycles(n: int, lanes: int, scan_bins: int) -> int:
     """The ``TopKUnit``'s EXACT-mode cycles for a chunk of ``n`` values at full input rate:
-    ``PASSES[EXACT]`` data passes of ``ceil(n/W)`` beats, ``HIST_PASSES`` histogram scans of
-    ``BINS/scan_bins`` rows each, and the unit's fixed tail (``hdl/sparse/topk.py``)."""
-    beats = -(-n // lanes)
-    return (PASSES[Mode.EXACT] * beats + HIST_PASSES * (BINS // scan_bins + _SCAN_EXTRA)
-            + _TOPK_TAIL)
+    the unit's own cycle contract (:func:`treenic.hdl.sparse.topk.exact_cycles`)."""
+    return exact_cycles(n, lanes, scan_bins)
 
 
 def _beat_widths(n: int, lanes: int) -> list[int]:
@@ -118,6 +118,10 @@ class SparseTiming:
         Row start to the head flit of a GSEND on the link, plus two.
     rx_extra : int
         A flit out of the link's registers to readable in the receive FIFO.
+    slot_fixed, copy_fixed : int
+        ACC / ZERO / FIXUP beyond one (FIXUP: two) cycles per slot pair, COPY beyond one
+        cycle per word (one engine in the Amaranth simulator, ROOT of 50 pairs then the row:
+        ACC 63, ZERO 63, FIXUP 113 cycles; COPY of 256 words 270).
     """
     lanes: int = 16
     scan_bins: int = 16
@@ -135,6 +139,8 @@ class SparseTiming:
     gsend_fixed: int = 8
     head_cycles: int = 5
     rx_extra: int = 1
+    slot_fixed: int = 13
+    copy_fixed: int = 14
 
     def with_(self, **kw) -> "SparseTiming":
         return replace(self, **kw)
@@ -184,6 +190,7 @@ class _Selection:
         self.pc, self.t = 0, 0.0             # next row the dispatcher looks at, and when
         self.ready: dict[int, float] = {}     # SEND/ROOT row -> its flow's slot is ready
         self.recv_done: dict[int, float] = {}  # flow -> the last RECV seen so far drained
+        self.barrier: dict[int, float] = {}   # slot / region row -> the sequencer ran it
 
     def run_to(self, row: int, recv_done: dict) -> float:
         """Dispatch up to program row ``row`` (the sequencer waits on it, so every RECV
@@ -193,6 +200,8 @@ class _Selection:
         while self.pc <= row:
             r = self.rows[self.pc]
             self.t += tm.dispatch_cycles
+            if r["op"] in REGION_OPS:        # a barrier: the sequencer has run it
+                self.t = max(self.t, self.barrier[self.pc])
             if r["op"] in (SparseOp.SEND, SparseOp.ROOT):
                 u = min(range(len(self.free)), key=self.free.__getitem__)
                 self.t = max(self.t, self.free[u], recv_done.get(r["chunk"], 0.0))
@@ -200,11 +209,26 @@ class _Selection:
             self.pc += 1
         return self.ready[row]
 
+    def idle_at(self) -> float:
+        """When every selection dispatched so far is in its slot."""
+        return max(self.free)
 
-def _row(t, i, row, tm, flit_time, inbox, node):
+
+def _row(t, i, row, tm, flit_time, inbox, node, kb=()):
     """(cycle the next row starts, message sent / "pop" / None); None while a receive
-    waits for a message no sender has produced yet."""
+    waits for a message no sender has produced yet. ``kb``: the program's budget per flow
+    (the slot rows' pair counts)."""
     op, k = row["op"], row["k"]
+    if op in REGION_OPS:            # waits for the selections in flight, then is a barrier
+        t = max(t, node.sel.idle_at())
+        if op == SparseOp.COPY:
+            end = t + tm.copy_fixed + row["n"]
+        else:
+            end = t + tm.slot_fixed + kb[row["chunk"]] * (2 if op == SparseOp.FIXUP else 1)
+        node.sel.barrier[i] = end
+        return end, None
+    if op >= SparseOp.SEND_BM:
+        raise ValueError(f"the sparse timing model does not price codec-message rows ({op.name})")
     if op in (SparseOp.SEND, SparseOp.ROOT):
         ready = max(t + tm.row_cycles, node.sel.run_to(i, node.recv_done))
         if op == SparseOp.ROOT:
@@ -254,7 +278,8 @@ def predict(program, timing: SparseTiming | None = None, *, detail: bool = False
             while end[u] is None:
                 row = rows[u][pc[u]]
                 key = (u, port_of[u][pc[u]])
-                r = _row(now[u], pc[u], row, tm, flit_time, inbox.get(key, []), nodes[u])
+                r = _row(now[u], pc[u], row, tm, flit_time, inbox.get(key, []), nodes[u],
+                         program.kb)
                 if r is None:
                     break
                 nxt, msg = r
