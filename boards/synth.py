@@ -196,6 +196,20 @@ register_top("sparse_engine_t1", lambda: _sparse_engine(1))
 register_top("sparse_engine_t2", lambda: _sparse_engine(2))
 
 
+def _engine_unit_tops():
+    """What the engine replicates per top-k unit (``hdl/nic/sparse_select.py``), as the
+    torus:4x4 64 KiB engine builds it: the top-k unit (flows <= 1024, 16 scan bins) and the
+    narrower (the feeder's W read ports are the buffer's, not the unit's)."""
+    from treenic.hdl.sparse.narrow import PairNarrower
+    from treenic.hdl.sparse.topk import TopKUnit
+    return {"sparse_engine_topk_w16": lambda: TopKUnit(lanes=16, max_chunk=1024, scan_bins=16),
+            "sparse_narrow_w16": lambda: PairNarrower(lanes=16)}
+
+
+for _name, _factory in _engine_unit_tops().items():
+    register_top(_name, _factory)
+
+
 for _name, _factory in _sparse_tops().items():
     register_top(_name, _factory)
 
