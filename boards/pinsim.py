@@ -37,6 +37,7 @@ import os
 import select
 import socket
 import struct
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -306,14 +307,33 @@ void pc_stats(void* p, uint64_t* out) {
 
 def build_pin_board(params: NicParams, *, verbose: bool = False):
     """Verilate one :class:`PinBoard` with the harness (cached under ``build/cosim``);
-    returns the :class:`~treenic.hdl.cosim.CosimLibrary`."""
+    returns the :class:`~treenic.hdl.cosim.CosimLibrary`.
+
+    The Verilog is written by a child Python with a fixed hash seed: Amaranth's port order
+    follows set iteration, so text from this process would differ run to run and miss the
+    cache (a fresh Verilator build: minutes)."""
+    from dataclasses import asdict
     from treenic.hdl.cosim import build_cosim
     from .boardsim import liteeth_sources
     src = liteeth_sources()
-    return build_cosim(PinBoard(params=params, verilog=src[0]), name="pin_board",
-                       extra_sources=src, extra_cpp=HARNESS_CPP, opt="-O2", opt_slow="-O0",
-                       jobs=2, verilator_args=["--no-timing", "-Wno-STMTDLY", "-Wno-ASSIGNDLY"],
+    code = ("import json, sys; from treenic.boards.pinsim import pin_board_verilog; "
+            "sys.stdout.write(pin_board_verilog(json.loads(sys.argv[1]), sys.argv[2]))")
+    r = subprocess.run([sys.executable, "-c", code, json.dumps(asdict(params)), str(src[0])],
+                       env={**os.environ, "PYTHONHASHSEED": "0"}, capture_output=True,
+                       text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"pinsim: elaborating the board failed:\n{r.stderr[-3000:]}")
+    return build_cosim(r.stdout, name="pin_board", extra_sources=src, extra_cpp=HARNESS_CPP,
+                       opt="-O2", opt_slow="-O0", jobs=2,
+                       verilator_args=["--no-timing", "-Wno-STMTDLY", "-Wno-ASSIGNDLY"],
                        verbose=verbose)
+
+
+def pin_board_verilog(params: dict, liteeth_verilog: str) -> str:
+    """Amaranth's Verilog of a :class:`PinBoard` (module ``pin_board``)."""
+    from amaranth.back import verilog
+    return verilog.convert(PinBoard(params=NicParams(**params), verilog=Path(liteeth_verilog)),
+                           name="pin_board")
 
 
 class PinCluster:
@@ -321,8 +341,9 @@ class PinCluster:
 
     Parameters
     ----------
-    topology : str
+    topology : str or None
         A direct topology (``ring:4``): node ``u`` is board ``u``; links pin to pin.
+        ``None``: one board, links unconnected.
     params : NicParams
         Every board's NIC.
     """
@@ -330,12 +351,16 @@ class PinCluster:
     _PINS = ("clk", "rst", "eth_clk", "eth_rst", "rgmii__rx_clk", "rgmii__rx_ctl",
              "rgmii__rx_data", "rgmii__tx_ctl", "rgmii__tx_data", "running")
 
-    def __init__(self, topology: str, params: NicParams, *, library=None):
-        self.topology = topo_mod.parse(topology) if isinstance(topology, str) else topology
-        if self.topology.max_ports() > params.ports:
-            raise ValueError(f"{self.topology.spec} needs {self.topology.max_ports()} ports, "
-                             f"the boards' NIC has {params.ports}")
-        self.plan = wiring_plan(self.topology)       # refuses switched topologies
+    def __init__(self, topology: str | None, params: NicParams, *, library=None):
+        if topology is None:                         # one board, its links unconnected
+            self.topology, self.plan, self._n = None, [], 1
+        else:
+            self.topology = topo_mod.parse(topology) if isinstance(topology, str) else topology
+            if self.topology.max_ports() > params.ports:
+                raise ValueError(f"{self.topology.spec} needs {self.topology.max_ports()} "
+                                 f"ports, the boards' NIC has {params.ports}")
+            self.plan = wiring_plan(self.topology)   # refuses switched topologies
+            self._n = self.topology.n
         self.params = params
         self.library = library or build_pin_board(params)
         lib = self.library.lib
@@ -352,7 +377,7 @@ class PinCluster:
         lib.pc_pop.restype = ctypes.c_int
         lib.pc_stats.argtypes = [vp, ctypes.POINTER(ctypes.c_uint64)]
         self._lib = lib
-        n = self.topology.n
+        n = self._n
         self.boards = [self.library.new() for _ in range(n)]
         ports = self.library.ports
         pins = (ctypes.c_int * len(self._PINS))(*[ports[p].index for p in self._PINS])
@@ -365,7 +390,7 @@ class PinCluster:
 
     @property
     def n(self) -> int:
-        return self.topology.n
+        return self._n
 
     def reset(self, hold: int = 20, settle: int = 200):
         self._lib.pc_reset(self._h, hold, settle)
@@ -462,7 +487,7 @@ def serve(topology: str, params: NicParams, addr_file: str, stop_file: str, *,
     7411); the board's UDP replies go back to the socket's last sender, its ARP requests
     for the host are answered here."""
     log = log or (lambda s: print(s, file=sys.stderr, flush=True))
-    t0 = time.monotonic()
+    t0, cpu0 = time.monotonic(), time.process_time()
     cl = PinCluster(topology, params)
     cl.reset()
     socks = []
@@ -504,9 +529,75 @@ def serve(topology: str, params: NicParams, addr_file: str, stop_file: str, *,
                     counts["other_frames"] += 1
         if r == RUN_IDLE:
             select.select(socks, [], [], 0.2)
-    stats = {**cl.stats(), **counts, "wall_s": round(time.monotonic() - t0, 1)}
+    stats = {**cl.stats(), **counts, "wall_s": round(time.monotonic() - t0, 1),
+             "cpu_s": round(time.process_time() - cpu0, 1)}
     for s in socks:
         s.close()
     cl.close()
     log("pinsim: stopped " + json.dumps(stats))
     return stats
+
+
+# ----------------------------------------------------------------------------------
+# the same requests through this harness and through the cocotbext-eth reference
+
+def agreement_requests(params: NicParams, seed: int = 1) -> list[str]:
+    """Host-protocol datagrams (hex) for comparing the two simulators: ID and PARAMS
+    reads, a 200-word buffer WRITE and READ, a malformed datagram (no reply), a WRITE
+    retried with the same sequence number (DUP) and a READ of what stayed."""
+    from treenic.hdl.host.model import Op, encode_request
+    from treenic.hdl.nic.params import Reg
+    rng = np.random.default_rng(seed)
+    words = [int(w) for w in rng.integers(0, 1 << 32, 200, dtype=np.uint64)]
+    bad = bytearray(encode_request(Op.WRITE, 9, params.buf_addr(0), payload=[1, 2]))
+    bad[17] ^= 0x40
+    reqs = [encode_request(Op.READ, 1, int(Reg.ID), 1),
+            encode_request(Op.READ, 2, int(Reg.PARAMS), 1),
+            encode_request(Op.WRITE, 3, params.buf_addr(0), payload=words),
+            encode_request(Op.READ, 4, params.buf_addr(0), 200), bytes(bad),
+            encode_request(Op.WRITE, 5, params.buf_addr(0), payload=[7]),
+            encode_request(Op.WRITE, 5, params.buf_addr(0), payload=[9]),
+            encode_request(Op.READ, 6, params.buf_addr(0), 2)]
+    return [r.hex() for r in reqs]
+
+
+def bulk_writes(params: NicParams, n: int = 16, seed: int = 2) -> list[str]:
+    """*n* 1 KiB buffer WRITEs (hex), sent back to back to measure the host link."""
+    from treenic.hdl.host.model import Op, encode_request
+    data = [int(w) for w in np.random.default_rng(seed).integers(0, 1 << 32, 256,
+                                                                 dtype=np.uint64)]
+    return [encode_request(Op.WRITE, 100 + k, params.buf_addr(256 * (k % 4)),
+                           payload=data).hex() for k in range(n)]
+
+
+def run_requests(cl: PinCluster, board: int, requests: list[str], bulk: list[str], *,
+                 timeout_cycles: int = 250_000) -> dict:
+    """Send *requests* one at a time to *board* (each waits for its reply or
+    *timeout_cycles*), then *bulk* back to back; replies (hex or ``None``) and the bulk
+    WRITE payload rate in simulated time."""
+
+    def collect(want: int, limit: int) -> list[bytes]:
+        got, end = [], cl.stats()["cycles"] + limit
+        while len(got) < want and cl.stats()["cycles"] < end:
+            cl.run(min(2000, end - cl.stats()["cycles"]))
+            while (f := cl.pop(board)) is not None:
+                kind, *rest = parse_frame(f)
+                if kind == "arp" and (rep := arp_reply(f)) is not None:
+                    cl.push(board, rep)
+                elif kind == "udp":
+                    got.append(rest[0])
+        return got
+
+    replies = []
+    for r in requests:
+        cl.push(board, udp_frame(bytes.fromhex(r)))
+        got = collect(1, timeout_cycles)
+        replies.append(got[0].hex() if got else None)
+    t0 = cl.stats()["sim_ps"]
+    for r in bulk:
+        cl.push(board, udp_frame(bytes.fromhex(r)))
+    got = collect(len(bulk), 100 * timeout_cycles)
+    dt_ns = (cl.stats()["sim_ps"] - t0) / 1000
+    mbps = len(bulk) * 1024 * 8 / dt_ns * 1000 if len(got) == len(bulk) else None
+    return {"replies": replies, "bulk_replies": len(got), "bulk_payload_mbps": mbps,
+            "sim_ns": dt_ns}

@@ -123,6 +123,16 @@ def _gradient_buffer():     # the NIC core's banked buffer at its synthesis size
 register_top("gradient_buffer", _gradient_buffer)
 
 
+def _nic_tx_unit(forward):  # one TX unit of nic_core (issue 20: cut-through pacing)
+    from treenic.hdl.nic import NicParams
+    from treenic.hdl.nic.tx import TxUnit
+    return TxUnit(params=NicParams(**NIC_CORE_PARAMS, forward=forward), port=0)
+
+
+register_top("nic_tx_unit", lambda: _nic_tx_unit("store"))
+register_top("nic_tx_unit_cut", lambda: _nic_tx_unit("cut-through"))
+
+
 def _link_packetiser():     # 64-bit flits, message mode (the NIC's per-port transmit block)
     from treenic.hdl.link import FlitFormat
     from treenic.hdl.link.packetiser import Packetiser

@@ -41,7 +41,8 @@ local_torch_wheel() {
 
 install_with_uv() {
     local uv="$VENV/bin/uv" links=() dirs wheel
-    [ -x "$uv" ] || "$VENV/bin/python" -m pip install -q "uv>=0.7" || return 1
+    # (pip's output only matters when this fails: then the pip path below runs and says so)
+    [ -x "$uv" ] || "$VENV/bin/python" -m pip install -q "uv>=0.7" >/dev/null 2>&1 || return 1
     mapfile -t dirs < <(find_links_dirs)
     for d in "${dirs[@]}"; do links+=(--find-links "$d"); done
     local torch_args=()

@@ -62,6 +62,7 @@ class SearchReplay:
         self.threshold = Signal(31)                  # accepted threshold, else thr(lo)
         self.load = Signal(range(self.points + 1))
         self.j_lo, self.j_hi = Signal(H + 1), Signal(H + 1)
+        self.j_mid, self.j_span = Signal(H + 1), Signal(H + 1)   # (lo + hi) / 2, hi - lo
         self.table = [Signal(31, name=f"grid_thr{j}") for j in range(self.points)]
         self.counts = [Signal(CB + 1, name=f"grid_count{j}") for j in range(self.points)]
         self.drain = Signal(2)
@@ -118,16 +119,14 @@ class SearchReplay:
             m.d.sync += [c.eq(0) for c in self.counts]      # the count pass starts from 0
         return thr.valid & (self.load == count - 1)
 
-    def count_pipeline(self, m, keys, counting):
-        """Per grid point: register the W comparisons, register their popcount, accumulate
+    def count_pipeline(self, m, rkeys, counting):
+        """Per grid point: register the W comparisons of the registered keys ``rkeys``
+        (one cycle behind ``counting``), register their popcount, accumulate
         (DRAIN_CYCLES after the last beat the counts are final)."""
         from .topk import _tree_sum
-        W = len(keys)
-        # the keys registered first: the comparators then sit beside their inputs (W x
-        # points loads on every input bit missed 8 ns)
-        rkeys = [Signal(31, name=f"grid_key{l}") for l in range(W)]
+        W = len(rkeys)
         rcounting = Signal()
-        m.d.sync += [r.eq(key) for r, key in zip(rkeys, keys)] + [rcounting.eq(counting)]
+        m.d.sync += rcounting.eq(counting)
         for j, thr in enumerate(self.table):
             hits = Signal(W, name=f"grid_hits{j}")
             pop = Signal(range(W + 1), name=f"grid_pop{j}")
@@ -139,23 +138,29 @@ class SearchReplay:
         """One binary-search step per cycle on the table. Returns (accepted, exhausted):
         accepted -> ``st.hi``/``st.lo`` hold the threshold; exhausted -> the table's levels
         are used up (lo/hi updated, ``span_log`` reduced)."""
-        j_mid = (self.j_lo + self.j_hi) >> 1
+        j_mid = self.j_mid
         ok, below, thr = Signal(), Signal(), Signal(31)
         with m.Switch(j_mid):
             for j in range(self.points):
                 with m.Case(j + 1):
                     m.d.comb += [ok.eq(self.ok_lo[j] & self.under_2k[j]),
                                  below.eq(self.below[j]), thr.eq(self.table[j])]
-        stepping = (self.j_hi - self.j_lo) > 1
+        # j_hi - j_lo (a power of two) is kept one-hot in ``j_span``: > 1 is a bit test, and
+        # the next probe j_mid +- j_span/4 is ready the next cycle (a subtract, a compare and
+        # an add in front of the table mux fed the enables of hi/lo: 90 MHz at W = 2)
+        stepping = self.j_span[1:].any()
+        quarter = self.j_span >> 2
         accepted, exhausted = Signal(), Signal()
         m.d.comb += [accepted.eq(stepping & ok), exhausted.eq(~stepping)]
         with m.If(accepted):
             m.d.sync += [self.converged.eq(1), self.threshold.eq(thr), st.hi.eq(thr),
                          st.lo.eq(thr)]
         with m.Elif(stepping & below):
-            m.d.sync += self.j_hi.eq(j_mid)
+            m.d.sync += [self.j_hi.eq(j_mid), self.j_mid.eq(j_mid - quarter),
+                         self.j_span.eq(self.j_span >> 1)]
         with m.Elif(stepping):
-            m.d.sync += self.j_lo.eq(j_mid)
+            m.d.sync += [self.j_lo.eq(j_mid), self.j_mid.eq(j_mid + quarter),
+                         self.j_span.eq(self.j_span >> 1)]
         with m.Else():
             m.d.sync += [self.lo.eq(self.lo + (self.j_lo << self.shift)),
                          self.hi.eq(self.lo + (self.j_hi << self.shift))]
@@ -164,4 +169,5 @@ class SearchReplay:
 
     def begin_decision(self, m):
         m.d.sync += [self.j_lo.eq(0), self.j_hi.eq(_pow2(self.levels)),
+                     self.j_span.eq(_pow2(self.levels)), self.j_mid.eq(_pow2(self.levels) >> 1),
                      self.passes.eq(self.passes + 1)]

@@ -286,12 +286,17 @@ class TopKUnit(wiring.Component):
         accepted = self.i.valid & self.i.ready
         with m.If(accepted):
             m.d.sync += beat.eq(Mux(self.i.payload.last, 0, beat + 1))
-        hist_sum, scanning_bin, hist_ready = self._histograms(m, st, keys, accepted)
+        # the keys registered once for the histograms, the emit pipeline and the search's
+        # comparators: each input bit then drives a few flags, not every consumer
+        # (W = 16: the compares straight from the input missed 8 ns)
+        rkeys = [Signal(KEY_BITS, name=f"rkey{l}") for l in range(W)]
+        m.d.sync += [r.eq(key) for r, key in zip(rkeys, keys)]
+        hist_sum, scanning_bin, hist_ready = self._histograms(m, st, rkeys, accepted)
         # before the controller: its clear of the counts at a new count pass overrides this
-        st.search.count_pipeline(m, keys, (st.phase == _Phase.SEARCH_COUNT) & accepted)
+        st.search.count_pipeline(m, rkeys, (st.phase == _Phase.SEARCH_COUNT) & accepted)
         st.search.decision_flags(m, st.k_total)
         self._control(m, st, keys, accepted, hist_sum, scanning_bin, hist_ready)
-        self._emit(m, st, keys, beat, accepted)
+        self._emit(m, st, rkeys, beat, accepted)
         return m
 
     def _key(self, m, st, value):
@@ -302,13 +307,16 @@ class TopKUnit(wiring.Component):
         m.d.comb += key.eq(Mux(wrong, 0, value[:KEY_BITS]))
         return key
 
-    def _histograms(self, m, st, keys, accepted):
+    def _histograms(self, m, st, rkeys, accepted):
         """Per-lane 256-bin counters, two bins per memory word (the scan reads both at once):
         read-modify-write of the word at one key per lane per cycle (the
         transparent read port forwards a same-cycle write, so back-to-back hits on one bin
         count correctly), then a scan that sums the lanes bin by bin and clears them."""
         W, CB = self.lanes, self.count_bits
-        in_hist = st.phase == _Phase.HIST
+        # a beat's keys (``rkeys``) are registered: its read is one cycle after it was taken,
+        # its write two; the scan's first read comes after the drain, later than the write
+        in_hist = Signal()
+        m.d.sync += in_hist.eq(accepted & (st.phase == _Phase.HIST))
         digit = Signal(DIGIT_BITS)
         match_mask = Signal(KEY_BITS)
         with m.Switch(st.pass_index):
@@ -329,8 +337,8 @@ class TopKUnit(wiring.Component):
             with m.Switch(st.pass_index):
                 for p, shift in enumerate(DIGIT_SHIFTS):
                     with m.Case(p):
-                        m.d.comb += d.eq(keys[l][shift:shift + DIGIT_BITS])
-            hit = accepted & in_hist & (((keys[l] ^ st.prefix) & match_mask) == 0)
+                        m.d.comb += d.eq(rkeys[l][shift:shift + DIGIT_BITS])
+            hit = in_hist & (((rkeys[l] ^ st.prefix) & match_mask) == 0)
             hit_b, bin_b = Signal(name=f"hit{l}"), Signal(DIGIT_BITS, name=f"bin{l}")
             m.d.sync += [hit_b.eq(hit), bin_b.eq(d)]
             m.d.comb += rp.addr.eq(Mux(in_hist, d[RB:], ROWS_ - 1 - scan_addr[:RBITS]))
@@ -540,7 +548,7 @@ class TopKUnit(wiring.Component):
             with m.Else():
                 m.d.sync += st.phase.eq(_Phase.HIST)
 
-    def _emit(self, m, st, keys, beat, accepted):
+    def _emit(self, m, st, rkeys, beat, accepted):
         """Emit pass: a pipeline of EMIT_STAGES registers (key, flags, prefix counts, lane
         selection) into an output FIFO. No stage stalls (a stall-together pipeline put
         o.ready on the enable of every stage register: one net of thousands of loads); the
@@ -572,14 +580,13 @@ class TopKUnit(wiring.Component):
         m.d.comb += [self.o.valid.eq(fifo.r_rdy), self.o.payload.eq(fifo.r_data),
                      fifo.r_en.eq(self.o.ready),
                      st.emit_ready.eq(fifo.level <= OUT_FIFO_DEPTH - EMIT_STAGES - 1)]
-        # K: keys and values
+        # K: keys (the unit's key register) and values
         k_valid, k_last = Signal(), Signal()
         k_beat = Signal.like(beat, name="k_beat")
-        k_key = [Signal(KEY_BITS, name=f"k_key{l}") for l in range(W)]
+        k_key = rkeys
         k_value = [Signal(32, name=f"k_value{l}") for l in range(W)]
         m.d.sync += [k_valid.eq((st.phase == _Phase.EMIT) & accepted),
                      k_last.eq(self.i.payload.last), k_beat.eq(beat)]
-        m.d.sync += [k_key[l].eq(keys[l]) for l in range(W)]
         m.d.sync += [k_value[l].eq(self.i.payload.value[l]) for l in range(W)]
         with m.If((st.phase == _Phase.EMIT) & accepted & self.i.payload.last):
             m.d.sync += st.phase.eq(_Phase.EMIT_FLUSH)
@@ -591,8 +598,9 @@ class TopKUnit(wiring.Component):
         a_value = [Signal(32, name=f"a_value{l}") for l in range(W)]
         m.d.sync += [a_valid.eq(k_valid), a_last.eq(k_last), a_beat.eq(k_beat)]
         for l, key in enumerate(k_key):
-            m.d.sync += [a_above[l].eq(key > st.hi),
-                         a_band[l].eq((key > st.lo) & (key <= st.hi) & (key != 0)),
+            # lo < key <= hi; key > lo >= 0 already excludes key 0 (two comparators a lane)
+            above = key > st.hi
+            m.d.sync += [a_above[l].eq(above), a_band[l].eq((key > st.lo) & ~above),
                          a_value[l].eq(k_value[l])]
         # P: prefix counts (flags of the lanes before l) and beat totals
         p_valid, p_last = Signal(), Signal()

@@ -7,14 +7,12 @@ send the golden packetiser's flits, and cut-through must not take longer than
 store-and-forward on a stall-free run.  A bad ``forward`` is refused."""
 import numpy as np
 import pytest
-from amaranth.sim import Simulator
 
 from treenic.algorithms import build
 from treenic.firmware.image import compile_images
 from treenic.hdl.nic import NicParams
 from treenic.hdl.nic.fabric import Fabric
-from treenic.hdl.nic.host import (host_writes, params_for_images, sim_load_and_start,
-                                  sim_read_buffers, sim_read_word)
+from treenic.hdl.nic.host import host_writes, params_for_images, sim_run_fabric
 from treenic.hdl.nic.model import expected_port_counters
 from treenic.hdl.nic.params import PortCounter
 from treenic.schedule.execute import execute
@@ -29,24 +27,10 @@ def _run(spec, alg, E, forward, *, stall=0, seed=3, bufs=None, sub_words=4):
     if bufs is None:
         bufs = np.random.default_rng(5).standard_normal((sched.n, E)).astype(np.float32)
     writes = host_writes(params, images, bufs)
-    sim = Simulator(fab)
-    sim.add_clock(1e-8)
-    out = {}
-
-    async def tb(ctx):
-        await sim_load_and_start(ctx, fab, writes)
-        for c in range(8000):
-            await ctx.tick()
-            if ctx.get(fab.done):
-                break
-        out["cycles"], out["done"], out["error"] = c, ctx.get(fab.done), ctx.get(fab.error)
-        out["res"] = await sim_read_buffers(ctx, fab, params, sched.n, E)
-        out["tx_flits"] = {(u, q): await sim_read_word(
-            ctx, fab, u, params.port_counter_addr(q, PortCounter.TX_FLITS))
-            for u in range(sched.n) for q in range(params.ports)}
-
-    sim.add_testbench(tb)
-    sim.run()
+    ports = [(u, q) for u in range(sched.n) for q in range(params.ports)]
+    out = sim_run_fabric(fab, params, writes, sched.n, E, max_cycles=8000, read_words=[
+        (u, params.port_counter_addr(q, PortCounter.TX_FLITS)) for u, q in ports])
+    out["tx_flits"] = dict(zip(ports, out["words"]))
     return out, execute(sched, bufs), images, params
 
 

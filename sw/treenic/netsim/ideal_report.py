@@ -46,7 +46,8 @@ def rtl_rows(records: dict) -> list[dict]:
         ideal = _ideal(cut, cut.elements)
         s, c = records[store.name]["cycles"], records[cut.name]["cycles"]
         rows.append({"run": store.name, "topology": cut.topology, "algorithm": cut.algorithm,
-                     "variant": cut.variant or "bound", "elements": cut.elements,
+                     "variant": cut.variant or ("bound" if cut.algorithm == "multitree" else None),
+                     "elements": cut.elements,
                      "bytes_per_node": 4 * cut.elements, "ideal_cycles": ideal,
                      "store_cycles": s, "cut_through_cycles": c,
                      "store_over_ideal": round(s / ideal, 3),
@@ -81,10 +82,12 @@ def plot(rtl: list[dict], model: list[dict], path: Path) -> None:
     for k, name in enumerate(dict.fromkeys(r["run"] for r in model)):
         rows = [r for r in model if r["run"] == name]
         x = [r["bytes_per_node"] for r in rows]
-        ax.semilogx(x, [r["store_over_ideal"] for r in rows], "--", color=f"C{k}",
-                    label=f"{name}: model, store")
-        ax.semilogx(x, [r["cut_through_over_ideal"] for r in rows], "-", color=f"C{k}",
-                    label=f"{name}: model, cut-through")
+        run = rtl_runs.BY_NAME[name]
+        what = f"{run.topology} {run.algorithm}"
+        ax.loglog(x, [r["store_over_ideal"] for r in rows], "--", color=f"C{k}",
+                  label=f"{what}: model, store")
+        ax.loglog(x, [r["cut_through_over_ideal"] for r in rows], "-", color=f"C{k}",
+                  label=f"{what}: model, cut-through")
     for r in rtl:
         ax.plot(r["bytes_per_node"], r["store_over_ideal"], "kx")
         ax.plot(r["bytes_per_node"], r["cut_through_over_ideal"], "ko", fillstyle="none")
@@ -92,7 +95,7 @@ def plot(rtl: list[dict], model: list[dict], path: Path) -> None:
     ax.plot([], [], "ko", fillstyle="none", label="RTL (Verilator), cut-through")
     ax.axhline(1.0, color="grey", lw=0.5)
     ax.set_xlabel("bytes per node")
-    ax.set_ylabel("cycles / ideal")
+    ax.set_ylabel("cycles / ideal (log)")
     ax.set_title("All-reduce cycles over the schedule's ideal")
     ax.legend(fontsize=6)
     fig.tight_layout()
