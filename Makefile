@@ -7,14 +7,18 @@ SIM   ?= icarus
 WAVES ?= 0
 export SIM WAVES
 
-.PHONY: all setup demo test sim bench synth bitstream clean
+.PHONY: all setup setup-demo demo test sim bench synth bitstream clean
 BOARD ?= ecpix5
 all: test
 
 setup:
 	@tools/setup_env.sh sim,torch,test
 
-demo: setup
+# the demo needs the simulator and torch, not the test tools
+setup-demo:
+	@tools/setup_env.sh sim,torch
+
+demo: setup-demo
 	$(PY) -m treenic.cli demo
 
 # TREENIC_RTL_TESTS=1: the driver's rtl backend runs against the Verilated NIC fabric too

@@ -123,6 +123,16 @@ def _gradient_buffer():     # the NIC core's banked buffer at its synthesis size
 register_top("gradient_buffer", _gradient_buffer)
 
 
+def _nic_tx_unit(forward):  # one TX unit of nic_core (issue 20: cut-through pacing)
+    from treenic.hdl.nic import NicParams
+    from treenic.hdl.nic.tx import TxUnit
+    return TxUnit(params=NicParams(**NIC_CORE_PARAMS, forward=forward), port=0)
+
+
+register_top("nic_tx_unit", lambda: _nic_tx_unit("store"))
+register_top("nic_tx_unit_cut", lambda: _nic_tx_unit("cut-through"))
+
+
 def _link_packetiser():     # 64-bit flits, message mode (the NIC's per-port transmit block)
     from treenic.hdl.link import FlitFormat
     from treenic.hdl.link.packetiser import Packetiser
@@ -160,7 +170,9 @@ def _sparse_tops():     # the sparse units (docs/sparse-units.md) at W = 2 and t
     from treenic.hdl.sparse.scatter import ScatterAccumulate
     from treenic.hdl.sparse.topk import TopKUnit
     return {"sparse_hash_w2": lambda: Murmur3HashUnit(lanes=2, partition_bits=4),
-            "sparse_hash_w16": lambda: Murmur3HashUnit(lanes=16, partition_bits=4),
+            # one multiply of four in LUTs: 144 MULT18X18D of the 85F's 156 (192 without)
+            "sparse_hash_w16": lambda: Murmur3HashUnit(lanes=16, partition_bits=4,
+                                                       lut_multiplies=1),
             "sparse_hash_w2_mod12": lambda: Murmur3HashUnit(lanes=2, workers=12),
             "sparse_topk_w2": lambda: TopKUnit(lanes=2, max_chunk=65536),
             "sparse_topk_w16": lambda: TopKUnit(lanes=16, max_chunk=65536),

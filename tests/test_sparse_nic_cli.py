@@ -8,7 +8,10 @@ import pytest
 
 from test_cli_bad_input import run_cli
 
-BAD = ["allreduce ring:4 --algorithm topka --density 0.01 --engine rtl --elements 256",
+BAD = ["allreduce ring:4 --algorithm gtopk --density 0.01 --engine rtl --elements 256",
+       "allreduce ring:4 --algorithm topka --density 0.1 --engine rtl --elements 256 "
+       "--residual global",
+       "allreduce ring:4 --algorithm topka --density 0.001 --engine rtl --elements 256",
        "allreduce ring:4 --algorithm multitree-sparse --density 0.01 --elements 256",
        "allreduce ring:4 --algorithm multitree-sparse --density 0 --engine rtl --elements 256",
        "allreduce ring:4 --algorithm multitree-sparse --density 1.5 --engine rtl --elements 256",
@@ -28,6 +31,7 @@ def test_bad_sparse_allreduce(line):
 # the Check size: one Verilated build shared by the tests below (cached)
 CHECK = "allreduce ring:4 --algorithm multitree-sparse --density 0.01 --engine rtl " \
         "--elements 4096 --iterations 3 --json"
+TOPKA = CHECK.replace("multitree-sparse", "topka")
 needs_verilator = pytest.mark.skipif(
     shutil.which("verilator") is None or os.environ.get("TREENIC_RTL_TESTS") != "1",
     reason="Verilated fabric: needs verilator and TREENIC_RTL_TESTS=1 (make test sets it)")
@@ -42,6 +46,15 @@ def test_sparse_allreduce_rtl_check():
     assert r["bit_exact_per_iteration"] == [True] * 3 and r["malformed"] == 0
     assert r["dense_bit_exact"] is True and r["link_bytes"] < r["dense_link_bytes"]
     assert r["ideal_cycles"] <= r["cycles"]
+
+
+@pytest.mark.slow
+@needs_verilator
+def test_topka_allreduce_rtl():
+    rc, out, err = run_cli(TOPKA)
+    r = json.loads(out)
+    assert rc == 0 and r["bit_exact"] is True and r["algorithm"] == "topka"
+    assert r["malformed"] == 0 and r["dense_bit_exact"] is True
 
 
 @pytest.mark.slow
@@ -70,7 +83,18 @@ def test_rtl_engine_run_sparse_is_the_golden():
                            flow_assignment="hash").step(accs)
     assert np.array_equal(got.result.view(np.uint32), want.result.view(np.uint32))
     assert np.array_equal(got.residuals.view(np.uint32), want.residuals.view(np.uint32))
-    with pytest.raises(FabricError, match="does not run sparse scheme 'topka'"):
-        eng.run_sparse("topka", accs, 0.01, 0)
-    with pytest.raises(FabricError, match="residual local only"):
-        eng.run_sparse("multitree-sparse", accs, 0.01, 0, {"residual": "global"})
+    # TopkA and the global residual run on the RTL too (fresh golden each call)
+    from treenic.sparse.topk_family import TopkA
+    for _ in range(2):
+        accs = rng.standard_normal((4, 4096)).astype(np.float32)
+        got = eng.run_sparse("topka", accs, 0.01, 0)
+        want = TopkA(4, 4096, 0.01, seed=0).step(accs)
+        assert np.array_equal(got.result.view(np.uint32), want.result.view(np.uint32))
+        assert np.array_equal(got.residuals.view(np.uint32), want.residuals.view(np.uint32))
+    got = eng.run_sparse("multitree-sparse", accs, 0.01, 0, {"residual": "global"})
+    want = MultiTreeSparse(4, 4096, 0.01, seed=0, topology="ring:4",
+                           residual="global").step(accs)
+    assert np.array_equal(got.result.view(np.uint32), want.result.view(np.uint32))
+    assert np.array_equal(got.residuals.view(np.uint32), want.residuals.view(np.uint32))
+    with pytest.raises(FabricError, match="does not run sparse scheme 'gtopk'"):
+        eng.run_sparse("gtopk", accs, 0.01, 0)

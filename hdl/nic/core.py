@@ -135,6 +135,8 @@ class Nic(wiring.Component):
         wiring.connect(m, flows.tables, issue.tables)
         tx_units = self._tx_units(m, regs, issue, buf)
         rx_units = self._rx_units(m, regs, issue, flows, buf)
+        if p.cut_through:
+            self._pace_sources(m, tx_units, rx_units)
         for i, (tx, rx) in enumerate(zip(tx_units, rx_units)):
             for k, value in zip(PortCounter, [tx.flits, tx.heads, tx.words, rx.frags,
                                               rx.words, rx.link_errors, rx.link_dropped,
@@ -182,6 +184,13 @@ class Nic(wiring.Component):
             units.append(tx)
         m.d.comb += issue.tx_idle.eq(Cat(*idle))
         return units
+
+    @staticmethod
+    def _pace_sources(m, tx_units, rx_units):
+        """Cut-through: every TX unit sees every receive unit's progress."""
+        for tx in tx_units:
+            for q, rx in enumerate(rx_units):
+                wiring.connect(m, rx.state, tx.sources[q])
 
     def _rx_units(self, m, regs, issue, flows, buf) -> list[RxUnit]:
         p = self.p
@@ -233,7 +242,10 @@ class Nic(wiring.Component):
                      wd.limit.eq(regs.watchdog), regs.wd_info.eq(wd.info),
                      wd.progress.eq(links.any() | (issue.head != head_q) |
                                     (issue.timestep != ts_q) | issue.lockstep_busy),
-                     wd.tx_busy.eq(~Cat(*[tx.idle for tx in tx_units])),
+                     # a paced TX unit waiting for its sources' data is not short of
+                     # credits: the watchdog names the receive it waits for instead
+                     wd.tx_busy.eq(~Cat(*[tx.idle | (tx.starved if p.cut_through else 0)
+                                          for tx in tx_units])),
                      wd.timestep.eq(issue.timestep),
                      wd.head_valid.eq(issue.head < regs.entries),
                      wd.head_gather.eq(e.op == Op.GATHER), wd.head_flow.eq(e.flow),

@@ -23,7 +23,7 @@ from .params import NicParams, Reg, Ctrl
 
 __all__ = ["host_writes", "params_for_images", "image_writes", "order_writes",
            "buffer_writes", "NicImageError", "decode_image", "decode_images",
-           "sim_read_buffers"]
+           "sim_read_buffers", "sim_read_word", "sim_run_fabric"]
 
 
 class NicImageError(ValueError):
@@ -164,16 +164,50 @@ async def sim_read_buffers(ctx, fabric, params: NicParams, nodes: int, elements:
     the fabric's host read stream (``hr`` requests, ``hrd`` data), one word at a time.
     Returns the raw binary32 words, shape (nodes, elements), dtype uint32."""
     res = np.zeros((nodes, elements), np.uint32)
-    ctx.set(fabric.hrd.ready, 1)
     for u in range(nodes):
         for e in range(elements):
-            ctx.set(fabric.hr.valid, 1)
-            ctx.set(fabric.hr.payload.node, u)
-            ctx.set(fabric.hr.payload.addr, params.buf_addr(e))
-            await ctx.tick()
-            ctx.set(fabric.hr.valid, 0)
-            while not ctx.get(fabric.hrd.valid):
-                await ctx.tick()
-            res[u, e] = ctx.get(fabric.hrd.payload)
-            await ctx.tick()
+            res[u, e] = await sim_read_word(ctx, fabric, u, params.buf_addr(e))
     return res
+
+
+async def sim_read_word(ctx, fabric, node: int, addr: int) -> int:
+    """Amaranth-simulator testbench helper: one host-bus read of word ``addr`` of
+    ``node`` through the fabric's host read stream."""
+    ctx.set(fabric.hrd.ready, 1)
+    ctx.set(fabric.hr.valid, 1)
+    ctx.set(fabric.hr.payload.node, node)
+    ctx.set(fabric.hr.payload.addr, addr)
+    await ctx.tick()
+    ctx.set(fabric.hr.valid, 0)
+    while not ctx.get(fabric.hrd.valid):
+        await ctx.tick()
+    word = ctx.get(fabric.hrd.payload)
+    await ctx.tick()
+    return word
+
+
+def sim_run_fabric(fabric, params: NicParams, writes, nodes: int, elements: int, *,
+                   max_cycles: int = 5000, read_words=()) -> dict:
+    """Run one all-reduce on ``fabric`` in Amaranth's simulator: the host ``writes`` and
+    START (:func:`sim_load_and_start`), clock until ``done`` or ``max_cycles``, then read
+    every buffer back and the words ``read_words`` ((node, address) pairs).  Returns
+    ``cycles`` (after START), ``done``, ``error``, ``res`` (uint32, nodes x elements) and
+    ``words`` (the read words, in order)."""
+    from amaranth.sim import Simulator
+    sim = Simulator(fabric)
+    sim.add_clock(1e-8)
+    out = {}
+
+    async def tb(ctx):
+        await sim_load_and_start(ctx, fabric, writes)
+        for c in range(max_cycles):
+            await ctx.tick()
+            if ctx.get(fabric.done):
+                break
+        out.update(cycles=c, done=ctx.get(fabric.done), error=ctx.get(fabric.error))
+        out["res"] = await sim_read_buffers(ctx, fabric, params, nodes, elements)
+        out["words"] = [await sim_read_word(ctx, fabric, u, a) for u, a in read_words]
+
+    sim.add_testbench(tb)
+    sim.run()
+    return out

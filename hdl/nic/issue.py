@@ -14,6 +14,9 @@ arrived bits of empty chunks are set and the run starts) -> RUN -> IDLE (DONE).
 * The timestep advances when the lockstep counter is zero, every TX unit is idle and the
   head entry is for a later step.  DONE when every entry is retired, TX is idle and every
   expected receive is written back.
+* Cut-through builds (``NicParams.forward``): a due send issues without waiting for its
+  data; its descriptor names the source ports and the TX unit reads each beat once they
+  have written it back (:mod:`.tx`).  The arrived bits stay the completion condition.
 * The head entry's issue terms are registered from the row every cycle and used a cycle
   later.  What they read only becomes more permissive while the head waits (arrival bits
   are set, never cleared, while RUNNING; units go idle on their own but are started only
@@ -108,6 +111,12 @@ class Issue(wiring.Component):
     def _gather_done_of(self, flow):
         return Cat(*[gd.bit_select(flow, 1) for gd in self.gather_done]).any()
 
+    def _expect_of(self, flow):
+        """The child ports that owe ``flow`` a REDUCE contribution."""
+        t = self.tables
+        return Cat(*[Cat(*[x[q] for x in t.expect]).bit_select(flow, 1)
+                     for q in range(self.params.ports)])
+
     def _head_terms(self, m, tx_idle_q) -> dict:
         """The head entry's issue terms, registered from the row every cycle."""
         p, e, t = self.params, self.row, self.tables
@@ -124,8 +133,7 @@ class Issue(wiring.Component):
                     m.d.comb += send_ports[i].eq(e.pport == i)
             with m.Case(GATHER):
                 m.d.comb += send_ports.eq(e.cports)
-        expect_f = Cat(*[Cat(*[x[q] for x in t.expect]).bit_select(e.flow, 1)
-                         for q in range(P)])
+        expect_f = self._expect_of(e.flow)
         root_ok = (expect_f & ~self._reduce_done_of(e.flow)) == 0
         self._head_owed(m, e, expect_f)
         m.d.sync += [hd["due"].eq(e.step <= self.timestep), hd["ports"].eq(send_ports),
@@ -135,7 +143,21 @@ class Issue(wiring.Component):
                                        Mux(e.pport == p.port_nil, root_ok,
                                            self._gather_done_of(e.flow)))),
                      hd["idle"].eq((send_ports & ~tx_idle_q) == 0)]
+        # store: a send waits for its data; cut-through: its TX unit waits beat by beat
+        hd["ready"] = 1 if p.cut_through else hd["deps"]
         return hd
+
+    def _pace_sources(self, m, hd):
+        """Cut-through: the descriptor names the ports the head's data comes from -- a
+        REDUCE's children, a GATHER's parent, a root GATHER's expected children -- and
+        whether the TX unit must pace on them (the data was not all in when the terms
+        were registered, which is only ever conservative)."""
+        p, e, d = self.params, self.row, self.tx_desc
+        expect_f = self._expect_of(e.flow)
+        parent = Cat(*[e.pport == q for q in range(p.ports)])
+        root = e.pport == p.port_nil
+        m.d.sync += [d.src.eq(Mux(e.op == REDUCE, e.cports, Mux(root, expect_f, parent))),
+                     d.src_red.eq((e.op == REDUCE) | root), d.paced.eq(~hd["deps"])]
 
     def _head_owed(self, m, e, expect_f):
         """``head_owed``: the same dependencies as the issue decision, per port."""
@@ -166,6 +188,9 @@ class Issue(wiring.Component):
         m.d.sync += [self.tx_desc.flow.eq(e.flow), self.tx_desc.op.eq(e.op),
                      self.tx_desc.step.eq(e.step), self.tx_desc.start.eq(e.start),
                      self.tx_desc.size.eq(e.size)]
+        hd = self._head_terms(m, tx_idle_q)
+        if p.cut_through:
+            self._pace_sources(m, hd)
         # every expected receive (REDUCE contributions, GATHER from the parent) written back
         # (registered: it only grows while RUNNING, so one cycle late is only conservative)
         rx_all_done = Signal()
@@ -173,7 +198,6 @@ class Issue(wiring.Component):
             ((t.expect[f] & ~Cat(*[rd[f] for rd in self.reduce_done])) == 0) &
             ((t.gather_port[f] == p.port_nil) | Cat(*[gd[f] for gd in self.gather_done]).any())
             for f in range(F)]).all())
-        hd = self._head_terms(m, tx_idle_q)
         m.d.comb += self.row_addr.eq(self.head)
         self._fsm(m, start_q, tx_go, tx_idle_q.all(), rx_all_done, hd)
         with m.If(self.clear):
@@ -245,7 +269,7 @@ class Issue(wiring.Component):
                                 # what later entries and DONE wait for
                                 with m.If(hd["none"]):
                                     m.d.comb += advance.eq(1)
-                                with m.Elif(hd["deps"] & hd["idle"]):
+                                with m.Elif(hd["ready"] & hd["idle"]):
                                     m.d.comb += [tx_go.eq(hd["ports"]), advance.eq(1)]
                     with m.Elif((lk == 0) & tx_all_idle):
                         self._log_step(m, step_start)

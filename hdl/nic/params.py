@@ -59,6 +59,11 @@ from ..link.model import MESSAGE, PACKET, DEFAULT_SUB_WORDS
 
 ID_VALUE = 0x544E4943
 
+#: NicParams.forward: store-and-forward at every step (per-flow arrived bits) or
+#: cut-through (TX reads paced on the sources' per-fragment write-back progress)
+STORE, CUT_THROUGH = "store", "cut-through"
+FORWARD_MODES = (STORE, CUT_THROUGH)
+
 
 class Reg(enum.IntEnum):
     ID = 0x00
@@ -128,7 +133,10 @@ class NicParams:
     schedule steps; mode: "message" (MultiTree sub-packets) or "packet"; sub_words:
     sub-packet length; packet_words: packet payload in packet mode; credits: receive
     buffer (flits) per port = sender credits; banks: gradient-buffer banks (power of two,
-    default 2·ports·lanes rounded up, capped at depth; see :mod:`.buffer`).
+    default 2·ports·lanes rounded up, capped at depth; see :mod:`.buffer`); forward:
+    :data:`STORE` -- a send issues once the data it forwards is written back (per-flow
+    arrived bits) -- or :data:`CUT_THROUGH` -- it issues when due and its TX unit reads
+    each beat once every source port has written that beat back (:mod:`.tx`).
     """
     ports: int = 4
     width: int = 64
@@ -141,6 +149,7 @@ class NicParams:
     packet_words: int = 64
     credits: int = 16
     banks: int | None = None
+    forward: str = STORE
 
     def __post_init__(self):
         if self.banks is None:
@@ -158,6 +167,12 @@ class NicParams:
             object.__setattr__(self, "max_steps", 4 * self.max_nodes)
         if self.mode not in (MESSAGE, PACKET):
             raise ValueError(f"mode must be {MESSAGE!r} or {PACKET!r}")
+        if self.forward not in FORWARD_MODES:
+            raise ValueError(f"forward must be one of {FORWARD_MODES}, not {self.forward!r}")
+
+    @property
+    def cut_through(self) -> bool:
+        return self.forward == CUT_THROUGH
 
     @property
     def lanes(self) -> int:

@@ -39,11 +39,17 @@ def build_engine(e) -> Module:
     c.row = Signal(ROW)
     c.pending = Signal(16)
     c.sc_valid, c.sc_index, c.sc_value = Signal(), Signal(32), Signal(32)
+    c.sc_set = Signal()           # write the value instead of adding it (ZERO/FIXUP/COPY)
+    c.op = Signal(4)              # the row's op code (op_hi is its bit 3)
+    m.d.comb += c.op.eq(Cat(c.row.op, c.row.op_hi))
     sc = c.scatter
     in_range = (c.sc_index >> (e.depth.bit_length() - 1)) == 0
     m.d.comb += [sc.i.valid.eq(c.sc_valid), sc.i.payload.index.eq(c.sc_index),
-                 sc.i.payload.value.eq(c.sc_value), sc.o.ready.eq(1)]
+                 sc.i.payload.value.eq(c.sc_value), sc.set.eq(c.sc_set),
+                 sc.o.ready.eq(1)]
     m.d.sync += c.pending.eq(c.pending + (c.sc_valid & sc.i.ready & in_range) - sc.o.valid)
+    if e.codec:
+        _codec(m, c)
     _feeder(m, c)
     _links(m, c)
     _sequencer(m, c)
@@ -80,6 +86,20 @@ def _feeder(m, c):
                 m.d.sync += beat.eq(beat + 1)
     with m.If(c.feed_go):
         m.d.sync += [active.eq(1), beat.eq(0), pas.eq(0), base.eq(c.row.lo), n.eq(c.row.n)]
+
+
+def _codec(m, c):
+    """The message codec of the ``*_BM`` rows: one encoder (SEND_BM, GSEND_BM) and one
+    decoder (RECV_BM, GRECV_BM), both over the row's flow (chunk C = ``n``); the decoder is
+    reset at every message start, so a malformed message cannot leave it mid-message."""
+    from amaranth.hdl import ResetInserter
+    from ..sparse.codec import SparseDecoder, SparseEncoder
+    C = max(32, c.e.max_flow)
+    c.dec_reset = Signal()
+    m.submodules.encoder = c.enc = SparseEncoder(max_chunk=C)
+    c.dec = SparseDecoder(max_chunk=C)
+    m.submodules.decoder = ResetInserter(c.dec_reset)(c.dec)
+    m.d.comb += [c.enc.chunk.eq(c.row.n), c.dec.chunk.eq(c.row.n)]
 
 
 def _links(m, c):

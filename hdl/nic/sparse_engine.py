@@ -1,4 +1,5 @@
-"""The NIC's sparse engine: MultiTree-Sparse (``treenic.sparse.multitree_sparse``) in RTL.
+"""The NIC's sparse engine: MultiTree-Sparse (``treenic.sparse.multitree_sparse``, local and
+global residual) and TopkA (``treenic.sparse.topk_family.TopkA``) in RTL.
 
 A sequential engine beside the dense TX/RX datapath that owns one top-k unit. It runs the
 node's sparse program (:mod:`treenic.schedule.sparse_table`) row by row:
@@ -12,6 +13,12 @@ node's sparse program (:mod:`treenic.schedule.sparse_table`) row by row:
     rx[p] ─► flit FIFO ──────┘      feeder ─► TopKUnit(W) ─► PairNarrower ─► tx[p] / final slot
                                                                          (SEND)   (ROOT)
     final-pair memory (chunk slots) ◄── GRECV ;  GSEND ──► tx[p]
+    final slot ──ACC / ZERO / FIXUP──► ScatterAccumulate ;  COPY: part region ──► part region
+
+The slot and region rows (ACC, ZERO, FIXUP, COPY; ``treenic.schedule.sparse_table``) use the
+scatter unit's set mode (write instead of add) for ZERO, FIXUP and COPY: TopkA sums the P
+gathered selections into ``part[N:2N]`` in rank order, the global residual snapshots and
+restores the accumulator through ``part[N:2N]``.
 
 Numeric contract (bit for bit the golden): the residual lives in ``part`` between runs; the
 host's gradient g is added to it (``part + g``, IEEE addition is commutative); every
@@ -23,7 +30,9 @@ Link format (per message, one 64-bit flit each, paper Table II types): ``SUB_HEA
 dense sub-packet head layout with ``op = Op.SPARSE``, flow, step, length = budget), one
 ``SUB_BODY`` flit per pair (index u32 low, value f32 high), ``MSG_TAIL`` carrying the pair
 count. A head naming the wrong flow/step/op, a pair outside the flow, a count mismatch or an
-unexpected flit type is counted in ``malformed``; bad pairs are dropped.
+unexpected flit type is counted in ``malformed``; bad pairs are dropped. With ``codec``, the
+``*_BM`` rows send codec messages instead (:mod:`.sparse_codec_rows`: pairs or bitmap +
+values, two 32-bit words a flit).
 
 Flow control: credits (one per flit, VC 0); each receive FIFO holds ``rx_depth`` flits, which
 the compiler sizes to every flit a port receives in a run, so a send never waits on a
@@ -43,7 +52,7 @@ from ..sparse.topk import PASSES, Mode, TopKUnit
 __all__ = ["SparseEngine", "HostKind", "HOST_IN", "HOST_OUT"]
 
 ROW = data.StructLayout({"op": 3, "step": 8, "chunk": 8, "port": 4, "lo": 24, "n": 24,
-                         "k": 24, "pad": 1})
+                         "k": 24, "op_hi": 1})
 
 
 class HostKind:
@@ -83,6 +92,11 @@ class SparseEngine(wiring.Component):
         Receive FIFO flits per port (>= what a port receives in one run).
     fmt : FlitFormat
         Link format (64-bit data).
+    codec : bool
+        Build the message codec (``treenic.hdl.sparse.codec`` encoder and decoder) for the
+        ``*_BM`` rows: messages as a header word and pairs or the flow's bitmap + values,
+        whichever is smaller, two 32-bit words a flit. Without it those rows are counted
+        in ``malformed`` and skipped.
 
     Members
     -------
@@ -105,7 +119,7 @@ class SparseEngine(wiring.Component):
 
     def __init__(self, *, ports: int, depth: int, lanes: int, max_flow: int, chunks: int,
                  slot: int, rows: int, rx_depth: int, scan_bins: int = 16,
-                 fmt: FlitFormat | None = None):
+                 fmt: FlitFormat | None = None, codec: bool = False):
         for name, v, lo in (("ports", ports, 1), ("depth", depth, 2), ("max_flow", max_flow, 1),
                             ("chunks", chunks, 1), ("slot", slot, 1), ("rows", rows, 1),
                             ("rx_depth", rx_depth, 2)):
@@ -120,6 +134,7 @@ class SparseEngine(wiring.Component):
         self.chunk_beats = -(-max_flow // lanes)
         self.max_flow, self.chunks, self.slot = max_flow, chunks, slot
         self.rows, self.rx_depth, self.scan_bins = rows, rx_depth, scan_bins
+        self.codec = bool(codec)
         super().__init__({
             "host_i": In(stream.Signature(HOST_IN)), "host_o": Out(stream.Signature(HOST_OUT)),
             "tx": Out(LinkSignature(fmt)).array(ports), "rx": In(LinkSignature(fmt)).array(ports),

@@ -18,7 +18,8 @@ from ..link.link import LinkChannel
 from .fabric import wiring_plan
 from .sparse_engine import HOST_IN, HOST_OUT, HostKind, SparseEngine
 
-__all__ = ["SparseFabric", "engine_sizes", "load_words", "decode_dump"]
+__all__ = ["SparseFabric", "engine_sizes", "load_words", "decode_dump", "dump_request",
+           "decode_program_dump"]
 
 
 def _pow2(x: int) -> int:
@@ -27,9 +28,10 @@ def _pow2(x: int) -> int:
 
 def engine_sizes(prog: SparseProgram, lanes: int, scan_bins: int = 16) -> dict:
     """SparseEngine parameters for a program (buffers sized to it)."""
-    return dict(ports=prog.ports, depth=_pow2(prog.elements), lanes=lanes, scan_bins=scan_bins,
+    return dict(ports=prog.ports, depth=_pow2(prog.buffer_words), lanes=lanes, scan_bins=scan_bins,
                 max_flow=prog.max_flow, chunks=prog.chunks, slot=_pow2(prog.max_k),
-                rows=max(len(r) for r in prog.rows), rx_depth=_pow2(prog.rx_flits + 1))
+                rows=max(len(r) for r in prog.rows), rx_depth=_pow2(prog.rx_flits + 1),
+                codec=prog.codec)
 
 
 class SparseFabric(wiring.Component):
@@ -104,7 +106,8 @@ def load_words(prog: SparseProgram, node: int, grads: np.ndarray) -> list[int]:
     if prog.perm is not None:
         g = g[np.asarray(prog.perm)]          # hash flows: the buffer is in flow order
     out = [word(HostKind.PROG, a, r) for a, r in enumerate(prog.rows[node])]
-    out += [word(HostKind.GRAD, i, int(v)) for i, v in enumerate(g)]
+    base = prog.residual_base          # global residual: the accumulator is part[N:2N]
+    out += [word(HostKind.GRAD, base + i, int(v)) for i, v in enumerate(g)]
     return out
 
 
@@ -120,12 +123,33 @@ def clear_word(elements: int) -> int:
     return HostKind.CLEAR | (elements << 27)
 
 
-def decode_dump(words, elements: int, perm=None) -> tuple[np.ndarray, np.ndarray]:
+def dump_request(prog: SparseProgram) -> int:
+    """The DUMP host word of ``prog``'s run (:attr:`SparseProgram.dump_words`)."""
+    return dump_word(prog.dump_words)
+
+
+def decode_program_dump(words, prog: SparseProgram) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`decode_dump` of a DUMP sent as :func:`dump_request` (``prog``)."""
+    words = list(words)
+    if prog.residual_base:             # the residual region first, the final pairs as before
+        words = (words[prog.residual_base:prog.residual_base + prog.elements] +
+                 words[prog.dump_words:])
+    return decode_dump(words, prog.elements, prog.perm, prog.result_base)
+
+
+def decode_dump(words, elements: int, perm=None,
+                result_base: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(residual, result) float32 vectors from a node's dump words (``HOST_OUT`` packed):
     the first ``elements`` words are part[0:elements], the rest the final pairs; ``perm``
-    maps buffer positions back to element indices (hash flows)."""
+    maps buffer positions back to element indices (hash flows). With ``result_base``
+    (TopkA), the result is the dumped region part[result_base : result_base + elements]
+    and the final pairs (every node's selection) are not part of it."""
     w = [int(x) for x in words]
     res = np.array([x >> 32 & 0xFFFFFFFF for x in w[:elements]], np.uint32)
+    if result_base is not None:
+        out = np.array([x >> 32 & 0xFFFFFFFF for x in w[result_base:result_base + elements]],
+                       np.uint32)
+        return res.view(np.float32), out.view(np.float32)
     pos = np.array([x & 0xFFFFFFFF for x in w[elements:]], np.int64)
     val = np.array([x >> 32 & 0xFFFFFFFF for x in w[elements:]], np.uint32)
     out = np.zeros(elements, np.uint32)
@@ -140,7 +164,9 @@ def decode_dump(words, elements: int, perm=None) -> tuple[np.ndarray, np.ndarray
 
 def run_amaranth(fabric: SparseFabric, grads_list, *, max_cycles: int = 200_000):
     """Run len(grads_list) error-feedback iterations on the Amaranth simulator; returns per
-    iteration ``(results (P,N), residuals (P,N), cycles)`` (cycles: the slowest node's)."""
+    iteration ``(results (P,N), residuals (P,N), cycles, flits, malformed)`` (cycles: the
+    slowest node's; flits: all nodes' link flits of the iteration; malformed: all nodes'
+    counters after it)."""
     from amaranth.sim import Simulator
     prog = fabric.program
     P, N = len(prog.rows), prog.elements
@@ -150,6 +176,7 @@ def run_amaranth(fabric: SparseFabric, grads_list, *, max_cycles: int = 200_000)
     async def node(ctx, u):
         hi, ho = fabric.host_i[u], fabric.host_o[u]
         for it, grads in enumerate(grads_list):
+            flits0 = ctx.get(fabric.flits[u])
             words = (load_words(prog, u, grads[u]) if it == 0 else
                      load_words(prog, u, grads[u])[len(prog.rows[u]):])
             for w in words + [start_word()]:
@@ -160,7 +187,9 @@ def run_amaranth(fabric: SparseFabric, grads_list, *, max_cycles: int = 200_000)
             await ctx.tick().until(fabric.busy[u] == 1)
             await ctx.tick().until(fabric.busy[u] == 0)
             cycles = ctx.get(fabric.cycles[u])
-            ctx.set(hi.payload.as_value(), dump_word(N))
+            flits = ctx.get(fabric.flits[u]) - flits0
+            bad = ctx.get(fabric.malformed[u])
+            ctx.set(hi.payload.as_value(), dump_request(prog))
             ctx.set(hi.valid, 1)
             await ctx.tick().until(hi.ready)
             ctx.set(hi.valid, 0)
@@ -176,7 +205,7 @@ def run_amaranth(fabric: SparseFabric, grads_list, *, max_cycles: int = 200_000)
                 if n > max_cycles:
                     raise TimeoutError(f"node {u}: dump stalled")
             ctx.set(ho.ready, 0)
-            out.append((it, u, words, cycles))
+            out.append((it, u, words, cycles, flits, bad))
 
     sim = Simulator(fabric)
     sim.add_clock(1e-8)
@@ -196,9 +225,10 @@ def _collect(out, prog, iterations):
     runs = []
     for it in range(iterations):
         res, resid, cyc = np.zeros((P, N), np.float32), np.zeros((P, N), np.float32), 0
-        for i, u, words, cycles in out:
+        flits = bad = 0
+        for i, u, words, cycles, f, b in out:
             if i == it:
-                resid[u], res[u] = decode_dump(words, N, prog.perm)
-                cyc = max(cyc, cycles)
-        runs.append((res, resid, cyc))
+                resid[u], res[u] = decode_program_dump(words, prog)
+                cyc, flits, bad = max(cyc, cycles), flits + f, bad + b
+        runs.append((res, resid, cyc, flits, bad))
     return runs

@@ -55,7 +55,7 @@ def sequencer(m, c, head):
                 m.d.comb += c.feed_go.eq(1)
                 m.next = "CMD_DONE"
         with m.State("CMD_DONE"):
-            with m.If(row.op == SparseOp.SEND):
+            with m.If((c.op == SparseOp.SEND) | (c.op == SparseOp.SEND_BM)):
                 m.next = "HEAD"
             with m.Else():
                 m.next = "PAIRS"
@@ -65,10 +65,13 @@ def sequencer(m, c, head):
             with m.If(c.tx_fire):
                 m.next = "HEAD_DONE"
         with m.State("HEAD_DONE"):
-            with m.If(row.op == SparseOp.GSEND):
+            with m.If(c.op == SparseOp.GSEND):
                 m.next = "GS_PAIRS"
             with m.Else():
                 m.next = "PAIRS"
+                if e.codec:
+                    with m.If(c.op == SparseOp.GSEND_BM):
+                        m.next = "GS_ENC"
         with m.State("PAIRS"):
             _selected_pairs(m, c, nar, pair_index, n_pairs, slot_base)
         with m.State("TAIL"):
@@ -96,6 +99,9 @@ def sequencer(m, c, head):
                 with m.If(~ok):
                     m.d.sync += [bad.eq(1), e.malformed.eq(e.malformed + 1)]
                 m.next = "RX_BODY"
+                if e.codec:
+                    with m.If((c.op == SparseOp.RECV_BM) | (c.op == SparseOp.GRECV_BM)):
+                        m.next = "RX_DEC_INIT"
         with m.State("RX_BODY"):
             _rx_body(m, c, rx, rx_pair_idx, rx_pair_val, fits, n_pairs, seen, bad, slot_base)
         with m.State("DRAIN"):
@@ -128,6 +134,10 @@ def sequencer(m, c, head):
             m.d.comb += [e.host_o.valid.eq(1), e.host_o.payload.end.eq(1)]
             with m.If(e.host_o.ready):
                 m.next = "IDLE"
+        _region_states(m, c, j, fin_fire, slot_base)
+        if e.codec:
+            from .sparse_codec_rows import codec_states
+            codec_states(m, c, j, fin_fire, n_pairs, seen, bad, slot_base)
         with m.State("DUMP_SLOT_ADDR"):
             m.next = "DUMP_FIN"
         with m.State("DUMP_FIN"):
@@ -179,18 +189,29 @@ def _idle(m, c, h, pc, j, chunk, dump_n):
                 m.next = "CLEAR_WAIT"
 
 
+def _if(cond, *ops):
+    return ops if cond else ()
+
+
 def _dispatch(m, c):
     e, row = c.e, c.row
-    with m.Switch(row.op):
+    with m.Switch(c.op):
         with m.Case(SparseOp.END):
             m.d.sync += e.busy.eq(0)
             m.next = "IDLE"
-        with m.Case(SparseOp.SEND, SparseOp.ROOT):
+        with m.Case(SparseOp.SEND, SparseOp.ROOT, *_if(e.codec, SparseOp.SEND_BM)):
             m.next = "CMD"
-        with m.Case(SparseOp.RECV, SparseOp.GRECV):
+        with m.Case(SparseOp.RECV, SparseOp.GRECV,
+                    *_if(e.codec, SparseOp.RECV_BM, SparseOp.GRECV_BM)):
             m.next = "RX_HEAD"
-        with m.Case(SparseOp.GSEND):
+        with m.Case(SparseOp.GSEND, *_if(e.codec, SparseOp.GSEND_BM)):
             m.next = "HEAD"
+        with m.Case(SparseOp.ACC, SparseOp.ZERO):
+            m.next = "SLOT"
+        with m.Case(SparseOp.FIXUP):
+            m.next = "FIX_READ"
+        with m.Case(SparseOp.COPY):
+            m.next = "COPY_ADDR"
         with m.Default():
             m.d.sync += e.malformed.eq(e.malformed + 1)
             m.next = "NEXT"
@@ -198,17 +219,21 @@ def _dispatch(m, c):
 
 def _selected_pairs(m, c, nar, pair_index, n_pairs, slot_base):
     """SEND: each selected pair leaves as a body flit and is zeroed locally (adding its
-    negation); ROOT: it is written into the flow's final slot and zeroed."""
+    negation); SEND_BM: it goes into the encoder instead of a flit (and is zeroed); ROOT: it
+    is written into the flow's final slot and zeroed."""
     row = c.row
-    send = row.op == SparseOp.SEND
-    with m.If(nar.valid & nar.payload.end):
+    send = c.op == SparseOp.SEND
+    end, pair = nar.valid & nar.payload.end, nar.valid
+    if c.e.codec:                               # SEND_BM's pairs: _encoded_pairs
+        end, pair = end & (c.op != SparseOp.SEND_BM), pair & (c.op != SparseOp.SEND_BM)
+    with m.If(end):
         m.d.comb += nar.ready.eq(1)
         with m.If(send):
             m.next = "TAIL"
         with m.Else():
             m.d.sync += c.counts[row.chunk].eq(n_pairs)
             m.next = "DRAIN"
-    with m.Elif(nar.valid):
+    with m.Elif(pair):
         go = c.scatter.i.ready & (c.tx_ok | ~send)
         m.d.comb += [c.sc_valid.eq(c.tx_ok | ~send), c.sc_index.eq(pair_index),
                      c.sc_value.eq(nar.payload.value ^ SIGN), nar.ready.eq(go),
@@ -219,13 +244,35 @@ def _selected_pairs(m, c, nar, pair_index, n_pairs, slot_base):
                      c.fin_w.en.eq(go & ~send)]
         with m.If(go):
             m.d.sync += n_pairs.eq(n_pairs + 1)
+    if c.e.codec:
+        with m.Elif(nar.valid):
+            _encoded_pairs(m, c, nar, pair_index, n_pairs)
+
+
+def _encoded_pairs(m, c, nar, pair_index, n_pairs):
+    """SEND_BM: every pair into the encoder (flow-relative) and zeroed locally; the end
+    marker closes the message and the encoder's words go out (ENC_OUT)."""
+    enc = c.enc
+    with m.If(nar.payload.end):
+        m.d.comb += [enc.i.valid.eq(1), enc.i.payload.none.eq(1), enc.i.payload.last.eq(1),
+                     nar.ready.eq(enc.i.ready)]
+        with m.If(enc.i.ready):
+            m.d.sync += n_pairs.eq(0)
+            m.next = "ENC_OUT"
+    with m.Else():
+        m.d.comb += [c.sc_valid.eq(enc.i.ready), c.sc_index.eq(pair_index),
+                     c.sc_value.eq(nar.payload.value ^ SIGN),
+                     nar.ready.eq(c.scatter.i.ready & enc.i.ready),
+                     enc.i.valid.eq(c.scatter.i.ready),
+                     enc.i.payload.index.eq(nar.payload.index),
+                     enc.i.payload.value.eq(nar.payload.value)]
 
 
 def _rx_body(m, c, rx, idx, val, fits, n_pairs, seen, bad, slot_base):
     """Body flits: pairs of the expected flow go to the scatter adder (RECV) or the final
     slot (GRECV); the tail's count closes the message."""
     e, row = c.e, c.row
-    reduce = row.op == SparseOp.RECV
+    reduce = c.op == SparseOp.RECV
     with m.If(c.rx_valid & (rx.type == FlitType.SUB_BODY)):
         take = fits & ~bad
         ready = c.scatter.i.ready | ~reduce | ~take
@@ -274,3 +321,55 @@ def _clear(m, c, j, dump_n):
         m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(j), c.sc_value.eq(c.dump_r.data ^ SIGN)]
         with m.If(fire):
             m.d.sync += j.eq(j + 1)
+
+
+def _region_states(m, c, j, fin_fire, slot_base):
+    """The rows that walk a final slot or a buffer region through the scatter unit, one
+    write a cycle (FIXUP: one each two cycles), then drain:
+
+    * SLOT (ACC / ZERO): for each pair (i, v) of the slot, ``part[lo + i] += v`` (ACC) or
+      ``= +0`` (ZERO, the scatter unit's set mode);
+    * FIX_READ / FIX_WRITE (FIXUP): ``part[k + i] = part[lo + i]`` for each pair of the slot;
+    * COPY_ADDR / COPY: ``part[k + j] = part[lo + j]`` for j < n.
+
+    Slots hold ascending indices, so the scatter unit never waits on a hazard inside a row.
+    """
+    row, sc = c.row, c.scatter
+    fire = c.sc_valid & sc.i.ready
+    fin_index, fin_value = c.fin_r.data[:32], c.fin_r.data[32:]
+    count = c.counts[row.chunk]
+    with m.State("SLOT"):
+        with m.If(j == count):
+            m.next = "DRAIN"
+        with m.Else():
+            zero = c.op == SparseOp.ZERO
+            m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(row.lo + fin_index),
+                         c.sc_value.eq(Mux(zero, 0, fin_value)), c.sc_set.eq(zero),
+                         fin_fire.eq(fire)]
+            with m.If(fire):
+                m.d.sync += j.eq(j + 1)
+    with m.State("FIX_READ"):
+        m.d.comb += c.dump_r.addr.eq(row.lo + fin_index)
+        with m.If(j == count):
+            m.next = "DRAIN"
+        with m.Else():
+            m.next = "FIX_WRITE"
+    with m.State("FIX_WRITE"):
+        m.d.comb += [c.dump_r.addr.eq(row.lo + fin_index), c.sc_valid.eq(1),
+                     c.sc_index.eq(row.k + fin_index), c.sc_value.eq(c.dump_r.data),
+                     c.sc_set.eq(1), fin_fire.eq(fire)]
+        with m.If(fire):
+            m.d.sync += j.eq(j + 1)
+            m.next = "FIX_READ"
+    with m.State("COPY_ADDR"):
+        m.d.comb += c.dump_r.addr.eq(row.lo + j)
+        m.next = "COPY"
+    with m.State("COPY"):
+        m.d.comb += c.dump_r.addr.eq(Mux(fire, row.lo + j + 1, row.lo + j))
+        with m.If(j == row.n):
+            m.next = "DRAIN"
+        with m.Else():
+            m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(row.k + j),
+                         c.sc_value.eq(c.dump_r.data), c.sc_set.eq(1)]
+            with m.If(fire):
+                m.d.sync += j.eq(j + 1)

@@ -1,8 +1,10 @@
-"""MultiTree-Sparse on the Verilated sparse fabric (:class:`~.sparse_fabric.SparseFabric`
-through :mod:`treenic.hdl.cosim`), checked against the golden model every iteration.
+"""MultiTree-Sparse and TopkA on the Verilated sparse fabric
+(:class:`~.sparse_fabric.SparseFabric` through :mod:`treenic.hdl.cosim`), checked against the
+golden model every iteration.
 
 ``SparseFabricSim(topology, elements, density)`` compiles the sparse program from the golden
-model (:func:`treenic.schedule.sparse_table.compile_sparse`), builds (cached under
+model (:func:`treenic.schedule.sparse_table.compile_sparse`, or ``compile_topka`` for
+``algorithm="topka"``), builds (cached under
 ``build/cosim``) the fabric sized for it, and :meth:`run` performs one error-feedback
 iteration: host words (program once, then the gradients) through every node's host stream
 in parallel, one fabric-wide ``start``, clocking until every engine is idle, then every
@@ -15,12 +17,38 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from treenic.schedule.sparse_table import compile_sparse
+from treenic.schedule.sparse_table import compile_sparse, compile_topka
 from treenic.sparse.multitree_sparse import MultiTreeSparse
 
-from .sparse_fabric import SparseFabric, decode_dump, dump_word, load_words
+from .sparse_fabric import SparseFabric, decode_program_dump, dump_request, load_words
 
-__all__ = ["SparseFabricSim", "SparseRun", "ENGINE_NAME"]
+__all__ = ["SparseFabricSim", "SparseRun", "ENGINE_NAME", "RTL_ALGORITHMS", "sparse_model"]
+
+#: sparse all-reduces the sparse engine runs (the programs ``treenic.schedule.sparse_table``
+#: compiles)
+RTL_ALGORITHMS = ("multitree-sparse", "topka")
+
+
+def sparse_model(algorithm: str, topology: str, elements: int, density: float, *,
+                 seed: int = 0, flow_assignment: str = "contiguous", residual: str = "local",
+                 codec: bool = False):
+    """(golden model, its sparse program) of one RTL sparse all-reduce. TopkA has no flows
+    and keeps the local residual (its golden defines no other). ``codec``: messages in the
+    codec format (pairs or bitmap + values, the golden codec's rule) instead of pair flits."""
+    from treenic.topology import parse
+    P = parse(topology).n
+    if algorithm == "topka":
+        if flow_assignment != "contiguous" or residual != "local":
+            raise ValueError("topka has no flow assignment and keeps the local residual only")
+        from treenic.sparse.topk_family import TopkA
+        golden = TopkA(P, elements, density, seed=seed)
+        return golden, compile_topka(golden, topology, codec=codec)
+    if algorithm != "multitree-sparse":
+        raise ValueError(f"the sparse engine runs {' and '.join(RTL_ALGORITHMS)}, not "
+                         f"{algorithm!r}")
+    golden = MultiTreeSparse(P, elements, density, seed=seed, topology=topology,
+                             flow_assignment=flow_assignment, residual=residual)
+    return golden, compile_sparse(golden, codec=codec)
 
 ENGINE_NAME = "Verilated sparse NIC fabric (treenic.hdl.nic.sparse_sim)"
 
@@ -36,7 +64,7 @@ class SparseRun:
 
 
 class SparseFabricSim:
-    """Verilated sparse fabric running MultiTree-Sparse (contiguous flows, local residual).
+    """Verilated sparse fabric running MultiTree-Sparse or TopkA.
 
     Args:
         topology: spec (``"ring:4"``, ``"torus:4x4"``).
@@ -51,22 +79,25 @@ class SparseFabricSim:
             build serves a density sweep (default: ``density``).
         opt: C++ optimisation of the Verilated model (default ``-O2``, ``-O1`` above 8
             nodes: the 16-node fabric compiles in a fraction of the time).
+        algorithm: ``"multitree-sparse"`` or ``"topka"`` (:data:`RTL_ALGORITHMS`).
+        residual: MultiTree-Sparse's ``"local"`` or ``"global"`` residual.
+        codec: codec messages (pairs or bitmap + values) instead of one pair a flit.
     """
 
     def __init__(self, topology: str, elements: int, density: float, *, lanes: int = 16,
                  stall: int = 0, latency: int = 1, seed: int = 0,
                  flow_assignment: str = "contiguous", size_density: float | None = None,
-                 opt: str | None = None, verbose: bool = False):
+                 opt: str | None = None, verbose: bool = False,
+                 algorithm: str = "multitree-sparse", residual: str = "local",
+                 codec: bool = False):
         from treenic.hdl.cosim import build_cosim
-        from treenic.topology import parse
-        P = parse(topology).n
-        self.golden = MultiTreeSparse(P, elements, density, seed=seed, topology=topology,
-                                      flow_assignment=flow_assignment)
-        self.program = prog = compile_sparse(self.golden)
-        self.P, self.N = P, elements
-        sizing = prog if size_density is None else compile_sparse(MultiTreeSparse(
-            P, elements, size_density, seed=seed, topology=topology,
-            flow_assignment=flow_assignment))
+        kw = dict(seed=seed, flow_assignment=flow_assignment, residual=residual, codec=codec)
+        self.golden, self.program = sparse_model(algorithm, topology, elements, density, **kw)
+        prog = self.program
+        self.P, self.N = len(prog.rows), elements
+        P = self.P
+        sizing = prog if size_density is None else sparse_model(
+            algorithm, topology, elements, size_density, **kw)[1]
         fabric = SparseFabric(sizing, lanes=lanes, stall=stall, latency=latency, seed=seed + 1)
         tag = topology.replace(":", "").replace("x", "_")
         opt = opt or ("-O2" if P <= 8 else "-O1")
@@ -101,14 +132,16 @@ class SparseFabricSim:
         cycles = max(sim[f"cycles__{u}"] for u in range(P))
         flits = sum(sim[f"flits__{u}"] for u in range(P)) - flits0
         finals = [sim[f"finals__{u}"] for u in range(P)]
-        out = sim.run_streams(inputs={f"host_i__{u}": [dump_word(N)] for u in range(P)},
-                              outputs={f"host_o__{u}": N + finals[u] + 1 for u in range(P)})
+        dump = self.program.dump_words
+        out = sim.run_streams(inputs={f"host_i__{u}": [dump_request(self.program)]
+                                      for u in range(P)},
+                              outputs={f"host_o__{u}": dump + finals[u] + 1 for u in range(P)})
         res = np.zeros((P, N), np.float32)
         resid = np.zeros((P, N), np.float32)
         for u in range(P):
             w = out.outputs[f"host_o__{u}"]
             words = [int(a) | int(b) << 32 | int(c) << 64 for a, b, c in w[:-1, :3]]
-            resid[u], res[u] = decode_dump(words, N, self.program.perm)
+            resid[u], res[u] = decode_program_dump(words, self.program)
         bad = sum(sim[f"malformed__{u}"] for u in range(P))
         return SparseRun(res, resid, int(cycles), int(bad), 8 * int(flits))
 
@@ -128,27 +161,34 @@ def sparse_allreduce_report(topology: str, elements: int, density: float, *,
                             iterations: int = 3, seed: int = 0, lanes: int = 16,
                             stall: int = 0, dense: bool = True,
                             flow_assignment: str = "contiguous",
-                            size_density: float | None = None) -> dict:
-    """MultiTree-Sparse on the Verilated sparse fabric for ``iterations`` error-feedback
+                            size_density: float | None = None,
+                            algorithm: str = "multitree-sparse",
+                            residual: str = "local", codec: bool = False) -> dict:
+    """``algorithm`` (MultiTree-Sparse or TopkA) on the Verilated sparse fabric for
+    ``iterations`` error-feedback
     iterations (random gradients from ``seed``), each compared with the golden; with
     ``dense``, the dense MultiTree all-reduce of the first iteration's gradients on the
     Verilated dense NIC fabric (:class:`~.fabric_sim.FabricSim`) for comparison."""
     sim = SparseFabricSim(topology, elements, density, lanes=lanes, stall=stall, seed=seed,
-                          flow_assignment=flow_assignment, size_density=size_density)
+                          flow_assignment=flow_assignment, size_density=size_density,
+                          algorithm=algorithm, residual=residual, codec=codec)
     rng = np.random.default_rng(seed)
     grads = [rng.standard_normal((sim.P, elements)).astype(np.float32)
              for _ in range(iterations)]
     runs = [sim.run_checked(g) for g in grads]
     prog = sim.program
-    rep = {"algorithm": "multitree-sparse", "topology": prog.topology, "nodes": sim.P,
+    rep = {"algorithm": algorithm, "topology": prog.topology, "nodes": sim.P,
            "elements": elements, "density": density, "iterations": iterations,
-           "flow_assignment": flow_assignment, "residual": "local", "lanes": lanes,
+           "flow_assignment": flow_assignment, "residual": residual,
+           "messages": "codec (pairs or bitmap + values)" if codec else "pair flits",
+           "lanes": lanes,
            "link_stall": stall, "engine": ENGINE_NAME,
            "bit_exact": all(r.bit_exact for r in runs),
            "bit_exact_per_iteration": [r.bit_exact for r in runs],
            "cycles": max(r.cycles for r in runs),
            "cycles_per_iteration": [r.cycles for r in runs],
            "ideal_cycles": prog.ideal_cycles,
+           "link_flits_full_budget": prog.link_flits,
            "link_bytes": max(r.link_bytes for r in runs),
            "malformed": sum(r.malformed for r in runs),
            "budgets": sorted(set(prog.kb))}
@@ -191,30 +231,33 @@ class StatelessSparse:
         self._sims: dict = {}
 
     def run(self, accs: np.ndarray, density: float, seed: int,
-            flow_assignment: str = "contiguous"):
-        """MultiTree-Sparse of ``accs`` (P × N) on the RTL (``flow_assignment`` as in
-        :class:`SparseFabricSim`, hash seed ``seed``); returns the
-        :class:`~treenic.sparse.base.SparseResult` the golden model returns for the same
-        call (result, residuals from the RTL; traffic log and info from the program)."""
+            flow_assignment: str = "contiguous", *, algorithm: str = "multitree-sparse",
+            residual: str = "local"):
+        """``algorithm`` (:data:`RTL_ALGORITHMS`) of ``accs`` (P × N) on the RTL
+        (``flow_assignment``, ``residual`` as in :class:`SparseFabricSim`, hash seed
+        ``seed``); returns the :class:`~treenic.sparse.base.SparseResult` the golden model
+        returns for the same call (result, residuals from the RTL; traffic log and info from
+        the golden)."""
         from treenic.sparse.base import SparseResult
         from .sparse_fabric import clear_word
         accs = np.ascontiguousarray(accs, np.float32)
         # the seed only matters to hash flows (it seeds the hash; contiguous: the traffic log)
-        key = (accs.shape[1], float(density), flow_assignment,
+        key = (algorithm, residual, accs.shape[1], float(density), flow_assignment,
                int(seed) if flow_assignment == "hash" else None)
+        kw = dict(seed=seed, flow_assignment=flow_assignment, residual=residual,
+                  algorithm=algorithm)
         sim = self._sims.get(key)
         if sim is None:
             sim = self._sims[key] = SparseFabricSim(self.topology, accs.shape[1], density,
-                                                    lanes=self.lanes, seed=seed,
-                                                    flow_assignment=flow_assignment)
+                                                    lanes=self.lanes, **kw)
         elif sim.loaded:
-            sim.sim.run_streams(inputs={f"host_i__{u}": [clear_word(sim.N)]
+            sim.sim.run_streams(inputs={f"host_i__{u}": [clear_word(sim.program.dump_words)]
                                         for u in range(sim.P)})
         r = sim.run(accs)
-        golden = MultiTreeSparse(sim.P, sim.N, density, seed=seed, topology=self.topology,
-                                 flow_assignment=flow_assignment)
+        golden, _ = sparse_model(algorithm, self.topology, sim.N, density, seed=seed,
+                                 flow_assignment=flow_assignment, residual=residual)
         want = golden.step(accs)          # for the traffic log only; values come from the RTL
         info = dict(want.info, engine=ENGINE_NAME, cycles=r.cycles, link_bytes=r.link_bytes,
                     malformed=r.malformed)
-        return SparseResult("multitree-sparse", r.results, r.residuals, want.sent,
+        return SparseResult(algorithm, r.results, r.residuals, want.sent,
                             want.received, info), r.cycles

@@ -11,6 +11,21 @@ header waits for the first data beat (no bubble on the link behind the header wh
 buffer read is in flight), then ``ceil(size / lanes)`` beats follow at up to one per
 cycle.  Golden model: the flits of :func:`treenic.hdl.link.model.packetise` for the same
 message (``tests/hdl/test_tx_unit.py``).
+
+Cut-through builds (``NicParams.forward == "cut-through"``): the issue logic starts a
+message as soon as it is due, before the data it forwards is all in (``desc.paced``).  The
+descriptor names the source ports (``src``: a REDUCE's children, a GATHER's parent, a
+root GATHER's expected children) and whether they send REDUCE contributions or GATHER
+data (``src_red``).  A paced unit requests the beat at ``addr`` only when every source
+port has either finished the flow (its arrived bit) or has its open message on the flow
+with ``done_to >= addr + lanes`` (written back through the beat).  That test is
+registered (``pace_ok``) from the sources' state and ``addr + lanes`` (no grant taken)
+or ``addr + 2·lanes`` (a grant taken this cycle), so the bank grant only sees one more
+register in the request's AND (at ``go`` the first beat's test is made from the
+descriptor).  ``done_to`` is set a cycle after the write-back it reports and the test
+adds another, so the read always sees the written value (buffer contract: a write is
+visible to reads requested a cycle later).  The head flit of a cut-through message leaves
+without waiting for the first data beat: the link carries it during the buffer read.
 """
 from __future__ import annotations
 
@@ -37,9 +52,14 @@ def buffer_abits(params: NicParams) -> int:
 
 
 def TxDescriptor(params: NicParams) -> data.StructLayout:
-    """What the issue logic hands a TX unit: the head entry's flow, op, step, chunk."""
-    return data.StructLayout({"flow": params.flow_bits, "op": Op, "step": params.step_bits,
-                              "start": params.abits, "size": params.abits})
+    """What the issue logic hands a TX unit: the head entry's flow, op, step, chunk; in
+    cut-through builds also ``paced`` (issued before its data was all in), ``src`` (the
+    source ports) and ``src_red`` (they send REDUCE contributions, else GATHER data)."""
+    fields = {"flow": params.flow_bits, "op": Op, "step": params.step_bits,
+              "start": params.abits, "size": params.abits}
+    if params.cut_through:
+        fields.update(paced=1, src=params.ports, src_red=1)
+    return data.StructLayout(fields)
 
 
 class TxUnit(wiring.Component):
@@ -72,6 +92,10 @@ class TxUnit(wiring.Component):
         Flits and head flits sent (the packetiser's), payload words issued.
     msg_flow, msg_step : ``Out``
         Flow and step of the message loaded last (the watchdog names a stuck unit's).
+    sources : ``In(RxPortStateSignature(params)).array(ports)``, cut-through builds only
+        Every receive unit's state (arrived bits, open message, ``done_to``).
+    starved : ``Out(1)``, cut-through builds only
+        A paced message waits for its sources' data (not for link credits).
     """
 
     def __init__(self, *, params: NicParams, port: int):
@@ -80,13 +104,19 @@ class TxUnit(wiring.Component):
         if not 0 <= port < params.ports:
             raise ValueError(f"port {port} is not among the NIC's {params.ports} ports")
         self.params, self.port = params, port
-        super().__init__({
+        members = {
             "link": Out(LinkSignature(params.fmt)),
             "read": Out(BufferReadSignature(buffer_abits(params), params.lanes)),
             "go": In(1), "desc": In(TxDescriptor(params)),
             "peer": In(16), "node_id": In(16), "clear": In(1),
             "idle": Out(1), "flits": Out(32), "heads": Out(32), "words": Out(32),
-            "msg_flow": Out(params.flow_bits), "msg_step": Out(params.step_bits)})
+            "msg_flow": Out(params.flow_bits), "msg_step": Out(params.step_bits)}
+        if params.cut_through:
+            # imported here: rx.py imports this module (buffer_abits)
+            from .rx import RxPortStateSignature
+            members.update(sources=In(RxPortStateSignature(params)).array(params.ports),
+                           starved=Out(1))
+        super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
@@ -111,7 +141,13 @@ class TxUnit(wiring.Component):
         room = Signal(range(TX_FIFO_DEPTH), init=TX_FIFO_DEPTH - 1)
         left_nz = Signal()
         pop = q.r_en & q.r_rdy
-        m.d.comb += [brd.req.eq(left_nz & (room != 0)), brd.addr.eq(addr), issue.eq(brd.grant)]
+        pace_ok = self._pace(m, hdr.flow, issue, left_nz) if p.cut_through else 1
+        # cut-through: the head flit leaves at once, while the first read is in flight
+        # (it would otherwise cost the message two cycles on the link: the packetiser
+        # takes a header, then sends its flit, then the data)
+        early_head = int(p.cut_through)
+        m.d.comb += [brd.req.eq(left_nz & (room != 0) & pace_ok), brd.addr.eq(addr),
+                     issue.eq(brd.grant)]
         m.d.sync += [inflight.eq(Cat(issue, inflight[:-1])), room.eq(room - issue + pop)]
         with m.If(issue):
             m.d.sync += [addr.eq(addr + W), left.eq(Mux(left > W, left - W, 0)),
@@ -124,7 +160,8 @@ class TxUnit(wiring.Component):
                      # behind it while the buffer read is in flight (``~left_nz``, not
                      # ``left == 0``: no wide compare in front of the packetiser's header
                      # load)
-                     pk.hdr.valid.eq(hdr_pend & (q.r_rdy | (~left_nz & (inflight == 0))))]
+                     pk.hdr.valid.eq(hdr_pend & (q.r_rdy | (~left_nz & (inflight == 0)) |
+                                                 early_head))]
         with m.If(pk.hdr.valid & pk.hdr.ready):
             m.d.sync += hdr_pend.eq(0)
         m.d.comb += self.idle.eq(~hdr_pend & ~left_nz & (inflight == 0) & ~q.r_rdy &
@@ -143,3 +180,35 @@ class TxUnit(wiring.Component):
         m.d.comb += [self.flits.eq(pk.status.flits), self.heads.eq(pk.status.heads),
                      self.msg_flow.eq(hdr.flow), self.msg_step.eq(hdr.step)]
         return m
+
+    def _pace(self, m, flow, issue, left_nz):
+        """Cut-through: ``pace_ok``, the registered "the beat at ``addr`` is written back
+        at every source port" (module docstring); 1 for a message issued with its data in."""
+        p, W, AB, d = self.params, self.params.lanes, self.params.abits, self.desc
+        paced, red = Signal(), Signal()
+        src = Signal(p.ports)
+        end1, end2 = Signal(AB + 1), Signal(AB + 1)    # addr + W, addr + 2W
+        pace_ok = Signal()
+        with m.If(issue):
+            m.d.sync += [end1.eq(end1 + W), end2.eq(end2 + W)]
+        m.d.sync += pace_ok.eq(~paced | Mux(issue, self._written(flow, red, src, end2),
+                                            self._written(flow, red, src, end1)))
+        with m.If(self.go):
+            # the first beat's test from the descriptor itself (its registers load now)
+            first = self._written(d.flow, d.src_red, d.src, d.start + W)
+            m.d.sync += [paced.eq(d.paced), red.eq(d.src_red),
+                         src.eq(d.src), end1.eq(d.start + W), end2.eq(d.start + 2 * W),
+                         pace_ok.eq(~d.paced | first)]
+        m.d.comb += self.starved.eq(left_nz & ~pace_ok)
+        return pace_ok
+
+    def _written(self, flow, red, src, end):
+        """Every source port in ``src`` has finished ``flow`` (REDUCE contributions if
+        ``red``, else GATHER data) or has its open message on it written back through
+        ``end``."""
+        ok = []
+        for q, s in enumerate(self.sources):
+            arrived = Mux(red, s.reduce_done, s.gather_done).bit_select(flow, 1)
+            on_flow = s.msg_open & (s.msg_reduce == red) & (s.msg_flow == flow)
+            ok.append(~src[q] | arrived | (on_flow & (s.done_to >= end)))
+        return Cat(*ok).all()

@@ -28,17 +28,24 @@ constant is split into 16x16 partial products (one MULT18X18D each) and a 16-bit
     M2      two partial sums;  M3  q = (h * M) >> (32 + l)
     M4      q * n as two 16x16 partial products;  M5  their sum;  M6  h - q * n
 
-At most one carry chain per stage: the first version (one 32x32 multiply per stage and
-x5 + n in one stage) placed at 89.6 MHz on the ECP5 85F. Stall-together flow control (see
-``pipeline.StallPipeline``).
+``lut_multiplies=n`` (0..4) does n of the four constant multiplies in LUTs instead, as
+shift-and-add trees of the constant's canonical signed digits (:func:`csd_digits`; 12-14
+terms): the first stage adds groups of four terms, the second the group sums (two adder
+levels each), so latency and rate are unchanged. The multiplies with the fewest digits go
+first (c2, f1, c1, f2). Each saves 3 MULT18X18D per lane: W = 16 needs 192 of them, the
+ECP5-85F has 156, so ``lut_multiplies=1`` (144) fits.
+
+At most one carry chain per stage (two small adders in a LUT multiply): the first version
+(one 32x32 multiply per stage and x5 + n in one stage) placed at 89.6 MHz on the ECP5 85F.
+Stall-together flow control (see ``pipeline.StallPipeline``).
 """
-from amaranth import Module, Signal, Cat
+from amaranth import Cat, Module, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from .pipeline import StallPipeline
 
-__all__ = ["Murmur3HashUnit", "LATENCY", "MOD_STAGES", "modulo_magic"]
+__all__ = ["Murmur3HashUnit", "LATENCY", "MOD_STAGES", "modulo_magic", "csd_digits"]
 
 LATENCY = 11
 MOD_STAGES = 6
@@ -49,6 +56,35 @@ _F1, _F2 = 0x85EBCA6B, 0xC2B2AE35
 
 def _rotl(v, r):
     return Cat(v[32 - r:], v[:32 - r])
+
+
+def csd_digits(c: int) -> list[tuple[int, int]]:
+    """The non-zero canonical signed digits of ``c`` below bit 32 as (position, +1 or -1):
+    ``sum(d << p) == c mod 2**32``, no two adjacent (the fewest additions)."""
+    digits, pos = [], 0
+    while c and pos < 32:
+        if c & 1:
+            d = 2 - (c & 3)                      # +1 if c = ...01, -1 if c = ...11
+            digits.append((pos, d))
+            c -= d
+        c >>= 1
+        pos += 1
+    return digits
+
+
+#: the four constant multiplies, in the order ``lut_multiplies`` moves them into LUTs
+_LUT_ORDER = (_C2, _F1, _C1, _F2)             # 12, 12, 13, 14 digits
+
+
+def _signed_sum(terms):
+    """(value, negated) of a balanced add/subtract tree of (value, negated) terms, every
+    node cut to 32 bits (arithmetic mod 2**32)."""
+    if len(terms) == 1:
+        return terms[0]
+    (a, na), (b, nb) = _signed_sum(terms[:len(terms) // 2]), _signed_sum(terms[len(terms) // 2:])
+    if na == nb:
+        return (a + b)[:32], na
+    return ((b - a) if na else (a - b))[:32], False
 
 
 def modulo_magic(n: int) -> tuple[int, int]:
@@ -73,6 +109,9 @@ class Murmur3HashUnit(wiring.Component):
     workers : int or None
         The worker count n itself (1..65536, any value; overrides ``partition_bits``, which
         must then be 0 or equal log2 n); ``partition = hash mod n``.
+    lut_multiplies : int
+        How many of the four constant multiplies are shift-add trees in LUTs (0..4) rather
+        than MULT18X18D partial products (3 per multiply and lane).
 
     Members
     -------
@@ -84,7 +123,8 @@ class Murmur3HashUnit(wiring.Component):
         Per lane the 32-bit hash and its partition, in input order.
     """
 
-    def __init__(self, *, lanes: int = 2, partition_bits: int = 0, workers: int | None = None):
+    def __init__(self, *, lanes: int = 2, partition_bits: int = 0, workers: int | None = None,
+                 lut_multiplies: int = 0):
         if not isinstance(lanes, int) or lanes < 1:
             raise ValueError(f"lanes must be a positive integer, got {lanes!r}")
         if not isinstance(partition_bits, int) or not 0 <= partition_bits <= 16:
@@ -95,7 +135,10 @@ class Murmur3HashUnit(wiring.Component):
             modulo_magic(workers)                   # validates the range
             if partition_bits and workers != 1 << partition_bits:
                 raise ValueError(f"partition_bits={partition_bits} contradicts workers={workers}")
+        if not isinstance(lut_multiplies, int) or not 0 <= lut_multiplies <= 4:
+            raise ValueError(f"lut_multiplies must be an integer in 0..4, got {lut_multiplies!r}")
         self.lanes, self.workers = lanes, workers
+        self.lut_constants = frozenset(_LUT_ORDER[:lut_multiplies])
         self.power_of_two = workers & (workers - 1) == 0
         # partition field width: log2 n for a power of two (as before), else ceil(log2 n)
         self.partition_bits = (workers - 1).bit_length()
@@ -120,9 +163,20 @@ class Murmur3HashUnit(wiring.Component):
             return Signal(32, name=f"l{lane}_{name}")
 
         def multiply(x, c, name):
-            """x * c mod 2**32 in two stages: 16x16 partial products, then their sum."""
-            lo, mid_a, mid_b = (Signal(32, name=f"l{lane}_{name}_pp{n}") for n in range(3))
+            """x * c mod 2**32 in two stages: 16x16 partial products, then their sum (or,
+            for a LUT multiply, sums of four shifted terms, then their sum)."""
             out = reg(name)
+            if c in self.lut_constants:
+                terms = [((x << p)[:32], d < 0) for p, d in csd_digits(c)]
+                groups = [terms[i:i + 4] for i in range(0, len(terms), 4)]
+                parts = [(Signal(32, name=f"l{lane}_{name}_ps{n}"), _signed_sum(g)[1])
+                         for n, g in enumerate(groups)]
+                total, negated = _signed_sum(parts)
+                with m.If(advance):
+                    m.d.sync += [p.eq(_signed_sum(g)[0]) for (p, _), g in zip(parts, groups)]
+                    m.d.sync += out.eq((-total)[:32] if negated else total)
+                return out
+            lo, mid_a, mid_b = (Signal(32, name=f"l{lane}_{name}_pp{n}") for n in range(3))
             with m.If(advance):
                 m.d.sync += [lo.eq(x[:16] * (c & 0xFFFF)), mid_a.eq(x[:16] * (c >> 16)),
                              mid_b.eq(x[16:] * (c & 0xFFFF))]

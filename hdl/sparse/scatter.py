@@ -19,7 +19,7 @@ message are strictly ascending, so a pair never meets an in-flight write of its 
 message): a pair whose index is not above the previous pair's waits until the pipeline is
 empty, about 9 cycles per message boundary. Nothing is ever reordered.
 """
-from amaranth import Module, Signal
+from amaranth import Module, Mux, Signal
 from amaranth.lib import data, memory, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -49,6 +49,11 @@ class ScatterAccumulate(wiring.Component):
         Every buffer write (index, new value), in input order.
     range_error : Out(1)
         Sticky: a pair with index >= depth was dropped.
+    set : In(1)
+        With the pair on ``i``: write ``value`` instead of adding it (the adder's buffer
+        operand is replaced by +0, so the write is ``fl32(+0 + value)`` = ``value`` for every
+        value but -0, which becomes +0). The sparse engine zeroes and copies regions with it
+        through the one write path, in stream order with the additions.
     """
 
     def __init__(self, *, depth: int = 1024, init=()):
@@ -60,7 +65,7 @@ class ScatterAccumulate(wiring.Component):
         self.buffer = memory.Memory(shape=32, depth=depth, init=list(init))
         pair = data.StructLayout({"index": 32, "value": 32})
         super().__init__({"i": In(stream.Signature(pair)), "o": Out(stream.Signature(pair)),
-                          "range_error": Out(1)})
+                          "range_error": Out(1), "set": In(1)})
 
     def elaborate(self, platform):
         m = Module()
@@ -76,7 +81,7 @@ class ScatterAccumulate(wiring.Component):
         last_index = Signal(AB)
         started = Signal()
         # stage B: the operand read of the accepted pair arrives one cycle later
-        b_valid, b_index, b_value = Signal(), Signal(AB), Signal(32)
+        b_valid, b_index, b_value, b_set = Signal(), Signal(AB), Signal(32), Signal()
         advance_b = ~b_valid | adder.i.ready
         boundary = started & (idx[:AB] <= last_index)
         may_issue = advance_b & (~boundary | (in_flight == 0))
@@ -86,10 +91,11 @@ class ScatterAccumulate(wiring.Component):
             m.d.sync += self.range_error.eq(1)
         m.d.comb += [rp.addr.eq(idx[:AB]), rp.en.eq(advance_b)]
         with m.If(advance_b):
-            m.d.sync += [b_valid.eq(issue), b_index.eq(idx[:AB]), b_value.eq(val)]
+            m.d.sync += [b_valid.eq(issue), b_index.eq(idx[:AB]), b_value.eq(val),
+                         b_set.eq(self.set)]
         with m.If(issue):
             m.d.sync += [last_index.eq(idx[:AB]), started.eq(1)]
-        m.d.comb += [adder.i.valid.eq(b_valid), adder.i.payload.a.eq(rp.data),
+        m.d.comb += [adder.i.valid.eq(b_valid), adder.i.payload.a.eq(Mux(b_set, 0, rp.data)),
                      adder.i.payload.b.eq(b_value), adder.i.payload.tag.eq(b_index)]
 
         # write-back and the write stream leave together

@@ -33,7 +33,7 @@ __all__ = ["GRID_LAYOUT", "MAX_SEARCH_BITS", "SearchReplay"]
 MAX_SEARCH_BITS = 4
 GRID_BITS = 31                               # grid coordinates up to 2**30 (depth <= 30)
 GRID_LAYOUT = data.StructLayout({"start": GRID_BITS, "step": GRID_BITS, "count": 5})
-DRAIN_CYCLES = 3                             # compare register, popcount register, counter
+DRAIN_CYCLES = 4                             # key, compare, popcount registers, counter
 
 
 def _pow2(exponent):
@@ -62,21 +62,37 @@ class SearchReplay:
         self.threshold = Signal(31)                  # accepted threshold, else thr(lo)
         self.load = Signal(range(self.points + 1))
         self.j_lo, self.j_hi = Signal(H + 1), Signal(H + 1)
+        self.j_mid, self.j_span = Signal(H + 1), Signal(H + 1)   # (lo + hi) / 2, hi - lo
         self.table = [Signal(31, name=f"grid_thr{j}") for j in range(self.points)]
         self.counts = [Signal(CB + 1, name=f"grid_count{j}") for j in range(self.points)]
         self.drain = Signal(2)
+        # levels = min(H, span_log), shift = span_log - levels: registers set with span_log
         self.levels, self.shift = Signal(range(H + 1)), Signal(5)
+        # per table entry, c >= k (c > k when strict), c < k, c < 2k: registered from the
+        # counts so that a decision step is a one-bit mux, not a 32-bit compare
+        self.ok_lo = Signal(self.points)
+        self.below = Signal(self.points)
+        self.under_2k = Signal(self.points)
 
     def start(self, m, depth, strict):
-        m.d.sync += [self.lo.eq(0), self.hi.eq(_pow2(depth)), self.span_log.eq(depth),
-                     self.strict.eq(strict), self.band.eq(0), self.any_key.eq(0),
+        m.d.sync += [self.lo.eq(0), self.hi.eq(_pow2(depth)), self.strict.eq(strict),
+                     self.band.eq(0), self.any_key.eq(0),
                      self.passes.eq(0), self.converged.eq(0), self.threshold.eq(0)]
+        self._set_span(m, depth)
 
-    def geometry(self, m):
-        """levels = min(H, log2(hi - lo)); step = 2**shift (combinational from span_log)."""
+    def _set_span(self, m, span_log):
+        """span_log = log2(hi - lo) with its levels = min(H, span_log) and step exponent
+        shift = span_log - levels."""
         H = self.unit.search_bits
-        m.d.comb += [self.levels.eq(Mux(self.span_log < H, self.span_log, H)),
-                     self.shift.eq(self.span_log - self.levels)]
+        levels = Mux(span_log < H, span_log, H)
+        m.d.sync += [self.span_log.eq(span_log), self.levels.eq(levels),
+                     self.shift.eq(span_log - levels)]
+
+    def decision_flags(self, m, k):
+        """The decision flags of every table entry against k (see ``decide``)."""
+        for j, c in enumerate(self.counts):
+            m.d.sync += [self.ok_lo[j].eq(Mux(self.strict, c > k, c >= k)),
+                         self.below[j].eq(c < k), self.under_2k[j].eq(c < (k << 1))]
 
     def request(self, m, grid):
         """Offer the next threshold request; True once taken."""
@@ -103,45 +119,55 @@ class SearchReplay:
             m.d.sync += [c.eq(0) for c in self.counts]      # the count pass starts from 0
         return thr.valid & (self.load == count - 1)
 
-    def count_pipeline(self, m, keys, counting):
-        """Per grid point: register the W comparisons, register their popcount, accumulate
+    def count_pipeline(self, m, rkeys, counting):
+        """Per grid point: register the W comparisons of the registered keys ``rkeys``
+        (one cycle behind ``counting``), register their popcount, accumulate
         (DRAIN_CYCLES after the last beat the counts are final)."""
-        W = len(keys)
+        from .topk import _tree_sum
+        W = len(rkeys)
+        rcounting = Signal()
+        m.d.sync += rcounting.eq(counting)
         for j, thr in enumerate(self.table):
             hits = Signal(W, name=f"grid_hits{j}")
             pop = Signal(range(W + 1), name=f"grid_pop{j}")
-            m.d.sync += [hits.eq(Cat((key > thr) & counting for key in keys)),
-                         pop.eq(sum(hits[l] for l in range(W))),
+            m.d.sync += [hits.eq(Cat((key > thr) & rcounting for key in rkeys)),
+                         pop.eq(_tree_sum(list(hits))),
                          self.counts[j].eq(self.counts[j] + pop)]
 
-    def decide(self, m, st, k):
+    def decide(self, m, st):
         """One binary-search step per cycle on the table. Returns (accepted, exhausted):
         accepted -> ``st.hi``/``st.lo`` hold the threshold; exhausted -> the table's levels
         are used up (lo/hi updated, ``span_log`` reduced)."""
-        j_mid = (self.j_lo + self.j_hi) >> 1
-        c, thr = Signal.like(self.counts[0]), Signal(31)
+        j_mid = self.j_mid
+        ok, below, thr = Signal(), Signal(), Signal(31)
         with m.Switch(j_mid):
             for j in range(self.points):
                 with m.Case(j + 1):
-                    m.d.comb += [c.eq(self.counts[j]), thr.eq(self.table[j])]
-        k2 = k << 1
-        ok = Mux(self.strict, c > k, c >= k) & (c < k2)
-        stepping = (self.j_hi - self.j_lo) > 1
+                    m.d.comb += [ok.eq(self.ok_lo[j] & self.under_2k[j]),
+                                 below.eq(self.below[j]), thr.eq(self.table[j])]
+        # j_hi - j_lo (a power of two) is kept one-hot in ``j_span``: > 1 is a bit test, and
+        # the next probe j_mid +- j_span/4 is ready the next cycle (a subtract, a compare and
+        # an add in front of the table mux fed the enables of hi/lo: 90 MHz at W = 2)
+        stepping = self.j_span[1:].any()
+        quarter = self.j_span >> 2
         accepted, exhausted = Signal(), Signal()
         m.d.comb += [accepted.eq(stepping & ok), exhausted.eq(~stepping)]
         with m.If(accepted):
             m.d.sync += [self.converged.eq(1), self.threshold.eq(thr), st.hi.eq(thr),
                          st.lo.eq(thr)]
-        with m.Elif(stepping & (c < k)):
-            m.d.sync += self.j_hi.eq(j_mid)
+        with m.Elif(stepping & below):
+            m.d.sync += [self.j_hi.eq(j_mid), self.j_mid.eq(j_mid - quarter),
+                         self.j_span.eq(self.j_span >> 1)]
         with m.Elif(stepping):
-            m.d.sync += self.j_lo.eq(j_mid)
+            m.d.sync += [self.j_lo.eq(j_mid), self.j_mid.eq(j_mid + quarter),
+                         self.j_span.eq(self.j_span >> 1)]
         with m.Else():
             m.d.sync += [self.lo.eq(self.lo + (self.j_lo << self.shift)),
-                         self.hi.eq(self.lo + (self.j_hi << self.shift)),
-                         self.span_log.eq(self.shift)]
+                         self.hi.eq(self.lo + (self.j_hi << self.shift))]
+            self._set_span(m, self.shift)
         return accepted, exhausted
 
     def begin_decision(self, m):
         m.d.sync += [self.j_lo.eq(0), self.j_hi.eq(_pow2(self.levels)),
+                     self.j_span.eq(_pow2(self.levels)), self.j_mid.eq(_pow2(self.levels) >> 1),
                      self.passes.eq(self.passes + 1)]

@@ -19,10 +19,11 @@ Modes (``cmd.mode``), each equal to a golden selector of ``treenic.sparse.select
 ``EXACT`` (0) -- ``select.topk`` / ``radix_topk``: |v| descending, ties by ascending index,
     exactly min(k, nonzeros) pairs. Passes: 4 histogram passes over the 31-bit key
     (digits 30..24, 23..16, 15..8, 7..0; 256-bin histograms in block RAM, one per lane,
-    two bins per memory word), each followed by a 131-cycle scan (two bins per cycle, top
-    down) that picks the digit holding the k-th largest key
-    and clears the bins; then 1 emit pass: keys > v_k, plus keys == v_k in ascending index
-    order until k are out.
+    ``scan_bins`` bins per memory word, default 2), each followed by a scan of
+    256/scan_bins + 5 cycles (133 at two bins a row: one row a cycle, top down, then the
+    read, field, half-sum, sum and decision registers) that picks the digit holding the
+    k-th largest key and clears the bins; then 1 emit pass: keys > v_k, plus keys == v_k
+    in ascending index order until k are out.
 ``THRESHOLD`` (1) -- one emit pass: ``key > threshold`` in index order, cut after ``limit``
     pairs: threshold reuse (``ThresholdReuse``: limit = cap_factor * k) and the converged
     outcome of the binary search (limit = 2**32 - 1).
@@ -37,19 +38,26 @@ Modes (``cmd.mode``), each equal to a golden selector of ``treenic.sparse.select
     ``depth`` (1..30) and ``strict`` as in the golden.
 
 Every pass takes C/W cycles at full input rate, independent of k (the emit pass can be
-slowed only by output backpressure). EXACT total at full rate: 5 C/W + 4 * 133 + 4 cycles
-(measured exactly that for C = 256, W = 4: 856).
+slowed only by output backpressure). The emit pass is a 4-stage pipeline (``EMIT_STAGES``:
+key, flags, prefix counts, lane selection) into an 8-beat output FIFO: a beat's pairs are
+on ``o`` 5 cycles after the beat was taken; the input is taken while the FIFO has room for
+every beat in flight. EXACT total at full rate, command to the last output transfer
+(:func:`exact_cycles`): 5 C/W + 4 * (256/scan_bins + 7) + 8 cycles, 868 for C = 256,
+W = 4, two bins a row (the tests measure it). Count passes (BAND, SEARCH) end 2 (BAND) or
+4 (SEARCH, ``search.DRAIN_CYCLES``) cycles after their last beat.
 """
 import numpy as np
 from amaranth import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, enum, memory, stream, wiring
+from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
 
 from treenic.sparse import select
 
-from .search import GRID_LAYOUT, MAX_SEARCH_BITS, SearchReplay
+from .search import DRAIN_CYCLES, GRID_LAYOUT, MAX_SEARCH_BITS, SearchReplay
 
-__all__ = ["TopKUnit", "Mode", "HIST_PASSES", "SCAN_CYCLES", "PASSES", "chunk_beats", "chunk_words",
+__all__ = ["TopKUnit", "Mode", "HIST_PASSES", "SCAN_CYCLES", "PASSES", "exact_cycles",
+           "EMIT_STAGES", "chunk_beats", "chunk_words",
            "decode_pairs", "command_word", "search_command", "search_requests",
            "search_passes", "grid_thresholds"]
 
@@ -62,7 +70,10 @@ ROW_BINS = 2                                 # default bins per histogram memory
 #                                              ROW_BINS bins a cycle; ``scan_bins`` sets it)
 ROWS = BINS // ROW_BINS
 ROW_BITS = (ROWS - 1).bit_length()
-SCAN_CYCLES = ROWS + 3                       # read latency, registered sums, decision
+SCAN_LATENCY = 5                             # read, field register, half sums, sums, decision
+SCAN_CYCLES = ROWS + SCAN_LATENCY
+EMIT_STAGES = 4                              # key, flags, prefix counts, lane selection
+OUT_FIFO_DEPTH = 8                           # room for the beats in flight and the next
 
 
 class Mode(enum.Enum, shape=2):
@@ -74,6 +85,23 @@ class Mode(enum.Enum, shape=2):
 
 #: data passes per mode (SEARCH: data-dependent, see :func:`search_passes`)
 PASSES = {Mode.EXACT: HIST_PASSES + 1, Mode.THRESHOLD: 1, Mode.BAND: 2}
+
+#: cycles between a histogram pass's last beat and its scan (the last write lands)
+HIST_DRAIN = 2
+#: cycles of an EXACT selection beyond its passes and scans: the command, the emit setup,
+#: the output FIFO, the emit pipeline's stages, and pass 0's nonzero count (one more drain)
+EXACT_TAIL = 3 + EMIT_STAGES + 1
+
+
+def exact_cycles(chunk: int, lanes: int, scan_bins: int = ROW_BINS) -> int:
+    """Cycles of an EXACT selection of a ``chunk``-value chunk at full input rate and no
+    output backpressure, from the command to the last output transfer (the unit's cycle
+    contract; the tests measure it): ``PASSES[EXACT]`` passes of C/W beats and
+    ``HIST_PASSES`` scans of ``256 / scan_bins + SCAN_LATENCY`` cycles, each after a
+    ``HIST_DRAIN``, plus ``EXACT_TAIL``. 868 for C = 256, W = 4, two bins a row."""
+    beats = -(-chunk // lanes)
+    return (PASSES[Mode.EXACT] * beats
+            + HIST_PASSES * (BINS // scan_bins + SCAN_LATENCY + HIST_DRAIN) + EXACT_TAIL)
 
 
 # ---- stream formats shared by tests, benches and the benchmark ----------------------------
@@ -258,12 +286,17 @@ class TopKUnit(wiring.Component):
         accepted = self.i.valid & self.i.ready
         with m.If(accepted):
             m.d.sync += beat.eq(Mux(self.i.payload.last, 0, beat + 1))
-        hist_sum, scanning_bin, hist_ready = self._histograms(m, st, keys, accepted)
+        # the keys registered once for the histograms, the emit pipeline and the search's
+        # comparators: each input bit then drives a few flags, not every consumer
+        # (W = 16: the compares straight from the input missed 8 ns)
+        rkeys = [Signal(KEY_BITS, name=f"rkey{l}") for l in range(W)]
+        m.d.sync += [r.eq(key) for r, key in zip(rkeys, keys)]
+        hist_sum, scanning_bin, hist_ready = self._histograms(m, st, rkeys, accepted)
         # before the controller: its clear of the counts at a new count pass overrides this
-        st.search.count_pipeline(m, keys, (st.phase == _Phase.SEARCH_COUNT) & accepted)
-        st.search.geometry(m)
+        st.search.count_pipeline(m, rkeys, (st.phase == _Phase.SEARCH_COUNT) & accepted)
+        st.search.decision_flags(m, st.k_total)
         self._control(m, st, keys, accepted, hist_sum, scanning_bin, hist_ready)
-        self._emit(m, st, keys, beat, accepted)
+        self._emit(m, st, rkeys, beat, accepted)
         return m
 
     def _key(self, m, st, value):
@@ -274,13 +307,16 @@ class TopKUnit(wiring.Component):
         m.d.comb += key.eq(Mux(wrong, 0, value[:KEY_BITS]))
         return key
 
-    def _histograms(self, m, st, keys, accepted):
+    def _histograms(self, m, st, rkeys, accepted):
         """Per-lane 256-bin counters, two bins per memory word (the scan reads both at once):
         read-modify-write of the word at one key per lane per cycle (the
         transparent read port forwards a same-cycle write, so back-to-back hits on one bin
         count correctly), then a scan that sums the lanes bin by bin and clears them."""
         W, CB = self.lanes, self.count_bits
-        in_hist = st.phase == _Phase.HIST
+        # a beat's keys (``rkeys``) are registered: its read is one cycle after it was taken,
+        # its write two; the scan's first read comes after the drain, later than the write
+        in_hist = Signal()
+        m.d.sync += in_hist.eq(accepted & (st.phase == _Phase.HIST))
         digit = Signal(DIGIT_BITS)
         match_mask = Signal(KEY_BITS)
         with m.Switch(st.pass_index):
@@ -301,8 +337,8 @@ class TopKUnit(wiring.Component):
             with m.Switch(st.pass_index):
                 for p, shift in enumerate(DIGIT_SHIFTS):
                     with m.Case(p):
-                        m.d.comb += d.eq(keys[l][shift:shift + DIGIT_BITS])
-            hit = accepted & in_hist & (((keys[l] ^ st.prefix) & match_mask) == 0)
+                        m.d.comb += d.eq(rkeys[l][shift:shift + DIGIT_BITS])
+            hit = in_hist & (((rkeys[l] ^ st.prefix) & match_mask) == 0)
             hit_b, bin_b = Signal(name=f"hit{l}"), Signal(DIGIT_BITS, name=f"bin{l}")
             m.d.sync += [hit_b.eq(hit), bin_b.eq(d)]
             m.d.comb += rp.addr.eq(Mux(in_hist, d[RB:], ROWS_ - 1 - scan_addr[:RBITS]))
@@ -316,8 +352,21 @@ class TopKUnit(wiring.Component):
         hist_sums = [Signal(CB + (W - 1).bit_length() + 1, name=f"hist_sum{h}")
                      for h in range(R)]
         # lane sums as balanced adder trees (a running sum over the lanes was W adders in
-        # series behind the block RAM output: 16 at W = 16)
-        m.d.comb += [hs.eq(_tree_sum([f[h] for f in lane_fields]))
+        # series behind the block RAM output: 16 at W = 16), the block RAM output registered
+        # first and the tree registered after its first two levels (W = 16 missed 8 ns)
+        reg_fields = []
+        for l, fields in enumerate(lane_fields):
+            rf = [Signal(CB, name=f"field{l}_{h}") for h in range(R)]
+            m.d.sync += [a.eq(b) for a, b in zip(rf, fields)]
+            reg_fields.append(rf)
+        G = min(4, W)
+        groups = []
+        for g in range(0, W, G):
+            gs = [Signal(CB + 2, name=f"group{g // G}_{h}") for h in range(R)]
+            m.d.sync += [gs[h].eq(_tree_sum([f[h] for f in reg_fields[g:g + G]]))
+                         for h in range(R)]
+            groups.append(gs)
+        m.d.comb += [hs.eq(_tree_sum([gs[h] for gs in groups]))
                      for h, hs in enumerate(hist_sums)]
         st.scan_addr, st.scan_valid, st.match_mask = scan_addr, scan_valid, match_mask
         return hist_sums, scanning_row, None
@@ -328,9 +377,21 @@ class TopKUnit(wiring.Component):
         cmd = self.cmd.payload
         m.d.comb += [self.busy.eq(st.phase != _Phase.IDLE), self.pass_index.eq(st.pass_index),
                      self.nonfinite.eq(st.nonfinite)]
-        nonzero = sum(k != 0 for k in keys)
-        over = sum(k > st.hi for k in keys)
-        bad = Cat(k >= 0x7F800000 for k in keys).any()
+        # per-lane flags registered, then their tree sum registered, then accumulated: a
+        # W-lane popcount behind a 31-bit compare and in front of an adder missed 8 ns
+        nonzero = self._lane_count(m, "nonzero", [k != 0 for k in keys],
+                                   accepted & (st.phase == _Phase.HIST) & (st.pass_index == 0))
+        over = self._lane_count(m, "over", [k > st.hi for k in keys],
+                                accepted & (st.phase == _Phase.COUNT))
+        bad = Signal()
+        m.d.sync += bad.eq(Cat(k >= 0x7F800000 for k in keys).any() & accepted
+                           & (((st.phase == _Phase.HIST) & (st.pass_index == 0))
+                              | ((st.phase == _Phase.SEARCH_COUNT) & (st.search.passes == 0))))
+        with m.If(bad):
+            m.d.sync += st.nonfinite.eq(1)
+        m.d.sync += st.nonzero.eq(st.nonzero + nonzero)
+        with m.If((st.phase == _Phase.COUNT) | (st.phase == _Phase.COUNT_DRAIN)):
+            m.d.sync += st.acc.eq(st.acc + over)
         drain = Signal(2)
         with m.Switch(st.phase):
             with m.Case(_Phase.IDLE):
@@ -339,30 +400,30 @@ class TopKUnit(wiring.Component):
                     self._start(m, st, cmd)
             with m.Case(_Phase.HIST):
                 m.d.comb += self.i.ready.eq(1)
-                with m.If(accepted):
-                    with m.If(st.pass_index == 0):
-                        m.d.sync += st.nonzero.eq(st.nonzero + nonzero)
-                        with m.If(bad):
-                            m.d.sync += st.nonfinite.eq(1)
-                    with m.If(self.i.payload.last):
-                        m.d.sync += [st.phase.eq(_Phase.DRAIN), drain.eq(0)]
+                with m.If(accepted & self.i.payload.last):
+                    m.d.sync += [st.phase.eq(_Phase.DRAIN), drain.eq(0)]
             with m.Case(_Phase.DRAIN):
-                # the last beat's histogram write lands one cycle after its read
+                # the last beat's histogram write lands one cycle after its read; in pass 0
+                # its nonzero count two cycles after the beat
                 m.d.sync += drain.eq(drain + 1)
-                with m.If(drain == 1):
-                    m.d.sync += [st.phase.eq(_Phase.SCAN), st.scan_addr.eq(0), st.acc.eq(0),
-                                 st.found.eq(0)]
+                with m.If(drain == Mux(st.pass_index == 0, 2, 1)):
+                    m.d.sync += [st.phase.eq(_Phase.SCAN), st.scan_addr.eq(0), st.found.eq(0),
+                                 st.need.eq(st.k_left)]
                     with m.If(st.pass_index == 0):
-                        m.d.sync += st.k_left.eq(Mux(st.k_total < st.nonzero, st.k_total, st.nonzero))
-                        m.d.sync += st.k_total.eq(Mux(st.k_total < st.nonzero, st.k_total, st.nonzero))
+                        k_eff = Mux(st.k_total < st.nonzero, st.k_total, st.nonzero)
+                        m.d.sync += [st.k_left.eq(k_eff), st.k_total.eq(k_eff),
+                                     st.need.eq(k_eff)]
             with m.Case(_Phase.SCAN):
                 self._scan(m, st, hist_sum, scanning_bin)
             with m.Case(_Phase.COUNT):
                 m.d.comb += self.i.ready.eq(1)
-                with m.If(accepted):
-                    m.d.sync += st.acc.eq(st.acc + over)
-                    with m.If(self.i.payload.last):
-                        m.d.sync += st.phase.eq(_Phase.COUNT_DONE)
+                with m.If(accepted & self.i.payload.last):
+                    m.d.sync += [st.phase.eq(_Phase.COUNT_DRAIN), drain.eq(0)]
+            with m.Case(_Phase.COUNT_DRAIN):
+                # the last beat's count reaches acc two cycles after the beat
+                m.d.sync += drain.eq(drain + 1)
+                with m.If(drain == 1):
+                    m.d.sync += st.phase.eq(_Phase.COUNT_DONE)
             with m.Case(_Phase.COUNT_DONE):
                 # band keys allowed: k - #(key > hi), at least 0; at most C are ever taken
                 short = st.k_total - st.acc
@@ -370,9 +431,9 @@ class TopKUnit(wiring.Component):
                              st.ties_left.eq(Mux(st.acc >= st.k_total, 0,
                                                  Mux(short > self.max_chunk, self.max_chunk, short)))]
             with m.Case(_Phase.EMIT):
-                m.d.comb += self.i.ready.eq(~self.o.valid | self.o.ready)
+                m.d.comb += self.i.ready.eq(st.emit_ready)
             with m.Case(_Phase.EMIT_FLUSH):
-                pass                                    # stage A drains (see _emit)
+                pass                                    # the emit pipeline drains (see _emit)
             self._search_cases(m, st, keys, accepted, bad)
 
     def _search_cases(self, m, st, keys, accepted, bad):
@@ -396,13 +457,11 @@ class TopKUnit(wiring.Component):
             with m.If(accepted):
                 with m.If(sr.passes == 0):
                     m.d.sync += sr.any_key.eq(sr.any_key | Cat(k != 0 for k in keys).any())
-                    with m.If(bad):
-                        m.d.sync += st.nonfinite.eq(1)
                 with m.If(self.i.payload.last):
                     m.d.sync += [st.phase.eq(_Phase.SEARCH_DRAIN), sr.drain.eq(0)]
         with m.Case(_Phase.SEARCH_DRAIN):
             m.d.sync += sr.drain.eq(sr.drain + 1)
-            with m.If(sr.drain == 2):               # counts final (compare, popcount, add)
+            with m.If(sr.drain == DRAIN_CYCLES - 1):    # counts final (see count_pipeline)
                 sr.begin_decision(m)
                 with m.If(sr.any_key):
                     m.d.sync += st.phase.eq(_Phase.SEARCH_DECIDE)
@@ -411,7 +470,7 @@ class TopKUnit(wiring.Component):
                                  st.lo.eq((1 << KEY_BITS) - 1), st.ties_left.eq(0),
                                  st.room.eq(self.max_chunk)]
         with m.Case(_Phase.SEARCH_DECIDE):
-            accepted_thr, exhausted = sr.decide(m, st, st.k_total)
+            accepted_thr, exhausted = sr.decide(m, st)
             with m.If(accepted_thr):
                 m.d.sync += [st.phase.eq(_Phase.EMIT), st.ties_left.eq(0),
                              st.room.eq(self.max_chunk)]
@@ -437,33 +496,46 @@ class TopKUnit(wiring.Component):
                 st.search.start(m, depth, cmd.strict)
                 m.d.sync += st.phase.eq(_Phase.SEARCH_REQ)
 
+    def _lane_count(self, m, name, flags, enable):
+        """Number of true ``flags`` while ``enable``, two cycles later (flags, then their
+        sum, registered)."""
+        hits = Signal(len(flags), name=f"{name}_hits")
+        pop = Signal(range(len(flags) + 1), name=f"{name}_pop")
+        m.d.sync += [hits.eq(Cat(f & enable for f in flags)), pop.eq(_tree_sum(list(hits)))]
+        return pop
+
     def _scan(self, m, st, hist_sums, scanning_row):
         """Bins from the top down, ``scan_bins`` per cycle: the first bin where (#keys in higher bins)
         + hist >= k_left holds the k-th largest key; keys in higher bins are all selected.
         The lane sums of a row are registered before the decision (block RAM output ->
         adder tree -> compare would not fit one 8 ns cycle)."""
         R, ROWS_ = self.row_bins, self.rows
-        s_valid, s_row = Signal(), Signal(self.row_bits)
+        # the row's lane fields registered (v1), its group sums (v2), its suffix sums (s)
+        v1, v2, s_valid = Signal(), Signal(), Signal()
+        r1, r2, s_row = (Signal(self.row_bits, name=n) for n in ("row1", "row2", "s_row"))
         # s_cum[h]: keys in bins h..R-1 of the row (the higher bins first), registered
         width = len(hist_sums[0]) + self.rb + 1
         s_cum = [Signal(width, name=f"s_cum{h}") for h in range(R)]
         m.d.sync += [st.scan_valid.eq(st.scan_addr < ROWS_),
                      scanning_row.eq(ROWS_ - 1 - st.scan_addr[:self.row_bits]),
-                     s_valid.eq(st.scan_valid), s_row.eq(scanning_row)]
+                     v1.eq(st.scan_valid), r1.eq(scanning_row), v2.eq(v1), r2.eq(r1),
+                     s_valid.eq(v2), s_row.eq(r2)]
         for h in range(R):
             m.d.sync += s_cum[h].eq(sum(hist_sums[h:]))
         with m.If(st.scan_addr < ROWS_):
             m.d.sync += st.scan_addr.eq(st.scan_addr + 1)
         with m.If(s_valid & ~st.found):
             # the highest bin h where (#keys above it) + its count reaches k_left
+            # need = k_left - (keys in the bins above this row): one compare per bin, no
+            # adder in front of it
             for n, h in enumerate(reversed(range(R))):
-                above = st.acc + (s_cum[h + 1] if h + 1 < R else 0)
-                with (m.If if n == 0 else m.Elif)(st.acc + s_cum[h] >= st.k_left):
-                    m.d.sync += [st.found.eq(1), st.k_left.eq(st.k_left - above),
+                above = s_cum[h + 1] if h + 1 < R else 0
+                with (m.If if n == 0 else m.Elif)(s_cum[h] >= st.need):
+                    m.d.sync += [st.found.eq(1), st.k_left.eq(st.need - above),
                                  st.digit.eq(Cat(Const(h, self.rb), s_row))]
             with m.Else():
-                m.d.sync += st.acc.eq(st.acc + s_cum[0])
-        with m.Elif(~s_valid & ~st.scan_valid & (st.scan_addr == ROWS_)):
+                m.d.sync += st.need.eq(st.need - s_cum[0])
+        with m.Elif(~s_valid & ~v1 & ~v2 & ~st.scan_valid & (st.scan_addr == ROWS_)):
             # once the last row's sum has left the register stage (``s_valid``) and no row
             # is in flight: all bins read and cleared; fix the digit, start the next pass
             with m.Switch(st.pass_index):
@@ -476,14 +548,26 @@ class TopKUnit(wiring.Component):
             with m.Else():
                 m.d.sync += st.phase.eq(_Phase.HIST)
 
-    def _emit(self, m, st, keys, beat, accepted):
-        """Compaction pass, two stages. Stage A registers per lane ``above = key > hi`` and
-        ``band = lo < key <= hi`` (a tie of the exact mode, a band key of BAND). Stage B takes
-        lane l when it is above, or in the band with fewer than ties_left band lanes taken
-        before it in index order, while the running total stays below ``limit`` (``room``
-        counts down); taken lanes are packed into output lanes 0..count-1 in index order.
-        ties_left and room enter the per-lane logic only through W-saturated copies, so the
-        32-bit arithmetic is beside the compaction, not in series with it."""
+    def _emit(self, m, st, rkeys, beat, accepted):
+        """Emit pass: a pipeline of EMIT_STAGES registers (key, flags, prefix counts, lane
+        selection) into an output FIFO. No stage stalls (a stall-together pipeline put
+        o.ready on the enable of every stage register: one net of thousands of loads); the
+        input is taken only while the FIFO has room for every beat in flight.
+
+        K registers the lanes' keys. A: per lane ``above = key > hi`` and ``band = lo < key
+        <= hi`` (a tie of the exact mode, a band key of BAND). P: prefix counts of both
+        flags and the beat totals. S: lane l is taken when it is above, or in the band with
+        fewer than ties_left band lanes before it, while the running total stays below
+        ``limit`` (``room`` counts down); a taken lane's output lane is the number taken
+        before it. Then the one-hot output muxes pack the taken lanes into lanes
+        0..count-1 in index order, into the FIFO.
+
+        ties_left and room enter the lanes only through W-saturated copies (``ties_cap``,
+        ``room_cap``), updated with them. The cap ``room`` and the band quota ``ties_left``
+        never bind in one selection (THRESHOLD has an empty band; EXACT and BAND start room
+        at max_chunk >= C, more than all the chunk's candidates), so room counts every
+        candidate of a beat and ties_left every band lane up to its quota: exactly the
+        lanes taken, with two short subtractions instead of the compaction in the loop."""
         W = self.lanes
         LB = (W - 1).bit_length()
         with m.If(st.phase == _Phase.EMIT_SETUP):
@@ -491,64 +575,99 @@ class TopKUnit(wiring.Component):
             # never binds), so the count is the tie rule's alone (above + k_left = min(k, nnz))
             m.d.sync += [st.hi.eq(st.prefix), st.lo.eq(st.prefix - 1), st.ties_left.eq(st.k_left),
                          st.room.eq(self.max_chunk), st.phase.eq(_Phase.EMIT)]
-        advance = ~self.o.valid | self.o.ready
-        a_valid, a_last, a_beat = Signal(), Signal(), Signal.like(beat)
+        m.submodules.out_fifo = fifo = SyncFIFO(width=len(self.o.payload.as_value()),
+                                                depth=OUT_FIFO_DEPTH)
+        m.d.comb += [self.o.valid.eq(fifo.r_rdy), self.o.payload.eq(fifo.r_data),
+                     fifo.r_en.eq(self.o.ready),
+                     st.emit_ready.eq(fifo.level <= OUT_FIFO_DEPTH - EMIT_STAGES - 1)]
+        # K: keys (the unit's key register) and values
+        k_valid, k_last = Signal(), Signal()
+        k_beat = Signal.like(beat, name="k_beat")
+        k_key = rkeys
+        k_value = [Signal(32, name=f"k_value{l}") for l in range(W)]
+        m.d.sync += [k_valid.eq((st.phase == _Phase.EMIT) & accepted),
+                     k_last.eq(self.i.payload.last), k_beat.eq(beat)]
+        m.d.sync += [k_value[l].eq(self.i.payload.value[l]) for l in range(W)]
+        with m.If((st.phase == _Phase.EMIT) & accepted & self.i.payload.last):
+            m.d.sync += st.phase.eq(_Phase.EMIT_FLUSH)
+        # A: flags
+        a_valid, a_last = Signal(), Signal()
+        a_beat = Signal.like(beat, name="a_beat")
         a_above = [Signal(name=f"above{l}") for l in range(W)]
         a_band = [Signal(name=f"band{l}") for l in range(W)]
         a_value = [Signal(32, name=f"a_value{l}") for l in range(W)]
-        with m.If(advance):
-            m.d.sync += [a_valid.eq((st.phase == _Phase.EMIT) & accepted),
-                         a_last.eq(self.i.payload.last), a_beat.eq(beat)]
-            for l, key in enumerate(keys):
-                m.d.sync += [a_above[l].eq(key > st.hi),
-                             a_band[l].eq((key > st.lo) & (key <= st.hi) & (key != 0)),
-                             a_value[l].eq(self.i.payload.value[l])]
-        with m.If((st.phase == _Phase.EMIT) & accepted & self.i.payload.last):
-            m.d.sync += st.phase.eq(_Phase.EMIT_FLUSH)
-        with m.If((st.phase == _Phase.EMIT_FLUSH) & advance):
-            m.d.sync += st.phase.eq(_Phase.IDLE)       # stage A's last beat moves out now
-        ties_cap, room_cap = Signal(range(W + 1)), Signal(range(W + 1))
-        m.d.comb += [ties_cap.eq(Mux(st.ties_left > W, W, st.ties_left)),
-                     room_cap.eq(Mux(st.room > W, W, st.room))]
-        # Parallel form of "take lane l if above, or a band lane while ties remain, while room
-        # remains" (a lane-by-lane running count was a 16-lane carry chain: 18.8 MHz at
-        # W = 16). band_before/above_before are prefix counts of the registered flags; the
-        # candidates taken before lane l, ignoring room, are above_before + min(band_before,
-        # ties_cap), and room only truncates that sequence, so lane l's output rank (pairs
-        # taken before it) is min(that, room_cap). Every lane is a few levels deep.
-        cap = lambda v, c: Mux(v < c, v, c)      # noqa: E731
-        take, ranks, tie_taken = [], [], []
+        m.d.sync += [a_valid.eq(k_valid), a_last.eq(k_last), a_beat.eq(k_beat)]
+        for l, key in enumerate(k_key):
+            # lo < key <= hi; key > lo >= 0 already excludes key 0 (two comparators a lane)
+            above = key > st.hi
+            m.d.sync += [a_above[l].eq(above), a_band[l].eq((key > st.lo) & ~above),
+                         a_value[l].eq(k_value[l])]
+        # P: prefix counts (flags of the lanes before l) and beat totals
+        p_valid, p_last = Signal(), Signal()
+        p_beat = Signal.like(beat, name="p_beat")
+        p_above = [Signal(name=f"p_above{l}") for l in range(W)]
+        p_band = [Signal(name=f"p_band{l}") for l in range(W)]
+        p_value = [Signal(32, name=f"p_value{l}") for l in range(W)]
+        above_before = [Signal(range(W + 1), name=f"above_before{l}") for l in range(W)]
+        band_before = [Signal(range(W + 1), name=f"band_before{l}") for l in range(W)]
+        above_total, band_total = Signal(range(W + 1)), Signal(range(W + 1))
+        cand_total = Signal(range(W + 1))
+        m.d.sync += [p_valid.eq(a_valid), p_last.eq(a_last), p_beat.eq(a_beat),
+                     above_total.eq(_tree_sum(a_above)), band_total.eq(_tree_sum(a_band)),
+                     cand_total.eq(_tree_sum([a | b for a, b in zip(a_above, a_band)]))]
         for l in range(W):
-            above_before = Signal(range(W + 1), name=f"above_before{l}")
-            band_before = Signal(range(W + 1), name=f"band_before{l}")
+            m.d.sync += [p_above[l].eq(a_above[l]), p_band[l].eq(a_band[l]),
+                         p_value[l].eq(a_value[l]),
+                         above_before[l].eq(_tree_sum(a_above[:l])),
+                         band_before[l].eq(_tree_sum(a_band[:l]))]
+        # S: lane selection as one-hot (output lane j, input lane l >= j); budget update
+        cap = lambda v, c: Mux(v < c, v, c)      # noqa: E731
+        t, r = st.ties_cap, st.room_cap
+        s_valid, s_last = Signal(), Signal()
+        s_beat = Signal.like(beat, name="s_beat")
+        s_count = Signal(range(W + 1))
+        s_value = [Signal(32, name=f"s_value{l}") for l in range(W)]
+        s_hit = [[Signal(name=f"hit{j}_{l}") for l in range(W)] for j in range(W)]
+        m.d.sync += [s_valid.eq(p_valid), s_last.eq(p_last), s_beat.eq(p_beat),
+                     s_count.eq(cap(above_total + cap(band_total, t), r))]
+        for l in range(W):
             cand_before = Signal(range(2 * W + 1), name=f"cand_before{l}")
-            rank, sel = Signal(range(W + 1), name=f"rank{l}"), Signal(name=f"sel{l}")
-            tie = Signal(name=f"tie{l}")
-            m.d.comb += [above_before.eq(_tree_sum(a_above[:l])),
-                         band_before.eq(_tree_sum(a_band[:l])),
-                         cand_before.eq(above_before + cap(band_before, ties_cap)),
-                         tie.eq(a_band[l] & (band_before < ties_cap)),
-                         sel.eq((a_above[l] | tie) & (cand_before < room_cap)),
-                         rank.eq(cap(cand_before, room_cap))]
-            take.append(sel)
-            ranks.append(rank)
-            tie_taken.append(tie & sel)
-        count, ties = Signal(range(W + 1)), Signal(range(W + 1))
-        m.d.comb += [count.eq(_tree_sum(take)), ties.eq(_tree_sum(tie_taken))]
-        out = self.o.payload
-        with m.If(a_valid & advance):
-            m.d.sync += [st.room.eq(st.room - count), st.ties_left.eq(st.ties_left - ties)]
-        with m.If(advance):
-            m.d.sync += [self.o.valid.eq(a_valid & ((count != 0) | a_last)),
-                         out.count.eq(count), out.last.eq(a_last)]
-            # output lane j = the taken input lane of rank j (at most one): a one-hot OR,
-            # not a priority chain of muxes
-            for j in range(W):
-                hits = [take[l] & (ranks[l] == j) for l in range(j, W)]   # lane l lands at j <= l
-                idx = _or_tree([Mux(h, Cat(Const(l, LB), a_beat)[:32], 0)
-                                for h, l in zip(hits, range(j, W))])
-                val = _or_tree([Mux(h, a_value[l], 0) for h, l in zip(hits, range(j, W))])
-                m.d.sync += [out.index[j].eq(idx), out.value[j].eq(val)]
+            sel = Signal(name=f"sel{l}")
+            m.d.comb += [cand_before.eq(above_before[l] + cap(band_before[l], t)),
+                         sel.eq((p_above[l] | (p_band[l] & (band_before[l] < t)))
+                                & (cand_before < r))]
+            m.d.sync += s_value[l].eq(p_value[l])
+            m.d.sync += [s_hit[j][l].eq(sel & (cand_before == j)) for j in range(l + 1)]
+        # the saturated copies follow their counters (set elsewhere at least 3 cycles before
+        # the first beat reaches S), and are updated with them beat by beat
+        m.d.sync += [st.ties_cap.eq(_saturate(st.ties_left, W)),
+                     st.room_cap.eq(_saturate(st.room, W))]
+        with m.If(p_valid):
+            ties_next = st.ties_left - cap(band_total, t)
+            room_next = st.room - cap(cand_total, r)
+            m.d.sync += [st.ties_left.eq(ties_next), st.room.eq(room_next),
+                         st.ties_cap.eq(_saturate(ties_next, W)),
+                         st.room_cap.eq(_saturate(room_next, W))]
+        with m.If((st.phase == _Phase.EMIT_FLUSH) & s_valid & s_last):
+            m.d.sync += st.phase.eq(_Phase.IDLE)       # the last beat enters the FIFO now
+        # output lane j = the taken input lane of rank j (at most one): a one-hot OR
+        out = Signal.like(self.o.payload)
+        m.d.comb += [out.count.eq(s_count), out.last.eq(s_last),
+                     fifo.w_en.eq(s_valid & ((s_count != 0) | s_last)),
+                     fifo.w_data.eq(out.as_value())]
+        for j in range(W):
+            hits = s_hit[j][j:]
+            code = _or_tree([Mux(h, l, 0) for h, l in zip(hits, range(j, W))])
+            m.d.comb += [out.index[j].eq(Mux(Cat(*hits).any(), Cat(code[:LB], s_beat)[:32], 0)),
+                         out.value[j].eq(_or_tree([Mux(h, s_value[l], 0)
+                                                   for h, l in zip(hits, range(j, W))]))]
+
+
+def _saturate(value, limit: int):
+    """min(value, limit) for a power-of-two limit: value >= limit iff a bit at or above
+    log2(limit) is set (no comparator)."""
+    lb = limit.bit_length() - 1
+    return Mux(value[lb:].any(), limit, value[:lb])
 
 
 def _tree_sum(bits):
@@ -578,6 +697,7 @@ class _Phase(enum.Enum, shape=4):
     EMIT = 6
     EMIT_FLUSH = 7
     COUNT_DONE = 8
+    COUNT_DRAIN = 14
     SEARCH_REQ = 9
     SEARCH_LOAD = 10
     SEARCH_COUNT = 11
@@ -601,7 +721,12 @@ class _State:
         self.k_left = Signal(CB + 1)
         self.ties_left = Signal(CB + 1)     # both at most C: never more than C pairs go out
         self.room = Signal(CB + 1)
+        # min(ties_left, W), min(room, W): what the emit lanes see (see TopKUnit._emit)
+        self.ties_cap = Signal(range(unit.lanes + 1))
+        self.room_cap = Signal(range(unit.lanes + 1))
+        self.emit_ready = Signal()          # the emit pipeline takes a beat
         self.acc = Signal(CB + 1)
+        self.need = Signal(CB + 1)          # scan: k_left minus the keys in the bins above
         self.found = Signal()
         self.nonzero = Signal(CB + 1)
         self.nonfinite = Signal()

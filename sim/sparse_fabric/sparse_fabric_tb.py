@@ -1,15 +1,15 @@
 """cocotb bench of the sparse NIC fabric (``treenic.hdl.nic.sparse_fabric``): every node's
 program and gradients through its host stream, one fabric-wide start, the dump of every
-node compared bit for bit (results AND residuals) with ``treenic.sparse.multitree_sparse``
-over several error-feedback iterations; the links stall at random (LFSR in each link)."""
+node compared bit for bit (results AND residuals) with the golden model
+(``treenic.sparse.multitree_sparse`` with either residual, or ``topk_family.TopkA``) over
+several error-feedback iterations; the links stall at random (LFSR in each link)."""
 import cocotb
 import numpy as np
 from cocotb.triggers import RisingEdge
 
 from harness import bench_params, start_clock_and_reset
-from treenic.hdl.nic.sparse_fabric import decode_dump, dump_word, load_words
-from treenic.schedule.sparse_table import compile_sparse
-from treenic.sparse.multitree_sparse import MultiTreeSparse
+from treenic.hdl.nic.sparse_fabric import decode_program_dump, dump_request, load_words
+from treenic.hdl.nic.sparse_sim import sparse_model
 
 
 def _init(dut, P):
@@ -31,8 +31,8 @@ async def _send(dut, u, words):
     valid.value = 0
 
 
-async def _dump(dut, u, N):
-    await _send(dut, u, [dump_word(N)])
+async def _dump(dut, u, prog):
+    await _send(dut, u, [dump_request(prog)])
     valid, payload = getattr(dut, f"host_o__{u}__valid"), getattr(dut, f"host_o__{u}__payload")
     getattr(dut, f"host_o__{u}__ready").value = 1
     words = []
@@ -51,9 +51,10 @@ async def _dump(dut, u, N):
 async def multitree_sparse_iterations(dut):
     p = bench_params()
     P, N = p["workers"], p["elements"]
-    golden = MultiTreeSparse(P, N, p["density"], seed=p["seed"], topology=p["topology"],
-                             flow_assignment=p["flow_assignment"])
-    prog = compile_sparse(golden)
+    golden, prog = sparse_model(p.get("algorithm", "multitree-sparse"), p["topology"], N,
+                                p["density"], seed=p["seed"],
+                                flow_assignment=p["flow_assignment"],
+                                residual=p.get("residual", "local"))
     rng = np.random.default_rng(p["seed"])
     await start_clock_and_reset(dut, init=lambda d: _init(d, P))
     for it in range(p["iterations"]):
@@ -74,7 +75,7 @@ async def multitree_sparse_iterations(dut):
             assert cycles < 200_000, "sparse fabric did not finish"
         want = golden.step(g)
         for u in range(P):
-            resid, res = decode_dump(await _dump(dut, u, N), N, prog.perm)
+            resid, res = decode_program_dump(await _dump(dut, u, prog), prog)
             assert np.array_equal(res.view(np.uint32), want.result[u].view(np.uint32)), \
                 f"iteration {it} node {u}: result differs from the golden"
             assert np.array_equal(resid.view(np.uint32), want.residuals[u].view(np.uint32)), \

@@ -212,8 +212,8 @@ from .driver.fabric import RTL_SPARSE    # sparse schemes the RTL implements (do
 
 
 def cmd_sparse_allreduce(args, topo) -> int:
-    """``allreduce --density D --engine rtl``: MultiTree-Sparse on the Verilated sparse
-    fabric, every iteration checked against the golden model."""
+    """``allreduce --density D --engine rtl``: MultiTree-Sparse or TopkA on the Verilated
+    sparse fabric, every iteration checked against the golden model."""
     if args.engine != "rtl":
         raise CLIError("a sparse all-reduce needs --engine rtl here (the golden sparse "
                        "models run under `treenic sparse`)")
@@ -226,16 +226,25 @@ def cmd_sparse_allreduce(args, topo) -> int:
         raise CLIError(f"--iterations must be in 1..100, got {args.iterations}")
     if args.elements < topo.n:
         raise CLIError(f"--elements {args.elements}: need at least one per flow ({topo.n})")
+    if args.algorithm != "multitree-sparse" and (args.residual, args.flow_assignment) != (
+            "local", "contiguous"):
+        raise CLIError(f"--algorithm {args.algorithm} has no --residual / --flow-assignment "
+                       "(only multitree-sparse has)")
+    if args.algorithm == "topka" and round(args.density * args.elements) < 1:
+        raise CLIError(f"--density {args.density} selects k = 0 of {args.elements} elements")
     from .hdl.cosim import cosim_available
     if not cosim_available():
         raise CLIError("--engine rtl needs verilator and a C++ compiler on PATH")
     from .hdl.nic.sparse_sim import sparse_allreduce_report
     r = sparse_allreduce_report(topo.spec, args.elements, args.density,
-                                iterations=args.iterations, seed=args.seed)
+                                iterations=args.iterations, seed=args.seed,
+                                algorithm=args.algorithm, residual=args.residual,
+                                flow_assignment=args.flow_assignment, codec=args.codec)
     if args.json:
         print(json.dumps(r))
     else:
-        print(f"multitree-sparse all-reduce of {r['elements']} float32 at density "
+        print(f"{r['algorithm']} all-reduce ({r['residual']} residual, "
+              f"{r['flow_assignment']} flows) of {r['elements']} float32 at density "
               f"{r['density']} on {r['topology']} ({r['engine']}), {r['iterations']} "
               f"iterations: bit-exact={r['bit_exact']}, {r['cycles']} cycles (ideal "
               f"{r['ideal_cycles']}, dense {r['dense_cycles']}), link bytes "
@@ -434,6 +443,13 @@ def build_parser() -> argparse.ArgumentParser:
     a.add_argument("--engine", choices=("golden", "rtl"), default="golden")
     a.add_argument("--iterations", type=int, default=3,
                    help="error-feedback iterations of a sparse run")
+    a.add_argument("--residual", choices=("local", "global"), default="local",
+                   help="multitree-sparse's error-feedback residual (sparse run)")
+    a.add_argument("--flow-assignment", choices=("contiguous", "hash"), default="contiguous",
+                   help="multitree-sparse's flows: contiguous chunks or Zen's hash")
+    a.add_argument("--codec", action="store_true",
+                   help="sparse run: codec messages (pairs or bitmap + values, whichever is "
+                        "smaller) instead of one pair a flit")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=cmd_allreduce)
 

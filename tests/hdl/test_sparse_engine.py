@@ -17,14 +17,14 @@ N = 32
 FMT = FlitFormat()
 
 
-def _engine():
+def _engine(codec=False):
     return SparseEngine(ports=1, depth=N, lanes=2, max_flow=N, chunks=1, slot=8, rows=8,
-                        rx_depth=32, scan_bins=16, fmt=FMT)
+                        rx_depth=32, scan_bins=16, fmt=FMT, codec=codec)
 
 
-def _run(rows, grads, flits=(), clear=False):
+def _run(rows, grads, flits=(), clear=False, codec=False):
     """Load, feed ``flits`` on rx[0], run, dump; returns (residual, result, malformed)."""
-    eng = _engine()
+    eng = _engine(codec)
     prog = SparseProgram("ring:2", N, [rows], 1, N, 8, 32, 1)
     got = {}
 
@@ -116,3 +116,39 @@ def test_clear_zeroes_the_residual():
                             pack_row(op=SparseOp.END)], g, clear=True)
     assert np.array_equal(resid.view(np.uint32), np.zeros(N, np.uint32))   # all +0
     assert np.count_nonzero(out) == 3 and bad == 0
+
+
+def _codec_message(step, pairs, chunk, *, words_kept=None):
+    """A codec message (``treenic.sparse.codec.encode_message``, two words a flit); with
+    ``words_kept`` the body is cut after that many words (the tail counts what is sent)."""
+    from treenic.sparse.codec import encode_message
+    idx = np.array([i for i, _ in pairs], np.int64)
+    words = [int(w) for w in encode_message(idx, np.array([v for _, v in pairs], np.float32),
+                                            chunk)][:words_kept]
+    head = FMT.pack_sub_head(flow=0, op=int(Op.SPARSE), step=step, length=len(pairs))
+    body = [FMT.make_flit(FlitType.SUB_BODY, 0, words[i] | (words[i + 1] if i + 1 < len(words)
+                                                            else 0) << 32)
+            for i in range(0, len(words), 2)]
+    return ([FMT.make_flit(FlitType.SUB_HEAD, 0, head)] + body +
+            [FMT.make_flit(FlitType.MSG_TAIL, 0, len(body))])
+
+
+def test_codec_recv_bitmap_and_pairs_and_a_truncated_message():
+    """RECV_BM decodes the golden codec's bitmap and pair messages into the scatter adder;
+    a message cut short is counted, its decoded pairs stay, and the next message decodes
+    (the decoder is reset at every message)."""
+    from treenic.sparse.codec import FORMAT_BITMAP, message_format
+    g = _grads(5)
+    rows = [pack_row(op=SparseOp.RECV_BM, step=s, lo=0, n=N, k=4) for s in (1, 2, 3)]
+    bitmap = [(1, 0.5), (3, -2.0), (9, 1.25), (30, 4.0)]     # 4 pairs > 1 bitmap word
+    pairs = [(7, 3.0)]                                        # 1 pair: pair format
+    assert message_format(4, N) == FORMAT_BITMAP != message_format(1, N)
+    cut = [(2, 1.0), (5, 2.0), (6, 8.0)]
+    flits = (_codec_message(1, bitmap, N) + _codec_message(2, cut, N, words_kept=3) +
+             _codec_message(3, pairs, N))
+    resid, _, bad = _run(rows + [pack_row(op=SparseOp.END)], g, flits, codec=True)
+    want = g.copy()
+    for i, v in bitmap + cut[:1] + pairs:                     # the cut message's first pair
+        want[i] = np.float32(want[i] + np.float32(v))
+    assert np.array_equal(resid.view(np.uint32), want.view(np.uint32))
+    assert bad == 1

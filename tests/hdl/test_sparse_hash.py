@@ -13,10 +13,11 @@ EDGE_KEYS = [0, 1, 2, 3, 1000, 0xFFFFFFFE, 0xFFFFFFFF, 0x74736574, 0x80000000]
 
 
 def _hash_rtl(keys, *, lanes, seed, pbits=0, workers=None, p_valid=1.0, p_ready=1.0,
-              rng_seed=0):
+              rng_seed=0, lut_multiplies=0):
     keys = list(keys) + [0] * (-len(keys) % lanes)
     beats = [pack(keys[b:b + lanes], 32) for b in range(0, len(keys), lanes)]
-    dut = Murmur3HashUnit(lanes=lanes, partition_bits=pbits, workers=workers)
+    dut = Murmur3HashUnit(lanes=lanes, partition_bits=pbits, workers=workers,
+                          lut_multiplies=lut_multiplies)
     out, cycles = run_stream_unit(dut, beats, p_valid=p_valid, p_ready=p_ready, seed=rng_seed,
                                   setup=lambda ctx: ctx.set(dut.seed, seed))
     pw = max(1, dut.partition_bits)
@@ -105,3 +106,37 @@ def test_bad_parameters_rejected():
         Murmur3HashUnit(partition_bits=2, workers=6)
     assert Murmur3HashUnit(workers=8).latency == LATENCY
     assert Murmur3HashUnit(workers=6).latency == LATENCY + MOD_STAGES
+
+
+def test_csd_digits_rebuild_the_constants():
+    from treenic.hdl.sparse.hash import _C1, _C2, _F1, _F2, csd_digits
+    for c in (_C1, _C2, _F1, _F2, 5, 0xFFFFFFFF, 0x80000000, 0x55555555):
+        digits = csd_digits(c)
+        assert sum(d << p for p, d in digits) % 2**32 == c
+        assert all(b[0] - a[0] >= 2 for a, b in zip(digits, digits[1:]))
+
+
+@settings(max_examples=6, deadline=None)
+@given(keys=st.lists(st.integers(0, 2**32 - 1), min_size=1, max_size=24),
+       seed=st.integers(0, 2**32 - 1), luts=st.integers(1, 4), rng_seed=st.integers(0, 1000))
+def test_lut_multiplies_bit_exact_with_stalls(keys, seed, luts, rng_seed):
+    """Constant multiplies as shift-add trees (lut_multiplies): the same hash, the same
+    latency; a wrong digit would fail the edge keys."""
+    keys = EDGE_KEYS + keys
+    h, p, _ = _hash_rtl(keys, lanes=2, seed=seed, pbits=3, p_valid=0.6, p_ready=0.6,
+                        rng_seed=rng_seed, lut_multiplies=luts)
+    k = np.array(keys, np.uint32)
+    assert np.array_equal(h[:len(keys)], murmur3_32(k, seed))
+    assert np.array_equal(p[:len(keys)], partition_of(k, 8, seed))
+    assert Murmur3HashUnit(lanes=2, lut_multiplies=luts).latency == LATENCY
+
+
+def test_lut_multiplies_is_validated():
+    with pytest.raises(ValueError, match="lut_multiplies"):
+        Murmur3HashUnit(lanes=2, lut_multiplies=5)
+
+
+def test_lut_order_fewest_digits_first():
+    from treenic.hdl.sparse.hash import _LUT_ORDER, csd_digits
+    counts = [len(csd_digits(c)) for c in _LUT_ORDER]
+    assert counts == sorted(counts) and len(set(_LUT_ORDER)) == 4

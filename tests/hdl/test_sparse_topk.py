@@ -6,7 +6,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from treenic.hdl.sparse.simdrive import run_stream_unit
 from treenic.hdl.sparse.topk import (PASSES, Mode, TopKUnit, chunk_beats, command_word,
-                                     decode_pairs, output_is_last, search_command)
+                                     decode_pairs, exact_cycles, output_is_last,
+                                     search_command)
 from treenic.sparse import select
 
 SUBNORMALS = np.array([1, 2, 3, 0x7FFFFF, 0x400000], np.uint32).view(np.float32)
@@ -89,10 +90,12 @@ def test_exact_k_one_and_k_at_least_nonzeros():
 
 
 def test_exact_cycles_independent_of_k():
+    """...and equal to the documented contract ``exact_cycles`` (the network model's)."""
     rng = np.random.default_rng(5)
     x = rng.standard_normal(128).astype(np.float32)
     cycles = {check_exact(x, k, 4) for k in (1, 10, 100)}
-    assert len(cycles) == 1, cycles
+    assert cycles == {exact_cycles(128, 4)}, cycles
+    assert check_exact(x, 3, 8, scan_bins=16) == exact_cycles(128, 8, 16)
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -47,7 +47,7 @@ RTL_SPARSE_DESCRIPTION = f"Verilated sparse NIC fabric ({RTL_SPARSE_MODULE})"
 
 ENGINES = ("golden", "rtl")
 #: sparse schemes the RTL engine runs (docs/sparse-nic.md)
-RTL_SPARSE = ("multitree-sparse",)
+RTL_SPARSE = ("multitree-sparse", "topka")
 #: How often a rank waiting in a collective checks that its own connection is still open.
 POLL_SECONDS = 0.1
 
@@ -174,7 +174,7 @@ class RTLEngine:
     #: Values of each sparse option (:data:`SPARSE_OPTIONS`) :meth:`run_sparse` runs on the
     #: fabric; a request with another value is an error on this engine, never a golden run.
     #: Hash flows: the host lays the buffer out in the hash's flow order (SparseFabricSim).
-    SPARSE_OPTION_VALUES: dict = {"residual": ("local",),
+    SPARSE_OPTION_VALUES: dict = {"residual": ("local", "global"),
                                   "flow_assignment": ("contiguous", "hash")}
 
     def __init__(self, schedule: Schedule, images=None):
@@ -247,8 +247,9 @@ class RTLEngine:
         return out, (None if cycles is None else int(cycles))
 
     def run_sparse(self, scheme, accs, density, seed, options=None):
-        """MultiTree-Sparse of ``accs`` on the Verilated sparse NIC fabric of the schedule's
-        topology (results and residuals from the RTL); ``info["engine"]`` names it."""
+        """MultiTree-Sparse or TopkA of ``accs`` on the Verilated sparse NIC fabric of the
+        schedule's topology (results and residuals from the RTL); ``info["engine"]`` names
+        it."""
         why = rtl_sparse_unsupported(scheme, options)
         if why:
             raise FabricError(why)
@@ -256,8 +257,10 @@ class RTLEngine:
             from ..hdl.nic.sparse_sim import StatelessSparse
             self._sparse = StatelessSparse(self.schedule.topology.spec)
         try:
-            flow = (options or {}).get("flow_assignment", "contiguous")
-            res, _ = self._sparse.run(accs, density, seed, flow)
+            opts = options or {}
+            res, _ = self._sparse.run(accs, density, seed,
+                                      opts.get("flow_assignment", "contiguous"),
+                                      algorithm=scheme, residual=opts.get("residual", "local"))
         except (ValueError, TimeoutError) as e:
             raise FabricError(f"RTL sparse fabric: {e}") from None
         return res

@@ -7,6 +7,9 @@
   cycles, the model's prediction and the relative error; ``max_error`` the largest.
   The RTL numbers come from ``rtl_cycles.json`` (with the command that reproduces them);
   with ``TREENIC_NETSIM_LIVE=1`` they are re-measured with Verilator first (tens of minutes).
+* ``cycles_over_ideal``: store-and-forward against cut-through (``NicParams.forward``),
+  cycles over the schedule's ideal: recorded RTL twins and the model from 32 B to 1 MiB
+  per node (:mod:`.ideal_report`, plot ``cycles_over_ideal.png``).
 * ``seconds_torus_32x32``: model time of one MultiTree all-reduce of 64 MiB on torus 32x32
   (the MultiTree compiler's own time is reported beside it, ``build_seconds``), and the
   curve of model time against transfers for tori 4x4 … 32x32 (``scaling``, plot).
@@ -21,8 +24,7 @@ from pathlib import Path
 
 from treenic.algorithms import build
 
-from . import sparse
-from . import rtl_runs
+from . import ideal_report, rtl_runs, sparse
 from .sim import simulate
 from .stalls import fabric_stalls
 from .timing import PAPER, RTL, NicTiming
@@ -35,7 +37,8 @@ SCALE_BYTES = 64 << 20
 def rtl_timing(run: rtl_runs.RtlRun) -> NicTiming:
     """The model's parameters for one fabric configuration."""
     return RTL.with_(link_latency_cycles=run.latency, credits=run.credits, mode=run.mode,
-                     sub_words=run.sub_words, packet_words=run.packet_words, stall=run.stall)
+                     sub_words=run.sub_words, packet_words=run.packet_words, stall=run.stall,
+                     forward=run.forward)
 
 
 def predict(run: rtl_runs.RtlRun, record: dict | None = None):
@@ -79,7 +82,8 @@ def validation(records: dict | None = None) -> list[dict]:
             out.append({
                 "run": r.name if k == 0 else f"{r.name}@{sample['lfsr_steps_at_start']}",
                 "topology": r.topology, "algorithm": r.algorithm, "elements": r.elements,
-                "mode": r.mode, "stall": r.stall, "stall_model": stall_model,
+                "mode": r.mode, "forward": r.forward, "stall": r.stall,
+                "stall_model": stall_model,
                 "lfsr_steps_at_start": sample.get("lfsr_steps_at_start"),
                 "variant": r.variant or ("bound" if r.algorithm == "multitree" else None),
                 "rtl_cycles": rtl, "model_cycles": round(res.cycles, 1),
@@ -168,6 +172,8 @@ def run(out_dir, quick: bool = False) -> dict:
     else:
         records = rtl_runs.load()
     val = validation(records)
+    over_ideal = {"rtl": ideal_report.rtl_rows(records), "model": ideal_report.model_curves()}
+    ideal_report.plot(over_ideal["rtl"], over_ideal["model"], out_dir / "cycles_over_ideal.png")
     sizes = [4, 8] if quick else [4, 8, 16, 32]
     rows = scaling(sizes, out_dir)
     big = next((r for r in rows if r["nodes"] == 1024), None)
@@ -180,7 +186,7 @@ def run(out_dir, quick: bool = False) -> dict:
            "load_average": round(os.getloadavg()[0], 1),
            "build_seconds_torus_32x32": big["build_seconds"] if big else None,
            "target_seconds_torus_32x32": 60,
-           "scaling": rows}
+           "scaling": rows, "cycles_over_ideal": over_ideal}
     if big is None:
         print("netsim: NOTICE: --quick leaves out torus 32x32 (seconds_torus_32x32 = null)",
               file=sys.stderr)
@@ -197,6 +203,7 @@ def _markdown(res) -> str:
            for v in res["validation"]]
     if res["max_error"] is not None:
         md += ["", f"Largest error: {res['max_error']:.1%} (target 5 %)."]
+    md += ideal_report.markdown(res["cycles_over_ideal"]["rtl"])
     md += ["", "64 MiB MultiTree all-reduce on tori, model time against transfers "
            "(paper links: 16 GB/s, 150 ns):", "",
            "| topology | transfers | model s (wall) | model s (CPU) | compiler s | "

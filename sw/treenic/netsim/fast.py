@@ -334,10 +334,10 @@ class _State:
             np.maximum.at(idle, sp, self.tx_idle[u[sp], sport] + t.idle_cycles)
             send = kind == 2
             x[send] = np.maximum.reduce([x[send], depf[send] + t.dep_cycles, idle[send]])
-            begin = x[sp] + t.tx_start
+            begin = x[sp] + t.start_cycles
             end = begin + sflits * cpf[sw]
             if t.forward == "cut-through":
-                end = np.maximum(end, depF[sp] + t.tx_start)
+                end = np.maximum(end, depF[sp] + t.start_cycles)
             self.tx_idle[u[sp], sport] = end + t.tx_tail
             full = end + lat[sw] + t.rx_done
             first = full

@@ -60,6 +60,9 @@ class RtlRun:
     #: of the sparse engine (:class:`treenic.hdl.nic.sparse_sim.SparseFabricSim`)
     density: float | None = None
     lanes: int = 16
+    #: the NIC's forwarding at step boundaries (``NicParams.forward``): "store" or
+    #: "cut-through"; the model runs with the same (``NicTiming.forward``)
+    forward: str = "store"
 
     @property
     def sparse(self) -> bool:
@@ -80,6 +83,13 @@ RUNS = [
            credits=8, packet_words=16, variant="paper"),
     RtlRun("torus4x4_64KiB", "torus:4x4", "multitree", 16384, slow=True, variant="paper"),
     RtlRun("torus4x4_64KiB_bound", "torus:4x4", "multitree", 16384, slow=True),
+    # cut-through forwarding (issue 20 item 2), the same fabrics as their store twins
+    RtlRun("ring8_1000_cut", "ring:8", "ring", 1000, latency=2, credits=8,
+           forward="cut-through"),
+    RtlRun("torus4x4_1000_cut", "torus:4x4", "multitree", 1000, latency=1, credits=8,
+           variant="paper", forward="cut-through"),
+    RtlRun("torus4x4_64KiB_bound_cut", "torus:4x4", "multitree", 16384, slow=True,
+           forward="cut-through"),
     # the sim/fabric benches (make sim SIM=verilator), random link stalls
     RtlRun("bench_ring8_stall40", "ring:8", "ring", 1000, latency=2, credits=8,
            packet_words=16, stall=40, seed=7, slow=True, samples=4),
@@ -109,7 +119,7 @@ def nic_params(run: RtlRun, schedule):
     from treenic.hdl.nic.host import params_for_images
     return params_for_images(compile_images(None, schedule, run.elements), mode=run.mode,
                              sub_words=run.sub_words, credits=run.credits,
-                             packet_words=run.packet_words)
+                             packet_words=run.packet_words, forward=run.forward)
 
 
 def measure(run: RtlRun) -> dict:

@@ -399,9 +399,9 @@ class _Sim:
         t, links = self.t, self.links
         cut = t.forward == "cut-through"
         # cut-through forwarding: the send may not finish before the data it forwards is in
-        not_before = dep_full + t.tx_start if cut else 0.0
+        not_before = dep_full + t.start_cycles if cut else 0.0
         for p, k, path, _ in sends:
-            tx_end, last_in, first_in = links.send(path, x + t.tx_start, flits, not_before)
+            tx_end, last_in, first_in = links.send(path, x + t.start_cycles, flits, not_before)
             node.tx_idle[p] = tx_end + t.tx_tail
             full = last_in + t.rx_done
             first = full

@@ -12,7 +12,13 @@ emits, and this model consumes those rows (it derives no schedule of its own). P
 * ``RECV`` / ``GRECV``: pop the port's head flit (waiting for it to arrive), one body flit a
   cycle into the scatter adder (RECV) or the final slot (GRECV), the tail, then drain;
 * ``GSEND``: head, one final pair a cycle, tail;
+* ``ACC`` / ``ZERO`` (TopkA's sum, its result region's clearing): one slot pair a cycle
+  through the scatter unit, then drain; ``FIXUP`` (global residual): two cycles a pair;
+  ``COPY`` (global residual's snapshot and restore): one word a cycle; slots are priced at
+  their full budget ``kb`` of the row's flow;
 * ``END``.
+
+Codec-message rows (``*_BM``) are not priced: :func:`predict` refuses them.
 
 Every row pays the sequencer's FETCH, LOAD, DISPATCH and NEXT states. A message's flits
 travel over a link priced by the network model's flit model (:meth:`NicTiming.link_rate`
@@ -33,27 +39,17 @@ import math
 from dataclasses import dataclass, replace
 
 from treenic.hdl.sparse.scatter import LATENCY as SCATTER_LATENCY
-from treenic.hdl.sparse.topk import BINS, HIST_PASSES, PASSES, SCAN_CYCLES, ROWS, Mode
+from treenic.hdl.sparse.topk import exact_cycles
 from treenic.schedule.sparse_table import SparseOp, unpack_row
 
 from .timing import RTL
 
 __all__ = ["SparseTiming", "SPARSE_RTL", "topk_exact_cycles", "emit_pass_cycles", "predict", "calibrate"]
 
-#: cycles of one histogram pass's scan beyond the rows it reads: the unit's docstring gives
-#: the EXACT total 5 C/W + 4 * 133 + 4 at its default 128 rows, a scan of SCAN_CYCLES = 131
-#: plus two cycles of pass turnaround
-_SCAN_EXTRA = SCAN_CYCLES - ROWS + 2
-_TOPK_TAIL = 4
-
-
 def topk_exact_cycles(n: int, lanes: int, scan_bins: int) -> int:
     """The ``TopKUnit``'s EXACT-mode cycles for a chunk of ``n`` values at full input rate:
-    ``PASSES[EXACT]`` data passes of ``ceil(n/W)`` beats, ``HIST_PASSES`` histogram scans of
-    ``BINS/scan_bins`` rows each, and the unit's fixed tail (``hdl/sparse/topk.py``)."""
-    beats = -(-n // lanes)
-    return (PASSES[Mode.EXACT] * beats + HIST_PASSES * (BINS // scan_bins + _SCAN_EXTRA)
-            + _TOPK_TAIL)
+    the unit's own cycle contract (:func:`treenic.hdl.sparse.topk.exact_cycles`)."""
+    return exact_cycles(n, lanes, scan_bins)
 
 
 def _beat_widths(n: int, lanes: int) -> list[int]:
@@ -111,6 +107,10 @@ class SparseTiming:
         of the zeroing pairs and NEXT follow it).
     rx_extra : int
         A flit out of the link's registers to readable in the receive FIFO.
+    slot_fixed, copy_fixed : int
+        ACC / ZERO / FIXUP beyond one (FIXUP: two) cycles per slot pair, COPY beyond one
+        cycle per word (one engine in the Amaranth simulator, ROOT of 50 pairs then the row:
+        ACC 63, ZERO 63, FIXUP 113 cycles; COPY of 256 words 270).
     """
     lanes: int = 16
     scan_bins: int = 16
@@ -124,6 +124,8 @@ class SparseTiming:
     head_cycles: int = 5
     tail_lead: int = SCATTER_LATENCY + 1
     rx_extra: int = 1
+    slot_fixed: int = 13
+    copy_fixed: int = 14
 
     def with_(self, **kw) -> "SparseTiming":
         return replace(self, **kw)
@@ -135,11 +137,11 @@ class SparseTiming:
 #: constants from them (a test holds :data:`SPARSE_RTL` equal to that).
 CALIBRATION = {
     ("END", 0, 0): 3,
-    ("ROOT", 500, 50): 310, ("ROOT", 250, 12): 192, ("ROOT", 256, 1): 185,
-    ("SEND", 500, 50): 310, ("SEND", 250, 12): 192, ("SEND", 256, 1): 185,
+    ("ROOT", 500, 50): 321, ("ROOT", 250, 12): 202, ("ROOT", 256, 1): 197,
+    ("SEND", 500, 50): 321, ("SEND", 250, 12): 202, ("SEND", 256, 1): 197,
     ("RECV", 500, 50): 67, ("RECV", 500, 12): 29,
     ("GRECV", 500, 50): 60, ("GRECV", 500, 12): 22,
-    ("ROOT+GSEND", 500, 50): 368,
+    ("ROOT+GSEND", 500, 50): 379,
 }
 
 
@@ -161,10 +163,17 @@ def select_cycles(n: int, k: int, tm: SparseTiming) -> float:
             + emit_pass_cycles(n, k, tm.lanes, tm.pair_cycles))
 
 
-def _row(t, row, tm, flit_time, inbox):
+def _row(t, row, tm, flit_time, inbox, kb=()):
     """(cycle the next row starts, message sent / "pop" / None); None while a receive
-    waits for a message no sender has produced yet."""
+    waits for a message no sender has produced yet. ``kb``: the program's budget per flow
+    (the slot rows' pair counts)."""
     op, k = row["op"], row["k"]
+    if op in (SparseOp.ACC, SparseOp.ZERO, SparseOp.FIXUP):
+        return t + tm.slot_fixed + kb[row["chunk"]] * (2 if op == SparseOp.FIXUP else 1), None
+    if op == SparseOp.COPY:
+        return t + tm.copy_fixed + row["n"], None
+    if op >= SparseOp.SEND_BM:
+        raise ValueError(f"the sparse timing model does not price codec-message rows ({op.name})")
     if op in (SparseOp.SEND, SparseOp.ROOT):
         end = t + select_cycles(row["n"], k, tm)
         return end, ((t + tm.head_cycles, end - tm.tail_lead) if op == SparseOp.SEND
@@ -203,7 +212,7 @@ def predict(program, timing: SparseTiming | None = None, *, detail: bool = False
             while end[u] is None:
                 row = rows[u][pc[u]]
                 key = (u, port_of[u][pc[u]])
-                r = _row(now[u], row, tm, flit_time, inbox.get(key, []))
+                r = _row(now[u], row, tm, flit_time, inbox.get(key, []), program.kb)
                 if r is None:
                     break
                 nxt, msg = r

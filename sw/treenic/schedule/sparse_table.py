@@ -1,4 +1,4 @@
-"""The sparse program of a NIC: MultiTree-Sparse as a per-node list of table rows.
+"""The sparse program of a NIC: MultiTree-Sparse and TopkA as per-node lists of table rows.
 
 One compiler from the golden model's own plan (:class:`treenic.sparse.multitree_sparse.
 MultiTreeSparse`: its :class:`TreePlan`, flow bounds and budgets) to the rows the sparse
@@ -11,9 +11,24 @@ engine (:mod:`treenic.hdl.nic.sparse_engine`) executes in order. Per node:
 * one ROOT row per flow the node is the root of (select the final block into the flow's
   final-pair slot; the unselected rest stays as the residual);
 * gather step s: GSEND rows (copy a final block to a port), then GRECV rows;
+* ``residual="global"`` (SparDL's GRC, as the golden defines it): the accumulator lives in
+  ``part[N:2N]`` (the host adds its gradients there, ``residual_base = N``); a first COPY
+  row copies it into the work region ``part[0:N]``, where the rows above run; after the
+  gather, one FIXUP row per flow writes the node's own work value at every final index
+  into ``part[N:2N]`` -- which is then the residual: the accumulator except at final
+  indices, where it is what the node discarded;
 * END.
 
-Row layout (96 bits, LSB first): op 3, step 8, chunk 8, port 4, lo 24, n 24, k 24.
+TopkA (:func:`compile_topka`, the baseline of ``treenic.sparse.topk_family.TopkA``): every
+node selects the exact top-k of its whole accumulator into the final slot of "its" gather
+tree (ROOT over ``part[0:N]``, the selection zeroed locally: the local residual), the slots
+travel down the MultiTree gather trees (GSEND/GRECV), and ACC rows add the P slots into the
+result region ``part[N:2N]`` in ascending rank order -- the golden's summation order. ZERO
+rows first clear what the previous run left there (the slots still name every index it
+wrote), so the region is +0 at every run's first ACC.
+
+Row layout (96 bits, LSB first): op 3, step 8, chunk 8, port 4, lo 24, n 24, k 24, op_hi 1
+(op code bit 3; the pad bit of version 1, so a version-1 row decodes unchanged).
 ``SPARSE_TABLE_VERSION`` versions this layout; :func:`unpack_row` rejects an op code it
 does not know.
 """
@@ -25,9 +40,10 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ["SparseOp", "ROW_FIELDS", "ROW_BITS", "SPARSE_TABLE_VERSION", "SparseProgram",
-           "pack_row", "unpack_row", "compile_sparse", "SparseTableError"]
+           "pack_row", "unpack_row", "compile_sparse", "compile_topka", "SparseTableError"]
 
-SPARSE_TABLE_VERSION = 1
+#: 2: op codes 6..9 (ACC, ZERO, FIXUP, COPY) with the op_hi bit; version-1 rows are valid
+SPARSE_TABLE_VERSION = 2
 
 
 class SparseTableError(ValueError):
@@ -41,14 +57,43 @@ class SparseOp(enum.IntEnum):
     ROOT = 3     # select top-k of part[lo:lo+n] into the final-pair slot of chunk
     GSEND = 4    # send the final-pair slot of chunk on port
     GRECV = 5    # pop one pair message from port into the final-pair slot of chunk
+    ACC = 6      # part[lo + i] += v for every pair (i, v) of the final slot of chunk
+    ZERO = 7     # part[lo + i] = +0 for every pair (i, v) of the final slot of chunk
+    FIXUP = 8    # part[k + i] = part[lo + i] for every pair (i, v) of the final slot of chunk
+    COPY = 9     # part[k + j] = part[lo + j] for j < n
+    # the message rows again, with codec messages (``treenic.sparse.codec``: a header word,
+    # then pairs or the flow's bitmap + values, whichever is smaller; two words a flit)
+    SEND_BM = 10
+    RECV_BM = 11
+    GSEND_BM = 12
+    GRECV_BM = 13
+
+
+#: message row -> its codec-message twin
+CODEC_OPS = {SparseOp.SEND: SparseOp.SEND_BM, SparseOp.RECV: SparseOp.RECV_BM,
+             SparseOp.GSEND: SparseOp.GSEND_BM, SparseOp.GRECV: SparseOp.GRECV_BM}
+
+
+def message_flits(count: int, chunk: int, codec: bool) -> int:
+    """Link flits of one message of ``count`` pairs over a flow of ``chunk`` elements: head,
+    body, tail. Pair messages: one pair a flit; codec messages: the golden codec's words
+    (:func:`treenic.sparse.codec.message_words`, its decision rule), two a flit."""
+    if not codec:
+        return count + 2
+    from treenic.sparse.codec import message_words
+    return 2 + -(-message_words(count, chunk) // 2)
 
 
 ROW_FIELDS = (("op", 3), ("step", 8), ("chunk", 8), ("port", 4), ("lo", 24), ("n", 24),
-              ("k", 24))
+              ("k", 24), ("op_hi", 1))
 ROW_BITS = 96
 
 
 def pack_row(**fields) -> int:
+    op = int(fields.get("op", 0))
+    if not 0 <= op < 16:
+        raise SparseTableError(f"sparse row op {op} does not fit 4 bits")
+    fields = dict(fields, op=op & 7, op_hi=op >> 3)
     word, pos = 0, 0
     for name, width in ROW_FIELDS:
         v = int(fields.get(name, 0))
@@ -64,6 +109,7 @@ def unpack_row(word: int) -> dict:
     for name, width in ROW_FIELDS:
         out[name] = (word >> pos) & ((1 << width) - 1)
         pos += width
+    out["op"] |= out.pop("op_hi") << 3
     if out["op"] not in SparseOp._value2member_map_:
         raise SparseTableError(f"sparse row op code {out['op']} is not a SparseOp")
     out["op"] = SparseOp(out["op"])
@@ -86,6 +132,21 @@ class SparseProgram:
     perm: list[int] | None = None   # hash flows: buffer position -> element index
     ideal_cycles: int = 0  # sum over steps of the most-loaded directed link's flits at
     #                        full budgets (head + kb pairs + tail per message)
+    algorithm: str = "multitree-sparse"
+    residual: str = "local"
+    buffer_words: int = 0  # part words the rows address: N, or 2N with a second region
+    result_base: int | None = None   # TopkA: the result region part[N:2N]; else the finals
+    residual_base: int = 0  # where the accumulator / residual lives (global: N)
+    codec: bool = False    # messages in the codec format (pairs or bitmap + values)
+    link_flits: int = 0    # flits (head, body, tail) all links carry in a run at full budgets
+
+    def __post_init__(self):
+        self.buffer_words = self.buffer_words or self.elements
+
+    @property
+    def dump_words(self) -> int:
+        """part words a DUMP streams: up to the residual's end, or TopkA's result region's."""
+        return max(self.residual_base, self.result_base or 0) + self.elements
 
 
 def _port_map(topology) -> dict[tuple[int, int], tuple[int, int]]:
@@ -98,13 +159,12 @@ def _port_map(topology) -> dict[tuple[int, int], tuple[int, int]]:
     return out
 
 
-def compile_sparse(model) -> SparseProgram:
+def compile_sparse(model, *, codec: bool = False) -> SparseProgram:
     """The sparse program of a built ``MultiTreeSparse`` model. Hash flows (Zen's h0) are
     the golden's own permuted space: buffer position j holds element ``perm[j]``, so every
     flow is contiguous in the buffer and ascending positions are ascending indices."""
     plan, sched = model.plan, model.schedule
-    if model.options["residual"] != "local":
-        raise SparseTableError("the sparse engine keeps residual='local' only")
+    residual = model.options["residual"]
     topo = sched.topology
     port = _port_map(topo)
     off, kb = model.offsets, model.kb
@@ -116,10 +176,19 @@ def compile_sparse(model) -> SparseProgram:
     rx = {}
 
     def row(op, step, c, p=0):
+        op = CODEC_OPS.get(op, op) if codec else op
         return pack_row(op=op, step=step, chunk=c, port=p, lo=off[c], n=off[c + 1] - off[c],
                         k=kb[c])
 
-    link_pairs, ideal = 0, 0
+    N = model.elements
+    if residual == "global":                   # the accumulator part[N:2N] into part[0:N]
+        for r in rows:
+            r.append(pack_row(op=SparseOp.COPY, lo=N, n=N, k=0))
+    link_pairs, ideal, link_flits = 0, 0, 0
+
+    def flits(c):
+        return message_flits(int(kb[c]), int(off[c + 1] - off[c]), codec)
+
     phases = [(SparseOp.SEND, SparseOp.RECV, plan.reduce, 1),
               (SparseOp.GSEND, SparseOp.GRECV, plan.gather, len(plan.reduce) + 1)]
     for send_op, recv_op, steps, first in phases:
@@ -129,19 +198,96 @@ def compile_sparse(model) -> SparseProgram:
         for s, trans in enumerate(steps, start=first):
             load: dict[tuple[int, int], int] = {}
             for src, dst, c in trans:
-                load[(src, dst)] = load.get((src, dst), 0) + int(kb[c]) + 2
+                load[(src, dst)] = load.get((src, dst), 0) + flits(c)
             ideal += max(load.values(), default=0)
             for src, dst, c in trans:
                 rows[src].append(row(send_op, s, c, port[(src, dst)][0]))
                 link_pairs += int(kb[c])
+                link_flits += flits(c)
             for src, dst, c in trans:
                 q = port[(src, dst)][1]
                 rows[dst].append(row(recv_op, s, c, q))
-                rx[(dst, q)] = rx.get((dst, q), 0) + int(kb[c]) + 2
+                rx[(dst, q)] = rx.get((dst, q), 0) + flits(c)
     for r in rows:
+        if residual == "global":
+            # final indices keep what the node discarded, the rest its accumulator
+            r.extend(pack_row(op=SparseOp.FIXUP, chunk=c, lo=0, k=N)
+                     for c in range(sched.num_chunks))
         r.append(pack_row(op=SparseOp.END))
-    ports = max(p.index for u in topo.nodes for p in topo.ports(u)) + 1
     perm = None if model.perm is None else [int(i) for i in model.perm]
     return SparseProgram(topo.spec, model.elements, rows, sched.num_chunks,
                          int(np.diff(off).max()), int(kb.max()), max(rx.values(), default=1),
-                         ports, [int(k) for k in kb], link_pairs, perm, ideal)
+                         _ports(topo), [int(k) for k in kb], link_pairs, perm, ideal,
+                         residual=residual, buffer_words=N * (2 if residual == "global" else 1),
+                         residual_base=N if residual == "global" else 0,
+                         codec=codec, link_flits=link_flits)
+
+
+def _ports(topo) -> int:
+    return max(p.index for u in topo.nodes for p in topo.ports(u)) + 1
+
+
+def rank_slots(plan, workers: int) -> list[int]:
+    """TopkA: the gather tree (flow) that carries each node's selection -- the first flow
+    the node is the root of."""
+    slots = []
+    for w in range(workers):
+        mine = [c for c, r in enumerate(plan.roots) if r == w]
+        if not mine:
+            raise SparseTableError(f"topka: node {w} roots no gather tree of the schedule")
+        slots.append(mine[0])
+    return slots
+
+
+def compile_topka(model, topology: str | None = None, *, codec: bool = False) -> SparseProgram:
+    """The sparse program of a ``TopkA`` golden model on the MultiTree gather trees of
+    ``topology`` (default: MultiTree-Sparse's default for the worker count); see the module
+    docstring. The sum order is the golden's: slots added in ascending rank order."""
+    from treenic.sparse.multitree_sparse import TreePlan, build_schedule
+    P, N, k = model.workers, model.elements, int(model.k)
+    sched = build_schedule(P, topology)
+    plan, topo = TreePlan(sched), sched.topology
+    port, slot = _port_map(topo), rank_slots(plan, P)
+    rank_of = {c: w for w, c in enumerate(slot)}
+    rows: list[list[int]] = [[pack_row(op=SparseOp.ZERO, chunk=c, lo=N) for c in slot]
+                             for _ in range(P)]
+    have = [{w} for w in range(P)]          # ranks whose selection a node holds
+    summed = [0] * P                         # ranks added so far, in ascending order
+    rx, link_pairs, ideal = {}, 0, 0
+    gsend, grecv = ((SparseOp.GSEND_BM, SparseOp.GRECV_BM) if codec else
+                    (SparseOp.GSEND, SparseOp.GRECV))
+    flits = message_flits(k, N, codec)
+
+    def add_ready(u):
+        while summed[u] < P and summed[u] in have[u]:
+            rows[u].append(pack_row(op=SparseOp.ACC, chunk=slot[summed[u]], lo=N))
+            summed[u] += 1
+
+    for w in range(P):
+        rows[w].append(pack_row(op=SparseOp.ROOT, chunk=slot[w], lo=0, n=N, k=k))
+    for s, trans in enumerate(plan.gather, start=1):
+        trans = [t for t in trans if t[2] in rank_of]
+        load: dict[tuple[int, int], int] = {}
+        for src, dst, c in trans:
+            rows[src].append(pack_row(op=gsend, step=s, chunk=c,
+                                      port=port[(src, dst)][0], lo=0, n=N, k=k))
+            load[(src, dst)] = load.get((src, dst), 0) + flits
+            link_pairs += k
+        ideal += max(load.values(), default=0)
+        for u in range(P):                  # add while the messages of this step travel
+            add_ready(u)
+        for src, dst, c in trans:
+            q = port[(src, dst)][1]
+            rows[dst].append(pack_row(op=grecv, step=s, chunk=c, port=q, lo=0,
+                                      n=N, k=k))
+            rx[(dst, q)] = rx.get((dst, q), 0) + flits
+            have[dst].add(rank_of[c])
+    for u in range(P):
+        add_ready(u)
+        if summed[u] != P:
+            raise SparseTableError(f"topka: node {u} never receives every selection")
+        rows[u].append(pack_row(op=SparseOp.END))
+    return SparseProgram(topo.spec, N, rows, sched.num_chunks, N, k, max(rx.values(), default=1),
+                         _ports(topo), [k] * sched.num_chunks, link_pairs, None, ideal,
+                         algorithm="topka", buffer_words=2 * N, result_base=N, codec=codec,
+                         link_flits=link_pairs // k * flits)
