@@ -79,18 +79,22 @@ def _colorlight(out: Path, small: bool, node: int, topology: str):
 BOARDS = {"ecpix5": _ecpix5, "colorlight": _colorlight}
 
 
+def _board_top(board: str, out, small: bool, node: int, topology: str):
+    """(build folder, start time, the board factory's (platform, top, params, links))."""
+    if board not in BOARDS:
+        raise KeyError(f"unknown board {board!r}; known: {', '.join(BOARDS)}")
+    out = Path(out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    return out, time.time(), BOARDS[board](out, small, node, topology)
+
+
 def build(board: str, out: Path, *, small: bool = False, seed: int = 1,
           allow_negative_slack: bool = False, nextpnr_opts: str = "", node: int = 0,
           topology: str = "ring:4") -> dict:
     """Build one board's bitstream into *out*; returns the report (also written as
     ``report.json``/``report.md``).  Raises :class:`synth.SlackError` on negative slack
     (after the reports) unless *allow_negative_slack*."""
-    if board not in BOARDS:
-        raise KeyError(f"unknown board {board!r}; known: {', '.join(BOARDS)}")
-    out = Path(out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-    plat, top, params, links = BOARDS[board](out, small, node, topology)
+    out, t0, (plat, top, params, links) = _board_top(board, out, small, node, topology)
     synth.build_platform(plat, top, "top", out, synth._tool_env(), seed, nextpnr_opts)
     pnr = synth.parse_nextpnr_log((out / "top.tim").read_text())
     yos = synth.parse_yosys_stat((out / "top.rpt").read_text())
@@ -117,12 +121,7 @@ def area(board: str, out: Path, *, node: int = 0, topology: str = "ring:4") -> d
 
     ``lut4_equivalents`` counts a CCU2C carry cell as 2 LUT4 and a TRELLIS_DPR16X4 LUT RAM
     as 2, how they occupy a slice; it is an estimate before packing."""
-    if board not in BOARDS:
-        raise KeyError(f"unknown board {board!r}; known: {', '.join(BOARDS)}")
-    out = Path(out).resolve()
-    out.mkdir(parents=True, exist_ok=True)
-    t0 = time.time()
-    plat, top, params, links = BOARDS[board](out, False, node, topology)
+    out, t0, (plat, top, params, links) = _board_top(board, out, False, node, topology)
     env = synth._tool_env()
     plan = plat.prepare(top, name="top")
     plan.extract(str(out))

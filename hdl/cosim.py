@@ -226,7 +226,7 @@ static void get_port(Vtop* m, int idx, uint32_t* w) {{
 // The rising half of a cycle: inputs applied and settled (clk low), then the edge. The
 // clock is left high: the caller's next evaluation with clk low -- its own or the next
 // cycle's input settle -- is the falling half.
-static inline void rise(Handle* h) {{
+static inline void rising_edge(Handle* h) {{
 #if TN_TRACE
     if (h->tfp) h->tfp->dump(10 * h->cycle);          // inputs applied, before the edge
 #endif
@@ -238,7 +238,7 @@ static inline void rise(Handle* h) {{
 }}
 
 static inline void edge(Handle* h) {{
-    rise(h);
+    rising_edge(h);
     h->m->{clk} = 0; h->m->eval();
 }}
 
@@ -378,7 +378,7 @@ uint64_t tn_run_streams(void* p, int n_in, const int* in_ports, const uint32_t* 
                 }}
             }}
         }}
-        rise(h);
+        rising_edge(h);
     }}
     m->{clk} = 0;
     for (int s = 0; s < n_in; s++) {{

@@ -37,8 +37,8 @@ def test_arp_reply_is_scapys():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not os.environ.get("TREENIC_PINSIM_TEST"),
-                    reason="builds the Verilated board (minutes): TREENIC_PINSIM_TEST=1")
+@pytest.mark.skipif(not os.environ.get("TREENIC_BOARD_BUILD_TESTS"),
+                    reason="builds the Verilated board (minutes): TREENIC_BOARD_BUILD_TESTS=1")
 def test_board_through_rgmii_harness():
     """ID, PARAMS and a buffer WRITE/READ through one board's RGMII pins (the request
     and reply wire format from the udp backend's own model)."""

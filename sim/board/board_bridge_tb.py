@@ -7,25 +7,16 @@ import subprocess
 import sys
 
 import cocotb
-from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, Timer
+from cocotb.triggers import Timer
 
-from board_net import HostPort, bridge
+from board_net import bridge, start_boards
 from harness import bench_params
 
 
 @cocotb.test()
 async def driver_transport_through_bridge(dut):
     p = bench_params()
-    dut.rst.value = 1
-    dut.eth_rst.value = 1
-    port = HostPort(dut)
-    cocotb.start_soon(Clock(dut.clk, 8, unit="ns").start())
-    cocotb.start_soon(Clock(dut.eth_clk, 13332, unit="ps").start())
-    await ClockCycles(dut.clk, 20)
-    dut.rst.value = 0
-    dut.eth_rst.value = 0
-    await ClockCycles(dut.clk, 200)
+    port, = await start_boards(dut)
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.bind(("127.0.0.1", 0))
     done = {}

@@ -13,7 +13,7 @@ import time
 import cocotb
 from cocotb.clock import Clock
 from cocotb.queue import Queue
-from cocotb.triggers import Timer
+from cocotb.triggers import ClockCycles, Timer
 from cocotbext.eth import GmiiFrame, RgmiiSink, RgmiiSource
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
@@ -100,3 +100,19 @@ async def bridge(port: HostPort, sock: socket.socket, stop, poll_ns: int = 2000,
         except BlockingIOError:
             pass
         await Timer(poll_ns, unit="ns")
+
+
+async def start_boards(dut, prefixes=("rgmii__",)) -> list:
+    """Clocks (``clk`` 125 MHz, ``eth_clk`` 75 MHz) and reset of a simulated board top, a
+    :class:`HostPort` on each prefix's RGMII pins; returns the ports once the boards are
+    200 cycles out of reset."""
+    dut.rst.value = 1
+    dut.eth_rst.value = 1
+    ports = [HostPort(dut, prefix=p) for p in prefixes]
+    cocotb.start_soon(Clock(dut.clk, 8, unit="ns").start())
+    cocotb.start_soon(Clock(dut.eth_clk, 13332, unit="ps").start())
+    await ClockCycles(dut.clk, 20)
+    dut.rst.value = 0
+    dut.eth_rst.value = 0
+    await ClockCycles(dut.clk, 200)
+    return ports

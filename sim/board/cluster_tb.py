@@ -11,10 +11,9 @@ import socket
 import time
 
 import cocotb
-from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles, Timer
+from cocotb.triggers import Timer
 
-from board_net import HostPort, bridge
+from board_net import bridge, start_boards
 from harness import bench_params
 
 
@@ -22,15 +21,7 @@ from harness import bench_params
 async def serve_cluster(dut):
     p = bench_params()
     n = p["boards"]
-    dut.rst.value = 1
-    dut.eth_rst.value = 1
-    ports = [HostPort(dut, prefix=f"b{u}_rgmii__") for u in range(n)]
-    cocotb.start_soon(Clock(dut.clk, 8, unit="ns").start())
-    cocotb.start_soon(Clock(dut.eth_clk, 13332, unit="ps").start())
-    await ClockCycles(dut.clk, 20)
-    dut.rst.value = 0
-    dut.eth_rst.value = 0
-    await ClockCycles(dut.clk, 200)
+    ports = await start_boards(dut, [f"b{u}_rgmii__" for u in range(n)])
     socks = []
     for _ in range(n):
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)

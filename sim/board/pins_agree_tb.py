@@ -4,28 +4,18 @@ cocotbext-eth's RGMII models; replies and the bulk WRITE rate go to params["out"
 import json
 
 import cocotb
-from cocotb.clock import Clock
-from cocotb.triggers import ClockCycles
 from cocotb.utils import get_sim_time
 
-from board_net import HostPort
+from board_net import start_boards
 from harness import bench_params
 
 
 @cocotb.test()
 async def same_requests_through_cocotbext(dut):
     p = bench_params()
-    dut.rst.value = 1
-    dut.eth_rst.value = 1
     for i in range(p["ports"]):
         getattr(dut, f"lanes_rx__{i}").value = 0
-    port = HostPort(dut)
-    cocotb.start_soon(Clock(dut.clk, 8, unit="ns").start())
-    cocotb.start_soon(Clock(dut.eth_clk, 13332, unit="ps").start())
-    await ClockCycles(dut.clk, 20)
-    dut.rst.value = 0
-    dut.eth_rst.value = 0
-    await ClockCycles(dut.clk, 200)
+    port, = await start_boards(dut)
     replies = []
     for r in p["requests"]:
         raw = await port.request(bytes.fromhex(r), timeout_ns=p["timeout_ns"])

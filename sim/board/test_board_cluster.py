@@ -1,7 +1,8 @@
 """System bench: an all-reduce over 4 simulated boards (``treenic boardsim``: 4 Verilated
-BoardCores, LiteEth RGMII driven by cocotbext-eth, NIC links pin to pin through the
-serial link PHY) driven by the unchanged ``udp`` backend over loopback UDP, bit-exact against the
-golden executor.  The first run builds the 4-board simulation (long: see docs/boards.md)."""
+BoardCores, NIC links pin to pin through the serial link PHY) driven by the unchanged
+``udp`` backend over loopback UDP, bit-exact against the golden executor -- on both board
+simulators: ``pins`` (RGMII PHY in C++) and ``cocotb`` (cocotbext-eth RGMII models, the
+reference).  The first run builds each simulation (long: see docs/boards.md)."""
 import json
 import threading
 
@@ -44,8 +45,9 @@ def allreduce_on_boards(addresses, topology="ring:4", elements=300, seed=7):
 
 
 @pytest.mark.slow
-def test_allreduce_over_four_simulated_boards_is_bit_exact():
-    with BoardSim("ring:4", idle_s=300) as sim:
+@pytest.mark.parametrize("simulator", ["pins", "cocotb"])
+def test_allreduce_over_four_simulated_boards_is_bit_exact(simulator):
+    with BoardSim("ring:4", idle_s=300, sim=simulator) as sim:
         got, want, errors, status = allreduce_on_boards(sim.addresses)
     assert not errors, errors
     assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()

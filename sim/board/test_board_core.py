@@ -64,6 +64,10 @@ def test_pins_harness_agrees_with_cocotbext(tmp_path):
     fast = pinsim.run_requests(cl, 0, reqs, bulk, timeout_cycles=100_000 // 8)
     stats = cl.stats()
     cl.close()
+    (HERE.parents[1] / "build" / "sim" / "pin_board_ref" / "agreement.json").write_text(
+        json.dumps({"cocotbext_payload_mbps": ref["bulk_payload_mbps"],
+                    "pins_payload_mbps": fast["bulk_payload_mbps"],
+                    "replies_equal": fast["replies"] == ref["replies"], "pins_stats": stats}))
     assert fast["replies"] == ref["replies"]
     assert ref["replies"][4] is None and None not in ref["replies"][:4]
     assert abs(fast["bulk_payload_mbps"] - ref["bulk_payload_mbps"]) < 0.01 * ref["bulk_payload_mbps"]
