@@ -183,7 +183,10 @@ def _sparse_tops():     # the sparse units (docs/sparse-units.md) at W = 2 and t
 
 def _sparse_engine(units: int):
     """The NIC's sparse engine sized for torus:4x4, 64 KiB per node, densities up to 10 %
-    (the ``sparse_fabric`` bench's build), W = 16, ``units`` top-k units."""
+    (the ``sparse_fabric`` bench's build), W = 16, ``units`` top-k units. Its area run
+    traps in Yosys' memory_libmap (the 16 Ki-word buffer with 2 + 16 * units read ports;
+    docs/sparse-nic.md): kept as the top that must synthesise once the feeders read the
+    banked buffer."""
     from treenic.hdl.nic.sparse_engine import SparseEngine
     from treenic.hdl.nic.sparse_fabric import engine_sizes
     from treenic.schedule.sparse_table import compile_sparse
