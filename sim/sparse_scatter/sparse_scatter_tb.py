@@ -34,13 +34,18 @@ async def _run(dut, msgs, dense, *, rng, p_valid, p_ready):
     return buf, cycles
 
 
+def _init(dut):
+    init_streams(dut)
+    dut.set.value = 0          # every pair adds (set mode is the sparse engine's ZERO/COPY)
+
+
 @cocotb.test()
 async def messages_random_stalls(dut):
     p = bench_params()
     rng = random.Random(bench_seed())
     nprng = np.random.default_rng(p["init_seed"])
     dense = np.array(p["init"], np.uint32).view(np.float32)
-    await start_clock_and_reset(dut, init=init_streams)
+    await start_clock_and_reset(dut, init=_init)
     await _run(dut, _messages(nprng, p, dense), dense, rng=rng, p_valid=0.7, p_ready=0.6)
 
 
@@ -52,7 +57,7 @@ async def one_pair_per_cycle(dut):
     nprng = np.random.default_rng(p["init_seed"])
     dense = np.array(p["init"], np.uint32).view(np.float32)
     buf, _ = scatter_accumulate(dense, _messages(nprng, p, dense))
-    await start_clock_and_reset(dut, init=init_streams)
+    await start_clock_and_reset(dut, init=_init)
     idx = np.arange(p["depth"])
     val = np.random.default_rng(9).standard_normal(idx.size).astype(np.float32)
     _, cycles = await _run(dut, [(idx, val)], buf, rng=rng, p_valid=1.0, p_ready=1.0)
