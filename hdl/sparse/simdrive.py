@@ -94,3 +94,16 @@ async def drive_flits(ctx, channel, flits) -> None:
         ctx.set(channel.valid, 1)
         await ctx.tick()
     ctx.set(channel.valid, 0)
+
+
+def run_with_link(dut, host, flits, *, port: int = 0) -> None:
+    """Simulate ``dut`` (100 MHz) with the testbench ``host`` while ``flits`` arrive on its
+    link receive port ``port`` in the background; returns when ``host`` does."""
+    async def link(ctx):
+        await drive_flits(ctx, dut.rx[port], flits)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(host)
+    sim.add_testbench(link, background=True)
+    sim.run()

@@ -3,13 +3,12 @@
 pairs through the scatter adder; malformed sparse messages are counted and their pairs
 dropped."""
 import numpy as np
-from amaranth.sim import Simulator
 
 from treenic.hdl.link.flit import FlitFormat, FlitType, Op
 from treenic.hdl.nic.sparse_engine import SparseEngine
 from treenic.hdl.nic.sparse_fabric import (clear_word, decode_dump, dump_word, load_words,
                                            start_word)
-from treenic.hdl.sparse.simdrive import drive_flits, send_words
+from treenic.hdl.sparse.simdrive import run_with_link, send_words
 from treenic.schedule.sparse_table import SparseOp, SparseProgram, pack_row
 from treenic.sparse.select import topk
 
@@ -43,14 +42,7 @@ def _run(rows, grads, flits=(), clear=False, codec=False):
                 words.append(w)
         got["words"], got["bad"] = words, ctx.get(eng.malformed)
 
-    async def link(ctx):
-        await drive_flits(ctx, eng.rx[0], flits)
-
-    sim = Simulator(eng)
-    sim.add_clock(1e-8)
-    sim.add_testbench(host)
-    sim.add_testbench(link, background=True)
-    sim.run()
+    run_with_link(eng, host, flits)
     resid, out = decode_dump(got["words"], N)
     return resid, out, got["bad"]
 

@@ -38,12 +38,10 @@ def _flits(fmt, step, chunk, pairs):
 def run_rows(rows, flits=(), *, lanes=16, scan_bins=16) -> int:
     """Engine cycles of one program (rows, END included) on random gradients, with
     ``flits`` already arriving on port 0."""
-    from amaranth.sim import Simulator
-
     from treenic.hdl.link.flit import FlitFormat
     from treenic.hdl.nic.sparse_engine import SparseEngine
     from treenic.hdl.nic.sparse_fabric import load_words, start_word
-    from treenic.hdl.sparse.simdrive import drive_flits, send_words
+    from treenic.hdl.sparse.simdrive import run_with_link, send_words
     from treenic.schedule.sparse_table import SparseProgram
     fmt = FlitFormat()
     eng = SparseEngine(ports=1, depth=N, lanes=lanes, max_flow=N, chunks=2, slot=64, rows=8,
@@ -58,14 +56,7 @@ def run_rows(rows, flits=(), *, lanes=16, scan_bins=16) -> int:
         await ctx.tick().until(eng.busy == 0)
         got["cycles"] = ctx.get(eng.cycles)
 
-    async def link(ctx):
-        await drive_flits(ctx, eng.rx[0], flits)
-
-    sim = Simulator(eng)
-    sim.add_clock(1e-8)
-    sim.add_testbench(host)
-    sim.add_testbench(link, background=True)
-    sim.run()
+    run_with_link(eng, host, flits)
     return int(got["cycles"])
 
 
