@@ -37,8 +37,9 @@ def _engine_cycles(n: int = 8, words: int = 256) -> float:
     import numpy as np
     from amaranth.sim import Simulator
     from treenic.hdl.host.engine import HostEngine
+    from treenic.hdl.nic import HOST_READ_LATENCY
 
-    eng = HostEngine(addr_bits=16, read_latency=5, max_words=words)
+    eng = HostEngine(addr_bits=16, read_latency=HOST_READ_LATENCY, max_words=words)
     count = {"ticks": 0, "replies": 0}
 
     async def tick(ctx):

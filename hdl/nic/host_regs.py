@@ -1,9 +1,12 @@
 """Host bus of a NIC: register file, write decode into the table, buffer and ORDER table,
 and the read path (see :mod:`.params` for the register map).
 
-Every read answers :data:`HOST_READ_LATENCY` cycles after ``re`` (the buffer's read
-latency; registers and the step log are delayed to match); reads may be issued back to
-back.  The host is the buffer's first reader (never refused, so reads also work while
+Every read answers :data:`HOST_READ_LATENCY` cycles after ``re``: one cycle in which the
+bus's and the DMA port's read requests are merged and registered, then the buffer's read
+latency (registers and the step log are delayed to match); reads may be issued back to
+back.  The register is there for timing: the host is the buffer's highest-priority
+reader, so its request gates every other reader's grant, and a request decoded straight
+from the bus pins would put the whole host decode in front of the RX ports' skid buffers.  The host is the buffer's first reader (never refused, so reads also work while
 RUNNING) and its last writer (writes only while not RUNNING, so never contended).
 
 The bulk DMA port (:class:`DmaSignature`) moves ``lanes`` consecutive buffer elements per
@@ -26,8 +29,9 @@ from .tx import buffer_abits
 
 __all__ = ["HostRegs", "HostSignature", "DmaSignature", "HOST_READ_LATENCY"]
 
-#: cycles from a host read (``re``) to its ``rdata`` (every region; the buffer's read path)
-HOST_READ_LATENCY = READ_LATENCY
+#: cycles from a host read (``re``) to its ``rdata`` (every region): the registered read
+#: request, then the buffer's read path
+HOST_READ_LATENCY = 1 + READ_LATENCY
 
 REGISTERS, TABLE, BUFFER, STEPLOG_ORDER = 0, 1, 2, 3      # host-bus regions
 
@@ -127,12 +131,15 @@ class HostRegs(wiring.Component):
                                        (off == Reg.CTRL) & self.host.wdata[0])
         bus_buf = Signal()          # the bus uses the buffer's reader or writer this cycle
         m.d.comb += bus_buf.eq((self.host.we | self.host.re) & (region == BUFFER))
+        read_req = Signal()         # the bus's or the DMA port's read, registered into
+        read_addr = Signal.like(self.buf_read.addr)    # the buffer a cycle later
+        m.d.sync += [self.buf_read.req.eq(read_req), self.buf_read.addr.eq(read_addr)]
         self._writes(m, region, off)
-        self._reads(m, region, off)
-        self._dma(m, bus_buf)
+        self._reads(m, region, off, read_req, read_addr)
+        self._dma(m, bus_buf, read_req, read_addr)
         return m
 
-    def _dma(self, m, bus_buf):
+    def _dma(self, m, bus_buf, read_req, read_addr):
         """The DMA port drives the host's buffer reader and writer (all lanes) in cycles
         the bus leaves them alone; anything else it asks is dropped and flagged."""
         p, dma, W = self.params, self.dma, self.params.lanes
@@ -142,7 +149,7 @@ class HostRegs(wiring.Component):
             m.d.comb += [self.buf_write.addr.eq(dma.addr), self.buf_write.data.eq(dma.wdata),
                          self.buf_write.en.eq(dma.wmask & in_range)]
         with m.If(dma.re & ~bus_buf):
-            m.d.comb += [self.buf_read.req.eq(1), self.buf_read.addr.eq(dma.addr)]
+            m.d.comb += [read_req.eq(1), read_addr.eq(dma.addr)]
         refused = (dma.we & (bus_buf | self.running | (dma.wmask & ~in_range).any())) | \
             (dma.re & bus_buf)
         with m.If(refused):
@@ -225,10 +232,10 @@ class HostRegs(wiring.Component):
                            Reg.LINK_CRC + i: self.link_crc[i]})
         return groups
 
-    def _reads(self, m, region, off):
+    def _reads(self, m, region, off, read_req, read_addr):
         host = self.host
-        m.d.comb += [self.buf_read.req.eq(host.re & (region == BUFFER)),
-                     self.buf_read.addr.eq(off), self.steplog_addr.eq(off)]
+        m.d.comb += [read_req.eq(host.re & (region == BUFFER)), read_addr.eq(off),
+                     self.steplog_addr.eq(off)]
         # Register reads: the offset is registered a cycle after ``re``; then each group of
         # registers (the core's own, each port's counters) is multiplexed into a register
         # of its own, and the groups into ``rreg`` -- two short levels instead of one
