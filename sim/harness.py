@@ -34,6 +34,13 @@ Layout and conventions
   (``<toplevel>.fst`` for Icarus, ``dump.vcd``/``dump.fst`` for Verilator).
 * The Verilog file is rewritten only when its text changed, so Verilator's make-based
   build is reused between runs of an unchanged design (a second run costs ~1 s).
+* Verilator: cocotb sees the toplevel's ports only (a control file in place of cocotb's
+  ``--public-flat-rw``; ``vpi_internals=True`` or ``TREENIC_VPI_INTERNALS=1`` gives every
+  signal back), and the C++ is compiled at ``-O1`` through ccache -- the 16-NIC fabric
+  bench compiles in minutes instead of not finishing.
+* Parallel runs (``pytest -n 2 --dist loadfile sim``, as ``make sim`` does): each bench
+  name has its own build directory; benches sharing a name sit in one file, which
+  ``loadfile`` keeps on one worker.
 * Icarus: :func:`icarus_fixups` is applied to the Verilog (Yosys' time-0 trigger for
   ``always @*`` blocks does not fire on Icarus 11; without the fix, outputs of
   combinational logic whose inputs stay constant from time 0 read as X).
@@ -181,6 +188,7 @@ def run_bench(
     extra_sources: Sequence[str | os.PathLike] = (),
     build_args: Sequence[str] = (),
     verilog_parameters: Mapping[str, Any] | None = None,
+    vpi_internals: bool = False,
 ) -> Path:
     """Elaborate *component*, run the cocotb *test_module* on it, raise on any failure.
 
@@ -202,6 +210,9 @@ def run_bench(
         build_args: extra simulator build arguments (e.g. Verilator flags).
         verilog_parameters: HDL parameters for the toplevel (rarely needed: Amaranth
             bakes parameters in at elaboration).
+        vpi_internals: Verilator only: make every signal of the design visible to cocotb
+            (cocotb's own ``--public-flat-rw``), not just the toplevel's ports; env
+            ``TREENIC_VPI_INTERNALS=1`` does the same for every bench (debugging).
 
     Returns the path of the results XML.
     """
@@ -244,8 +255,10 @@ def run_bench(
         # the header as a file name): give make "-include", for every bench
         if "CFG_CXXFLAGS_PCH_I" not in os.environ["MAKEFLAGS"]:
             os.environ["MAKEFLAGS"] += " CFG_CXXFLAGS_PCH_I=-include"
-
-    runner = get_runner(simn)
+        runner = _verilator_runner(top, out, internals=vpi_internals or
+                                   os.environ.get("TREENIC_VPI_INTERNALS", "0") == "1")
+    else:
+        runner = get_runner(simn)
     results = out / "results.xml"
     if results.exists():
         results.unlink()
@@ -304,6 +317,44 @@ def run_bench(
         raise BenchFailure(f"[{name}/{simn}] simulator exited with {sim_exit} "
                            f"although all {n} tests passed")
     return results
+
+
+def _verilator_runner(toplevel: str, out: Path, *, internals: bool):
+    """cocotb's Verilator runner for *toplevel* built in *out*, subclassed as below
+    (cocotb_tools imported here: only a running bench needs it)."""
+    from cocotb_tools.runner import Verilator
+
+    class VerilatorTopPorts(Verilator):
+        """cocotb's Verilator runner with VPI access limited to the toplevel's ports, and the
+        C++ compiled at ``-O1`` through ccache.
+
+        cocotb passes ``--public-flat-rw``, which keeps every signal of every instance as a
+        public C++ member with a VPI symbol-table entry. On the 16-NIC torus bench that is
+        ~170 MB of C++ (71 MB of it symbol-table constructors) whose compile did not finish
+        under load; the benches only touch toplevel ports, so a control file makes just
+        those public and Verilator optimises the rest as it would for synthesis."""
+
+        def __init__(self, toplevel: str, out: Path, *, internals: bool):
+            super().__init__()
+            self._top_ports = (toplevel, out, internals)
+
+        def _build_command(self):
+            toplevel, out, internals = self._top_ports
+            verilate, make = super()._build_command()
+            if not internals:
+                control = out / "top_ports.vlt"
+                text = f'`verilator_config\npublic_flat_rw -module "{toplevel}" -var "*"\n'
+                if not control.exists() or control.read_text() != text:
+                    control.write_text(text)
+                verilate = [a for a in verilate if a != "--public-flat-rw"] + [str(control)]
+            from treenic.hdl.cosim import compiler_cache
+            cache_make, cache_env = compiler_cache()
+            # -O1: C++ compile time, not per-cycle speed, dominates a bench (one run each)
+            make = (["env", *(f"{k}={v}" for k, v in cache_env.items()), *make,
+                     "OPT_FAST=-O1", "OPT_GLOBAL=-O1", "OPT_SLOW=-O0", *cache_make])
+            return [verilate, make]
+
+    return VerilatorTopPorts(toplevel, out, internals=internals)
 
 
 # ----------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """cocotb system bench: a full all-reduce on the RTL fabric, loaded from the compiler's
 firmware images, compared bit for bit with the golden executor on every node; the
 per-port TX counters are compared with the golden model's flit counts."""
+import fcntl
 import json
 import os
 import random
@@ -131,6 +132,9 @@ async def allreduce(dut):
     dut._log.info("fabric report: %s", json.dumps(rep))
     path = Path(prm["report"])
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data[prm["name"]] = rep
-    path.write_text(json.dumps(data, indent=1))
+    # the cases share one report: parallel bench workers (pytest -n) take turns
+    with open(path.with_suffix(".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data[prm["name"]] = rep
+        path.write_text(json.dumps(data, indent=1))
