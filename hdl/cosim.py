@@ -67,7 +67,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 __all__ = ["build_cosim", "CosimLibrary", "Cosim", "StreamResult", "Port",
-           "pack_words", "unpack_words", "cosim_available", "parse_ports"]
+           "pack_words", "unpack_words", "cosim_available", "parse_ports",
+           "compiler_cache", "exclusive_lock"]
 
 _WRAPPER_VERSION = "5"
 _REPO = Path(__file__).resolve().parent.parent
@@ -485,7 +486,7 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
     so = out / "libcosim.so"
     # one build per design at a time: parallel test workers (pytest -n) that need the
     # same model wait for the first one's build instead of writing the same files
-    with _exclusive(out.with_name(out.name + '.lock')):
+    with exclusive_lock(out.with_name(out.name + '.lock')):
         if not so.exists():
             out.mkdir(parents=True, exist_ok=True)
             (out / "top.v").write_text(text)
@@ -539,8 +540,9 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
 
 
 @contextlib.contextmanager
-def _exclusive(lock_path: Path):
-    """Hold an exclusive ``flock`` on *lock_path* (created if missing) for the block."""
+def exclusive_lock(lock_path: Path):
+    """Hold an exclusive ``flock`` on *lock_path* (created if missing) for the block: one
+    process at a time among parallel test workers (``pytest -n``) sharing a build."""
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_path, "a") as f:
         fcntl.flock(f, fcntl.LOCK_EX)

@@ -38,9 +38,9 @@ Layout and conventions
   ``--public-flat-rw``; ``vpi_internals=True`` or ``TREENIC_VPI_INTERNALS=1`` gives every
   signal back), and the C++ is compiled at ``-O1`` through ccache -- the 16-NIC fabric
   bench compiles in minutes instead of not finishing.
-* Parallel runs (``pytest -n 2 --dist loadfile sim``, as ``make sim`` does): each bench
-  name has its own build directory; benches sharing a name sit in one file, which
-  ``loadfile`` keeps on one worker.
+* Parallel runs (``pytest -n 2 sim``, as ``make sim`` does): each bench name has its own
+  build directory, and benches sharing a name (one cocotb module, several test cases)
+  take turns on it through a file lock.
 * Icarus: :func:`icarus_fixups` is applied to the Verilog (Yosys' time-0 trigger for
   ``always @*`` blocks does not fire on Icarus 11; without the fix, outputs of
   combinational logic whose inputs stay constant from time 0 read as X).
@@ -234,8 +234,6 @@ def run_bench(
 
     if callable(component) and not hasattr(component, "elaborate"):
         component = component()
-    vfile = elaborate_verilog(component, out, top, ports=ports, sim=simn)
-
     env = {
         PARAMS_ENV: json.dumps(dict(params or {})),
         "PYTHONPATH": os.pathsep.join([str(test_dir), str(SIM_DIR)] +
@@ -259,64 +257,70 @@ def run_bench(
                                    os.environ.get("TREENIC_VPI_INTERNALS", "0") == "1")
     else:
         runner = get_runner(simn)
+    label = f"[{name}/{simn}]"
     results = out / "results.xml"
-    if results.exists():
-        results.unlink()
+    from treenic.hdl.cosim import exclusive_lock
+    # benches of one name share this build directory (parametrized cocotb test cases):
+    # under pytest -n they take turns on it
+    with exclusive_lock(out.with_name(out.name + ".lock")):
+        vfile = elaborate_verilog(component, out, top, ports=ports, sim=simn)
+        if results.exists():
+            results.unlink()
+        sim_exit = _build_and_test(
+            runner, label, test_dir, vfile=vfile, build=dict(
+                sources=[vfile, *map(Path, extra_sources)], hdl_toplevel=top, build_dir=out,
+                build_args=bargs, parameters=dict(verilog_parameters or {}),
+                timescale=("1ns", "1ps"), waves=wave, always=False),
+            test=dict(
+                test_module=test_module, hdl_toplevel=top, hdl_toplevel_lang="verilog",
+                testcase=testcase, build_dir=out, test_dir=out, results_xml=str(results),
+                extra_env=env, waves=wave, parameters=dict(verilog_parameters or {}),
+                timescale=("1ns", "1ps")))
+        _check_results(results, label, sim_exit, test_module, testcase)
+    return results
+
+
+def _build_and_test(runner, label: str, test_dir: Path, *, vfile: Path, build: dict,
+                    test: dict) -> int | str | None:
+    """``runner.build(**build)`` then ``runner.test(**test)``; returns the simulator's exit
+    code (None: it returned normally). A failed build raises :class:`BenchFailure`."""
     # cocotb's runner builds PYTHONPATH from sys.path; make the tb directory and
     # sim/ importable for the simulator process.
     saved_path = list(sys.path)
     for p in (str(SIM_DIR), str(test_dir)):
         if p not in sys.path:
             sys.path.insert(0, p)
-    sim_exit: int | str | None = None
     try:
         try:
-            runner.build(
-                sources=[vfile, *map(Path, extra_sources)],
-                hdl_toplevel=top,
-                build_dir=out,
-                build_args=bargs,
-                parameters=dict(verilog_parameters or {}),
-                timescale=("1ns", "1ps"),
-                waves=wave,
-                always=False,
-            )
+            runner.build(**build)
         except SystemExit as e:  # pragma: no cover - build errors
-            raise BenchFailure(f"[{name}/{simn}] simulator build failed (exit {e.code}); "
+            raise BenchFailure(f"{label} simulator build failed (exit {e.code}); "
                                f"see log above, Verilog in {vfile}") from None
         try:
-            runner.test(
-                test_module=test_module,
-                hdl_toplevel=top,
-                hdl_toplevel_lang="verilog",
-                testcase=testcase,
-                build_dir=out,
-                test_dir=out,
-                results_xml=str(results),
-                extra_env=env,
-                waves=wave,
-                parameters=dict(verilog_parameters or {}),
-                timescale=("1ns", "1ps"),
-            )
+            runner.test(**test)
         except SystemExit as e:
-            sim_exit = e.code
+            return e.code
+        return None
     finally:
         sys.path[:] = saved_path
 
+
+def _check_results(results: Path, label: str, sim_exit, test_module, testcase) -> None:
+    """Raise :class:`BenchFailure` unless *results* lists tests that all passed and the
+    simulator exited cleanly."""
     if not results.exists():
-        raise BenchFailure(f"[{name}/{simn}] simulation terminated abnormally "
+        raise BenchFailure(f"{label} simulation terminated abnormally "
                            f"(exit {sim_exit}); no results file {results}")
     n, failed = _read_results(results)
     if n == 0:
-        raise BenchFailure(f"[{name}/{simn}] no cocotb test ran (module {test_module!r}, "
+        raise BenchFailure(f"{label} no cocotb test ran (module {test_module!r}, "
                            f"testcase {testcase!r})")
     if failed:
-        raise BenchFailure(f"[{name}/{simn}] {len(failed)} of {n} cocotb tests failed: "
+        raise BenchFailure(f"{label} {len(failed)} of {n} cocotb tests failed: "
                            f"{', '.join(failed)} (results: {results})")
     if sim_exit not in (None, 0):
-        raise BenchFailure(f"[{name}/{simn}] simulator exited with {sim_exit} "
+        raise BenchFailure(f"{label} simulator exited with {sim_exit} "
                            f"although all {n} tests passed")
-    return results
 
 
 def _verilator_runner(toplevel: str, out: Path, *, internals: bool):

@@ -1,7 +1,6 @@
 """cocotb system bench: a full all-reduce on the RTL fabric, loaded from the compiler's
 firmware images, compared bit for bit with the golden executor on every node; the
 per-port TX counters are compared with the golden model's flit counts."""
-import fcntl
 import json
 import os
 import random
@@ -14,6 +13,7 @@ from cocotb.triggers import RisingEdge, ReadOnly
 from harness import bench_params, bench_seed, start_clock_and_reset
 from treenic.algorithms import build
 from treenic.firmware.image import ImageSet
+from treenic.hdl.cosim import exclusive_lock
 from treenic.hdl.nic.host import host_writes
 from treenic.hdl.nic.model import (expected_buffers, expected_port_counters, ideal_cycles)
 from treenic.hdl.nic.params import NicParams, PortCounter, Reg
@@ -133,8 +133,7 @@ async def allreduce(dut):
     path = Path(prm["report"])
     path.parent.mkdir(parents=True, exist_ok=True)
     # the cases share one report: parallel bench workers (pytest -n) take turns
-    with open(path.with_suffix(".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
+    with exclusive_lock(path.with_suffix(".lock")):
         data = json.loads(path.read_text()) if path.exists() else {}
         data[prm["name"]] = rep
         path.write_text(json.dumps(data, indent=1))
