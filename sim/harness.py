@@ -34,6 +34,13 @@ Layout and conventions
   (``<toplevel>.fst`` for Icarus, ``dump.vcd``/``dump.fst`` for Verilator).
 * The Verilog file is rewritten only when its text changed, so Verilator's make-based
   build is reused between runs of an unchanged design (a second run costs ~1 s).
+* Verilator: cocotb sees the toplevel's ports only (a control file in place of cocotb's
+  ``--public-flat-rw``; ``vpi_internals=True`` or ``TREENIC_VPI_INTERNALS=1`` gives every
+  signal back), and the C++ is compiled at ``-O1`` through ccache -- the 16-NIC fabric
+  bench compiles in minutes instead of not finishing.
+* Parallel runs (``pytest -n 2 sim``, as ``make sim`` does): each bench name has its own
+  build directory, and benches sharing a name (one cocotb module, several test cases)
+  take turns on it through a file lock.
 * Icarus: :func:`icarus_fixups` is applied to the Verilog (Yosys' time-0 trigger for
   ``always @*`` blocks does not fire on Icarus 11; without the fix, outputs of
   combinational logic whose inputs stay constant from time 0 read as X).
@@ -181,6 +188,7 @@ def run_bench(
     extra_sources: Sequence[str | os.PathLike] = (),
     build_args: Sequence[str] = (),
     verilog_parameters: Mapping[str, Any] | None = None,
+    vpi_internals: bool = False,
 ) -> Path:
     """Elaborate *component*, run the cocotb *test_module* on it, raise on any failure.
 
@@ -202,6 +210,9 @@ def run_bench(
         build_args: extra simulator build arguments (e.g. Verilator flags).
         verilog_parameters: HDL parameters for the toplevel (rarely needed: Amaranth
             bakes parameters in at elaboration).
+        vpi_internals: Verilator only: make every signal of the design visible to cocotb
+            (cocotb's own ``--public-flat-rw``), not just the toplevel's ports; env
+            ``TREENIC_VPI_INTERNALS=1`` does the same for every bench (debugging).
 
     Returns the path of the results XML.
     """
@@ -223,8 +234,6 @@ def run_bench(
 
     if callable(component) and not hasattr(component, "elaborate"):
         component = component()
-    vfile = elaborate_verilog(component, out, top, ports=ports, sim=simn)
-
     env = {
         PARAMS_ENV: json.dumps(dict(params or {})),
         "PYTHONPATH": os.pathsep.join([str(test_dir), str(SIM_DIR)] +
@@ -244,66 +253,112 @@ def run_bench(
         # the header as a file name): give make "-include", for every bench
         if "CFG_CXXFLAGS_PCH_I" not in os.environ["MAKEFLAGS"]:
             os.environ["MAKEFLAGS"] += " CFG_CXXFLAGS_PCH_I=-include"
-
-    runner = get_runner(simn)
+        runner = _verilator_runner(top, out, internals=vpi_internals or
+                                   os.environ.get("TREENIC_VPI_INTERNALS", "0") == "1")
+    else:
+        runner = get_runner(simn)
+    label = f"[{name}/{simn}]"
     results = out / "results.xml"
-    if results.exists():
-        results.unlink()
+    from treenic.hdl.cosim import exclusive_lock
+    # benches of one name share this build directory (parametrized cocotb test cases):
+    # under pytest -n they take turns on it
+    with exclusive_lock(out.with_name(out.name + ".lock")):
+        vfile = elaborate_verilog(component, out, top, ports=ports, sim=simn)
+        if results.exists():
+            results.unlink()
+        sim_exit = _build_and_test(
+            runner, label, test_dir, vfile=vfile, build=dict(
+                sources=[vfile, *map(Path, extra_sources)], hdl_toplevel=top, build_dir=out,
+                build_args=bargs, parameters=dict(verilog_parameters or {}),
+                timescale=("1ns", "1ps"), waves=wave, always=False),
+            test=dict(
+                test_module=test_module, hdl_toplevel=top, hdl_toplevel_lang="verilog",
+                testcase=testcase, build_dir=out, test_dir=out, results_xml=str(results),
+                extra_env=env, waves=wave, parameters=dict(verilog_parameters or {}),
+                timescale=("1ns", "1ps")))
+        _check_results(results, label, sim_exit, test_module, testcase)
+    return results
+
+
+def _build_and_test(runner, label: str, test_dir: Path, *, vfile: Path, build: dict,
+                    test: dict) -> int | str | None:
+    """``runner.build(**build)`` then ``runner.test(**test)``; returns the simulator's exit
+    code (None: it returned normally). A failed build raises :class:`BenchFailure`."""
     # cocotb's runner builds PYTHONPATH from sys.path; make the tb directory and
     # sim/ importable for the simulator process.
     saved_path = list(sys.path)
     for p in (str(SIM_DIR), str(test_dir)):
         if p not in sys.path:
             sys.path.insert(0, p)
-    sim_exit: int | str | None = None
     try:
         try:
-            runner.build(
-                sources=[vfile, *map(Path, extra_sources)],
-                hdl_toplevel=top,
-                build_dir=out,
-                build_args=bargs,
-                parameters=dict(verilog_parameters or {}),
-                timescale=("1ns", "1ps"),
-                waves=wave,
-                always=False,
-            )
+            runner.build(**build)
         except SystemExit as e:  # pragma: no cover - build errors
-            raise BenchFailure(f"[{name}/{simn}] simulator build failed (exit {e.code}); "
+            raise BenchFailure(f"{label} simulator build failed (exit {e.code}); "
                                f"see log above, Verilog in {vfile}") from None
         try:
-            runner.test(
-                test_module=test_module,
-                hdl_toplevel=top,
-                hdl_toplevel_lang="verilog",
-                testcase=testcase,
-                build_dir=out,
-                test_dir=out,
-                results_xml=str(results),
-                extra_env=env,
-                waves=wave,
-                parameters=dict(verilog_parameters or {}),
-                timescale=("1ns", "1ps"),
-            )
+            runner.test(**test)
         except SystemExit as e:
-            sim_exit = e.code
+            return e.code
+        return None
     finally:
         sys.path[:] = saved_path
 
+
+def _check_results(results: Path, label: str, sim_exit, test_module, testcase) -> None:
+    """Raise :class:`BenchFailure` unless *results* lists tests that all passed and the
+    simulator exited cleanly."""
     if not results.exists():
-        raise BenchFailure(f"[{name}/{simn}] simulation terminated abnormally "
+        raise BenchFailure(f"{label} simulation terminated abnormally "
                            f"(exit {sim_exit}); no results file {results}")
     n, failed = _read_results(results)
     if n == 0:
-        raise BenchFailure(f"[{name}/{simn}] no cocotb test ran (module {test_module!r}, "
+        raise BenchFailure(f"{label} no cocotb test ran (module {test_module!r}, "
                            f"testcase {testcase!r})")
     if failed:
-        raise BenchFailure(f"[{name}/{simn}] {len(failed)} of {n} cocotb tests failed: "
+        raise BenchFailure(f"{label} {len(failed)} of {n} cocotb tests failed: "
                            f"{', '.join(failed)} (results: {results})")
     if sim_exit not in (None, 0):
-        raise BenchFailure(f"[{name}/{simn}] simulator exited with {sim_exit} "
+        raise BenchFailure(f"{label} simulator exited with {sim_exit} "
                            f"although all {n} tests passed")
-    return results
+
+
+def _verilator_runner(toplevel: str, out: Path, *, internals: bool):
+    """cocotb's Verilator runner for *toplevel* built in *out*, subclassed as below
+    (cocotb_tools imported here: only a running bench needs it)."""
+    from cocotb_tools.runner import Verilator
+
+    class VerilatorTopPorts(Verilator):
+        """cocotb's Verilator runner with VPI access limited to the toplevel's ports, and the
+        C++ compiled at ``-O1`` through ccache.
+
+        cocotb passes ``--public-flat-rw``, which keeps every signal of every instance as a
+        public C++ member with a VPI symbol-table entry. On the 16-NIC torus bench that is
+        ~170 MB of C++ (71 MB of it symbol-table constructors) whose compile did not finish
+        under load; the benches only touch toplevel ports, so a control file makes just
+        those public and Verilator optimises the rest as it would for synthesis."""
+
+        def __init__(self, toplevel: str, out: Path, *, internals: bool):
+            super().__init__()
+            self._top_ports = (toplevel, out, internals)
+
+        def _build_command(self):
+            toplevel, out, internals = self._top_ports
+            verilate, make = super()._build_command()
+            if not internals:
+                control = out / "top_ports.vlt"
+                text = f'`verilator_config\npublic_flat_rw -module "{toplevel}" -var "*"\n'
+                if not control.exists() or control.read_text() != text:
+                    control.write_text(text)
+                verilate = [a for a in verilate if a != "--public-flat-rw"] + [str(control)]
+            from treenic.hdl.cosim import compiler_cache
+            cache_make, cache_env = compiler_cache()
+            # -O1: C++ compile time, not per-cycle speed, dominates a bench (one run each)
+            make = (["env", *(f"{k}={v}" for k, v in cache_env.items()), *make,
+                     "OPT_FAST=-O1", "OPT_GLOBAL=-O1", "OPT_SLOW=-O0", *cache_make])
+            return [verilate, make]
+
+    return VerilatorTopPorts(toplevel, out, internals=internals)
 
 
 # ----------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from cocotb.triggers import RisingEdge, ReadOnly
 from harness import bench_params, bench_seed, start_clock_and_reset
 from treenic.algorithms import build
 from treenic.firmware.image import ImageSet
+from treenic.hdl.cosim import exclusive_lock
 from treenic.hdl.nic.host import host_writes
 from treenic.hdl.nic.model import (expected_buffers, expected_port_counters, ideal_cycles)
 from treenic.hdl.nic.params import NicParams, PortCounter, Reg
@@ -131,6 +132,8 @@ async def allreduce(dut):
     dut._log.info("fabric report: %s", json.dumps(rep))
     path = Path(prm["report"])
     path.parent.mkdir(parents=True, exist_ok=True)
-    data = json.loads(path.read_text()) if path.exists() else {}
-    data[prm["name"]] = rep
-    path.write_text(json.dumps(data, indent=1))
+    # the cases share one report: parallel bench workers (pytest -n) take turns
+    with exclusive_lock(path.with_suffix(".lock")):
+        data = json.loads(path.read_text()) if path.exists() else {}
+        data[prm["name"]] = rep
+        path.write_text(json.dumps(data, indent=1))
