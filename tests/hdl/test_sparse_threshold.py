@@ -1,12 +1,11 @@
 """Amaranth-simulator tests of the RedSync grid-threshold source against the golden
 ``select._grid_threshold`` (float64 arithmetic, double rounding to float32), and of the
 top-k unit's SEARCH mode served by it against ``select.binary_search_histogram``."""
-import random
-
 import numpy as np
-from amaranth.sim import Simulator
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from treenic.hdl.sparse.search import GRID_LAYOUT
+from treenic.hdl.sparse.simdrive import run_stream_unit
 from treenic.hdl.sparse.threshold import POINT_CYCLES, SETUP_CYCLES, GridThresholdSource
 from treenic.sparse import select
 
@@ -17,46 +16,17 @@ MAX_FINITE = 0x7F7FFFFF
 
 def rtl_thresholds(base_key, top_key, depth, requests, *, p_ready=1.0, seed=0):
     """Serve ``requests`` [(start, step, count)] with the RTL source; returns the answers
-    per request and the cycles from the first request offered to the last answer taken."""
+    in order and the cycles from the first request offered to the last answer taken."""
     dut = GridThresholdSource()
-    rng = random.Random(seed)
-    got = {"answers": [], "cycles": 0}
-    total = sum(c for _, _, c in requests)
+    words = [GRID_LAYOUT.const({"start": a, "step": b, "count": c}).as_value().value
+             for a, b, c in requests]
 
-    async def requester(ctx):
+    def setup(ctx):
         ctx.set(dut.base, base_key)
         ctx.set(dut.top, top_key)
         ctx.set(dut.depth, depth)
-        answered = 0
-        for start, step, count in requests:
-            ctx.set(dut.grid.payload.start, start)
-            ctx.set(dut.grid.payload.step, step)
-            ctx.set(dut.grid.payload.count, count)
-            ctx.set(dut.grid.valid, 1)
-            await ctx.tick().until(dut.grid.ready)
-            ctx.set(dut.grid.valid, 0)
-            answered += count
-            while len(got["answers"]) < answered:     # the unit asks again after a pass
-                await ctx.tick()
-
-    async def consumer(ctx):
-        cycles = 0
-        while len(got["answers"]) < total:
-            ready = int(rng.random() < p_ready)
-            ctx.set(dut.thr.ready, ready)
-            _, _, valid, key = await ctx.tick().sample(dut.thr.valid, dut.thr.payload)
-            cycles += 1
-            if valid and ready:
-                got["answers"].append(key)
-            assert cycles < 100 * (total + 1), "the source stopped answering"
-        got["cycles"] = cycles
-
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(requester, background=True)
-    sim.add_testbench(consumer)
-    sim.run()
-    return got["answers"], got["cycles"]
+    return run_stream_unit(dut, words, n_out=sum(c for *_, c in requests), i="grid", o="thr",
+                           p_ready=p_ready, seed=seed, setup=setup)
 
 
 def golden(base_key, top_key, depth, start, step, count):
@@ -83,7 +53,7 @@ def requests(draw):
     return depth, out
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(base=keys, top=keys, req=requests(), p_ready=st.sampled_from([1.0, 0.5]),
        seed=st.integers(0, 99))
 def test_grid_thresholds_bit_exact(base, top, req, p_ready, seed):
@@ -119,7 +89,7 @@ def test_latency_contract():
         assert cycles == 1 + SETUP_CYCLES + count * POINT_CYCLES, (count, cycles)
 
 
-@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(x=spread_chunks(), k=st.sampled_from([1, 2, 3, 5, 8]), depth=st.sampled_from([2, 5, 16]),
        H=st.sampled_from([1, 3]), strict=st.booleans(), sign=st.sampled_from([0, 1, -1]),
        seed=st.integers(0, 99))
