@@ -34,8 +34,8 @@ fabric registers, the placer can put a register beside each MULT18X18D, and the 
 DSP block far across the die gets a cycle of its own. With the operand taken straight from
 the previous stage's logic (11 stages), the W = 16 top failed 125 MHz post-route at
 103.4 MHz: 5.2 ns of routing from a LUT to a distant MULT18X18D plus its 2.5 ns multiply.
-(Yosys maps no fabric register into the MULT18X18D's own REG_INPUT/REG_OUTPUT on the ECP5;
-nextpnr places the fabric registers next to it.) The modulo path's multiplies take their
+(Yosys maps no fabric register into the MULT18X18D's own input/output registers on the
+ECP5: its cells set no REG_* parameter; nextpnr places the fabric registers next to it.) The modulo path's multiplies take their
 operands from plain registers (no logic in front) and keep two stages.
 
 ``lut_multiplies=n`` (0..4) does n of the four constant multiplies in LUTs instead, as
