@@ -37,10 +37,13 @@ leading one, the kept bits, round-to-nearest-even; the result normalised, m in
 
 No float64 subnormal or overflow can occur: every value lies in [2**-231, 2**129).
 
-Sequential: one operation a state, the rounding in two (leading one, then shift and
-increment). Latency: :data:`SETUP_CYCLES` after a request is taken (decode, t - b), then
-:data:`POINT_CYCLES` per grid point when ``thr`` is always ready. A count pass over C/W
-beats follows each request, so the source's latency is paid once a pass.
+Sequential: one operation a state, each a short pipeline whose inputs are held through the
+state (:data:`ROUND_CYCLES`, :data:`ADD_CYCLES`, :data:`MUL_CYCLES`): no path holds more
+than one wide shift or one carry chain of about 57 bits (the first version, one operation a
+cycle with the rounding in two, placed at 40.2 MHz). Latency: :data:`SETUP_CYCLES` = 16
+after a request is taken (round t and b, t - b, its rounding), then :data:`POINT_CYCLES` =
+21 per grid point when ``thr`` is always ready. A count pass over C/W beats follows each
+request; the source's latency is paid once a pass (H = 3: 16 + 7 * 21 cycles).
 """
 from amaranth import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import stream, wiring
@@ -58,12 +61,15 @@ ALIGN_LIMIT = 60                         # largest exact alignment in _add (see 
 SUM_BITS = F64_BITS + ALIGN_LIMIT + 1    # an exact sum or difference of two aligned values
 EXP = signed(12)                         # exponents: values in [2**-231, 2**129), zero apart
 ZERO_EXP = -1024                         # the exponent of zero: below every real exponent
-ROUND_CYCLES = 2                         # the rounding's two stages
+ROUND_CYCLES = 4        # leading one and trailing zeros, shift k, shifted bits, rounding
+ADD_CYCLES = 4          # order and exponent difference, alignment, low half, high half
+MUL_CYCLES = 4          # 18 x 18 partial products, three pair sums, two, the total
+LOW_BITS = 57           # the adder's low half (a carry or borrow into the high half)
 #: cycles from a request taken to its first point's multiply (round t, round b, t - b and
 #: its rounding), and per point from the multiply to the answer on ``thr`` (multiply, add,
-#: float32 load, each followed by a rounding, then the answer's cycle)
-SETUP_CYCLES = 3 * ROUND_CYCLES + 1
-POINT_CYCLES = 3 * (1 + ROUND_CYCLES) + 1
+#: each rounded, the float32 rounding, then the answer's cycle)
+SETUP_CYCLES = 3 * ROUND_CYCLES + ADD_CYCLES
+POINT_CYCLES = MUL_CYCLES + ADD_CYCLES + 3 * ROUND_CYCLES + 1
 
 
 class GridThresholdSource(wiring.Component):
@@ -91,52 +97,80 @@ class GridThresholdSource(wiring.Component):
         # the exact value being rounded, and the rounding's inputs
         acc, acc_neg, acc_exp = Signal(SUM_BITS), Signal(), Signal(EXP)
         to_f32 = Signal()                           # round to 24 bits, not below 2**-149
-        # rounded operands: t, b, the span t - b, the scaled span, the float64 value
+        # rounded operands: t, b, the span t - b, the scaled span
         regs = {n: (Signal(name=f"{n}_neg"), Signal(F64_BITS + 1, name=f"{n}_m"),
-                    Signal(EXP, name=f"{n}_e")) for n in ("t", "b", "span", "scaled", "val")}
+                    Signal(EXP, name=f"{n}_e")) for n in ("t", "b", "span", "scaled")}
         g, left, step = Signal(GRID_BITS), Signal(5), Signal(GRID_BITS)
         key = Signal(KEY_BITS)
-        rounded = self._round(m, acc, acc_exp, to_f32)          # (m, e), two stages
-        lead_done = Signal()                    # a ROUND state's second cycle: k registered
+        phase = Signal(2)                           # cycle within a multi-cycle state
+        # the datapaths: free-running pipelines, their inputs held through a state
+        rounded = _round(m, acc, acc_exp, to_f32)
+        add_a, add_b = ((Signal(name=f"add_{x}_neg"), Signal(F64_BITS + 1, name=f"add_{x}_m"),
+                         Signal(EXP, name=f"add_{x}_e")) for x in "ab")
+        added = _add(m, add_a, add_b)
+        product = _multiply(m, g, regs["span"][1])
+
+        def last(cycles):
+            """True in a state's last cycle; counts its cycles."""
+            done = phase == cycles - 1
+            m.d.sync += phase.eq(Mux(done, 0, phase + 1))
+            return done
+
+        def store(name):
+            neg, mant, exp = regs[name]
+            m.d.sync += [neg.eq(acc_neg), mant.eq(rounded[0]), exp.eq(rounded[1])]
+
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.grid.ready.eq(1)
                 with m.If(self.grid.valid & (self.grid.payload.count != 0)):
                     p = self.grid.payload
                     m.d.sync += [g.eq(p.start), step.eq(p.step), left.eq(p.count)]
-                    self._load(m, acc, acc_neg, acc_exp, *_decode(self.top))
+                    _load(m, acc, acc_neg, acc_exp, _decode(self.top))
                     m.next = "ROUND_T"
-            for name, nxt in (("T", "ROUND_B"), ("B", "SUB"), ("SPAN", "MUL"),
-                              ("SCALED", "ADD"), ("VAL", "F32")):
-                with m.State(f"ROUND_{name}"):
-                    m.d.sync += lead_done.eq(~lead_done)
-                    with m.If(lead_done):
-                        neg, mant, exp = regs[name.lower()]
-                        m.d.sync += [neg.eq(acc_neg), mant.eq(rounded[0]), exp.eq(rounded[1])]
-                        if name == "T":
-                            self._load(m, acc, acc_neg, acc_exp, *_decode(self.base))
-                        m.next = nxt
+            with m.State("ROUND_T"):
+                with m.If(last(ROUND_CYCLES)):
+                    store("t")
+                    _load(m, acc, acc_neg, acc_exp, _decode(self.base))
+                    m.next = "ROUND_B"
+            with m.State("ROUND_B"):
+                with m.If(last(ROUND_CYCLES)):
+                    store("b")
+                    m.next = "SUB"
             with m.State("SUB"):                               # t - b
                 t_neg, t_m, t_e = regs["t"]
                 b_neg, b_m, b_e = regs["b"]
-                self._add(m, (t_neg, t_m, t_e), (~b_neg, b_m, b_e), acc, acc_neg, acc_exp)
-                m.next = "ROUND_SPAN"
+                m.d.comb += [x.eq(y) for x, y in zip(add_a + add_b,
+                                                     (t_neg, t_m, t_e, ~b_neg, b_m, b_e))]
+                with m.If(last(ADD_CYCLES)):
+                    _load(m, acc, acc_neg, acc_exp, added)
+                    m.next = "ROUND_SPAN"
+            with m.State("ROUND_SPAN"):
+                with m.If(last(ROUND_CYCLES)):
+                    store("span")
+                    m.next = "MUL"
             with m.State("MUL"):                               # g / 2**depth * span
                 s_neg, s_m, s_e = regs["span"]
-                m.d.sync += [acc.eq(g * s_m), acc_neg.eq(s_neg),
-                             acc_exp.eq(Mux(s_m == 0, ZERO_EXP, s_e - self.depth))]
-                m.next = "ROUND_SCALED"
+                with m.If(last(MUL_CYCLES)):
+                    _load(m, acc, acc_neg, acc_exp,
+                          (s_neg, product, Mux(s_m == 0, ZERO_EXP, s_e - self.depth)))
+                    m.next = "ROUND_SCALED"
+            with m.State("ROUND_SCALED"):
+                with m.If(last(ROUND_CYCLES)):
+                    store("scaled")
+                    m.next = "ADD"
             with m.State("ADD"):                               # b + scaled
-                self._add(m, regs["b"], regs["scaled"], acc, acc_neg, acc_exp)
-                m.next = "ROUND_VAL"
-            with m.State("F32"):                               # the float32 rounding
-                v_neg, v_m, v_e = regs["val"]
-                m.d.sync += to_f32.eq(1)
-                self._load(m, acc, acc_neg, acc_exp, v_neg, v_m, v_e)
-                m.next = "ROUND_F32"
+                m.d.comb += [x.eq(y) for x, y in zip(add_a + add_b,
+                                                     regs["b"] + regs["scaled"])]
+                with m.If(last(ADD_CYCLES)):
+                    _load(m, acc, acc_neg, acc_exp, added)
+                    m.next = "ROUND_VAL"
+            with m.State("ROUND_VAL"):                         # then the float32 rounding
+                with m.If(last(ROUND_CYCLES)):
+                    m.d.sync += [acc.eq(rounded[0]), acc_exp.eq(rounded[1]), to_f32.eq(1)]
+                    m.next = "ROUND_F32"
             with m.State("ROUND_F32"):
-                m.d.sync += lead_done.eq(~lead_done)
-                with m.If(lead_done):
+                with m.If(last(ROUND_CYCLES)):
                     f_m, f_e = rounded
                     # max(0, .): a negative or zero value is threshold key 0
                     m.d.sync += [to_f32.eq(0),
@@ -152,67 +186,92 @@ class GridThresholdSource(wiring.Component):
                         m.next = "IDLE"
         return m
 
-    @staticmethod
-    def _load(m, acc, acc_neg, acc_exp, neg, mant, exp):
-        m.d.sync += [acc.eq(mant), acc_neg.eq(neg), acc_exp.eq(exp)]
 
-    @staticmethod
-    def _add(m, a, b, acc, acc_neg, acc_exp):
-        """acc = a + b exactly (or the larger operand alone when the exponents are more than
-        ALIGN_LIMIT apart: its correctly rounded sum, see the module docstring)."""
-        (a_neg, a_m, a_e), (b_neg, b_m, b_e) = a, b
-        a_big = a_e >= b_e
-        x_neg, x_m, x_e = (Mux(a_big, p, q) for p, q in ((a_neg, b_neg), (a_m, b_m), (a_e, b_e)))
-        y_neg, y_m, y_e = (Mux(a_big, q, p) for p, q in ((a_neg, b_neg), (a_m, b_m), (a_e, b_e)))
-        d = Signal(EXP.width + 1)
-        m.d.comb += d.eq(x_e - y_e)
-        aligned = (x_m << d[:6])[:SUM_BITS]
-        total = Signal(signed(SUM_BITS + 2))
-        m.d.comb += total.eq(Mux(x_neg == y_neg, aligned + y_m, aligned - y_m))
-        with m.If(d > ALIGN_LIMIT):
-            m.d.sync += [acc.eq(x_m), acc_neg.eq(x_neg), acc_exp.eq(x_e)]
-        with m.Else():
-            # a difference below zero: the smaller-exponent operand's sign wins
-            m.d.sync += [acc.eq(Mux(total < 0, -total, total)),
-                         acc_neg.eq(Mux(total < 0, ~x_neg, x_neg)), acc_exp.eq(y_e)]
+def _load(m, acc, acc_neg, acc_exp, value):
+    neg, mant, exp = value
+    m.d.sync += [acc.eq(mant), acc_neg.eq(neg), acc_exp.eq(exp)]
 
-    @staticmethod
-    def _round(m, acc, acc_exp, to_f32):
-        """Round acc * 2**acc_exp to 53 bits (or to 24 bits, never below 2**-149): stage one
-        registers the shift k (leading one minus the kept width, raised to the float32
-        subnormal floor), stage two shifts, rounds to nearest even and normalises a carry.
-        Returns stage two's (m, e), valid in the cycle after acc was loaded; stage one's
-        register loads every cycle."""
-        lead = Signal(range(SUM_BITS))
-        m.d.comb += lead.eq(_leading_one(acc)[1])
-        width = Mux(to_f32, F32_BITS, F64_BITS)
-        k_lead = Signal(EXP)
-        m.d.comb += k_lead.eq(lead - (width - 1))
-        k_floor = Signal(EXP)
-        m.d.comb += k_floor.eq(F32_MIN_EXP - acc_exp)
-        k = Signal(EXP)
-        m.d.sync += k.eq(Mux(to_f32 & (k_floor > k_lead), k_floor, k_lead))
-        right = Signal(8)                                # k > 0: bits dropped
-        m.d.comb += right.eq(Mux(k > SUM_BITS + 1, SUM_BITS + 1, k))
-        kept, below = Signal(SUM_BITS), Signal(SUM_BITS + 1)
-        m.d.comb += [kept.eq(acc >> right),
-                     below.eq(Cat(Const(0, 1), acc) >> right)]   # bit 0: acc's bit right - 1
-        mask = Signal(SUM_BITS)                          # the bits below that one
-        m.d.comb += mask.eq(((Const(1, SUM_BITS + 2) << right) - 1) >> 1)
-        up = below[0] & (((acc & mask) != 0) | kept[0])
-        q = Signal(F64_BITS + 2)
-        m.d.comb += q.eq(kept + up)
-        carry = q == (Const(1, F64_BITS + 2) << width)
-        out_m, out_e = Signal(F64_BITS + 1), Signal(EXP)
-        with m.If(acc == 0):
-            m.d.comb += [out_m.eq(0), out_e.eq(ZERO_EXP)]
-        with m.Elif(k <= 0):                             # exact: normalise to the left
-            m.d.comb += [out_m.eq(acc << (-k)[:6]), out_e.eq(acc_exp + k)]
-        with m.Elif(carry):
-            m.d.comb += [out_m.eq(q >> 1), out_e.eq(acc_exp + k + 1)]
-        with m.Else():
-            m.d.comb += [out_m.eq(q), out_e.eq(acc_exp + k)]
-        return out_m, out_e
+
+def _round(m, acc, acc_exp, to_f32):
+    """Round acc * 2**acc_exp to 53 bits (or to 24 bits, never below 2**-149), in
+    ROUND_CYCLES stages that load every cycle (acc held meanwhile): the leading one, the
+    trailing zeros and acc == 0; the shift k (leading one minus the kept width, raised to the
+    float32 subnormal floor); the kept bits, the half bit, the sticky bit (a set bit below
+    the half bit: trailing zeros < k - 1) and the left-normalised value; then round to
+    nearest even and renormalise a carry. Returns (m, e), valid in the fourth cycle."""
+    lead, low, zero = Signal(range(SUM_BITS)), Signal(range(SUM_BITS)), Signal()
+    m.d.sync += [lead.eq(_leading_one(acc)[1]), low.eq(_lowest_one(acc)[1]),
+                 zero.eq(acc == 0)]
+    width = Mux(to_f32, F32_BITS, F64_BITS)
+    k_lead, k_floor, k = Signal(EXP), Signal(EXP), Signal(EXP)
+    m.d.comb += [k_lead.eq(lead - (width - 1)), k_floor.eq(F32_MIN_EXP - acc_exp)]
+    m.d.sync += k.eq(Mux(to_f32 & (k_floor > k_lead), k_floor, k_lead))
+    right = Signal(8)                                    # k > 0: the bits dropped
+    m.d.comb += right.eq(Mux(k > SUM_BITS + 1, SUM_BITS + 1, k))
+    kept, normalised = Signal(F64_BITS + 1), Signal(F64_BITS + 1)
+    half, sticky, exact, zero2, exp = Signal(), Signal(), Signal(), Signal(), Signal(EXP)
+    m.d.sync += [kept.eq(acc >> right), half.eq((Cat(Const(0, 1), acc) >> right)[0]),
+                 sticky.eq((right > 1) & (low < right - 1)),
+                 normalised.eq(acc << (-k)[:6]), exact.eq(k <= 0), zero2.eq(zero),
+                 exp.eq(acc_exp + k)]
+    q = Signal(F64_BITS + 2)
+    m.d.comb += q.eq(kept + (half & (sticky | kept[0])))
+    out_m, out_e = Signal(F64_BITS + 1), Signal(EXP)
+    with m.If(zero2):
+        m.d.comb += [out_m.eq(0), out_e.eq(ZERO_EXP)]
+    with m.Elif(exact):                                  # exact: normalised to the left
+        m.d.comb += [out_m.eq(normalised), out_e.eq(exp)]
+    with m.Elif(q == (Const(1, F64_BITS + 2) << width)):  # a carry out of the kept bits
+        m.d.comb += [out_m.eq(q >> 1), out_e.eq(exp + 1)]
+    with m.Else():
+        m.d.comb += [out_m.eq(q), out_e.eq(exp)]
+    return out_m, out_e
+
+
+def _add(m, a, b):
+    """a + b of normalised operands in ADD_CYCLES stages (inputs held meanwhile): x the
+    operand of larger magnitude, y the other, and d their exponent difference; x shifted
+    left by d onto y's scale (or, for d > ALIGN_LIMIT, x alone: the correctly rounded sum,
+    see the module docstring); the low LOW_BITS of x +- y with their carry or borrow; the
+    high half. |x| >= |y|, so the difference is never negative. Returns (neg, m, e)."""
+    (a_neg, a_m, a_e), (b_neg, b_m, b_e) = a, b
+    a_big = (a_e > b_e) | ((a_e == b_e) & (a_m >= b_m))
+
+    def regs(prefix, like):
+        return [Signal.like(v, name=f"{prefix}_{n}") for n, v in zip(("neg", "m", "e"), like)]
+    x, y = regs("add_x", a), regs("add_y", a)
+    same, d = Signal(), Signal(EXP.width + 1)
+    m.d.sync += [r.eq(Mux(a_big, p, q)) for r, p, q in zip(x, a, b)]
+    m.d.sync += [r.eq(Mux(a_big, q, p)) for r, p, q in zip(y, a, b)]
+    m.d.sync += [same.eq(a_neg == b_neg), d.eq(Mux(a_big, a_e - b_e, b_e - a_e))]
+    x1, y1 = regs("add_x1", a), regs("add_y1", a)
+    aligned, far, same1 = Signal(SUM_BITS), Signal(), Signal()
+    m.d.sync += [r.eq(v) for r, v in zip(x1 + y1, x + y)]
+    m.d.sync += [aligned.eq(x[1] << d[:6]), far.eq(d > ALIGN_LIMIT), same1.eq(same)]
+    x2, y_e2 = regs("add_x2", a), Signal(EXP, name="add_y_e2")
+    low, high, far2 = Signal(signed(LOW_BITS + 2)), Signal(SUM_BITS - LOW_BITS), Signal()
+    m.d.sync += [r.eq(v) for r, v in zip(x2, x1)]
+    m.d.sync += [low.eq(Mux(same1, aligned[:LOW_BITS] + y1[1], aligned[:LOW_BITS] - y1[1])),
+                 high.eq(aligned[LOW_BITS:]), far2.eq(far), y_e2.eq(y1[2])]
+    total = Cat(low[:LOW_BITS], (high + low[LOW_BITS:].as_signed())[:SUM_BITS - LOW_BITS])
+    return x2[0], Mux(far2, x2[1], total), Mux(far2, x2[2], y_e2)
+
+
+def _multiply(m, g, s):
+    """g * s (31 x 53 bits, exact) in MUL_CYCLES stages (inputs held meanwhile): six
+    18 x 18 partial products registered (one MULT18X18D each, operands from registers), then
+    three pair sums, then two, then the total. Returns the product."""
+    g_parts = (g[:18], g[18:])
+    s_parts = (s[:18], s[18:36], s[36:])
+    pp = {(i, j): Signal(36, name=f"mul_pp{i}{j}") for i in range(2) for j in range(3)}
+    m.d.sync += [pp[i, j].eq(g_parts[i] * s_parts[j]) for i, j in pp]
+    # by weight: 2**0, 2**18 (two), 2**36 (two), 2**54
+    r0, r1, r2 = (Signal(SUM_BITS, name=f"mul_r{n}") for n in range(3))
+    m.d.sync += [r0.eq(pp[0, 0] + (pp[0, 1] << 18)), r1.eq(pp[1, 0] + (pp[0, 2] << 18)),
+                 r2.eq(pp[1, 1] + (pp[1, 2] << 18))]
+    low, r2d = Signal(SUM_BITS, name="mul_low"), Signal(SUM_BITS, name="mul_r2d")
+    m.d.sync += [low.eq(r0 + (r1 << 18)), r2d.eq(r2)]
+    return (low + (r2d << 36))[:SUM_BITS]
 
 
 def _leading_one(bits):
@@ -223,7 +282,17 @@ def _leading_one(bits):
     half = 1 << ((len(bits) - 1).bit_length() - 1)          # the low part: a power of two
     lo_any, lo_at = _leading_one(bits[:half])
     hi_any, hi_at = _leading_one(bits[half:])
-    return lo_any | hi_any, Mux(hi_any, hi_at + half, lo_at)
+    return lo_any | hi_any, Mux(hi_any, hi_at | half, lo_at)       # hi_at < half: no adder
+
+
+def _lowest_one(bits):
+    """(any bit set, index of the lowest set bit), the same tree."""
+    if len(bits) == 1:
+        return bits[0], Const(0, 1)
+    half = 1 << ((len(bits) - 1).bit_length() - 1)
+    lo_any, lo_at = _lowest_one(bits[:half])
+    hi_any, hi_at = _lowest_one(bits[half:])
+    return lo_any | hi_any, Mux(lo_any, lo_at, hi_at | half)
 
 
 def _decode(key):
