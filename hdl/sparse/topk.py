@@ -21,8 +21,9 @@ Modes (``cmd.mode``), each equal to a golden selector of ``treenic.sparse.select
     (digits 30..24, 23..16, 15..8, 7..0; 256-bin histograms in block RAM, one per lane,
     ``scan_bins`` bins per memory word, default 2), each followed by a scan of
     256/scan_bins + 5 cycles (133 at two bins a row: one row a cycle, top down, then the
-    read, field, half-sum, sum and decision registers; 256/scan_bins + 6 from 8 bins a
-    row, where the row's suffix sums take two registered stages: :func:`scan_latency`)
+    read, field, half-sum, sum and decision registers; 256/scan_bins + 6 at 8 bins a row
+    and + 7 at 16 and 32, where the row's suffix sums take more registered stages:
+    :func:`scan_latency`)
     that picks the digit holding the k-th largest key and clears the bins; then 1 emit pass: keys > v_k, plus keys == v_k
     in ascending index order until k are out.
 ``THRESHOLD`` (1) -- one emit pass: ``key > threshold`` in index order, cut after ``limit``
@@ -58,7 +59,7 @@ from treenic.sparse import select
 from .search import DRAIN_CYCLES, GRID_LAYOUT, MAX_SEARCH_BITS, SearchReplay
 
 __all__ = ["TopKUnit", "Mode", "HIST_PASSES", "SCAN_CYCLES", "PASSES", "exact_cycles",
-           "scan_latency",
+           "scan_latency", "suffix_cuts",
            "EMIT_STAGES", "chunk_beats", "chunk_words",
            "decode_pairs", "command_word", "search_command", "search_requests",
            "search_passes", "grid_thresholds"]
@@ -74,8 +75,9 @@ ROWS = BINS // ROW_BINS
 ROW_BITS = (ROWS - 1).bit_length()
 SCAN_LATENCY = 5                             # read, field register, half sums, sums, decision
 SCAN_CYCLES = ROWS + SCAN_LATENCY
-WIDE_SCAN_BINS = 8                           # from this many bins a row, one more scan stage:
-SUFFIX_LEVELS_AFTER_CUT = 3                  # the suffix network's last 3 levels behind it
+WIDE_SCAN_BINS = 8                           # from this many bins a row, the suffix network
+#                                              is registered after its first level, then
+#                                              every two (see ``suffix_cuts``)
 EMIT_STAGES = 4                              # key, flags, prefix counts, lane selection
 OUT_FIFO_DEPTH = 8                           # room for the beats in flight and the next
 
@@ -97,11 +99,20 @@ HIST_DRAIN = 2
 EXACT_TAIL = 3 + EMIT_STAGES + 1
 
 
+def suffix_cuts(scan_bins: int) -> list[int]:
+    """After how many levels of a row's suffix-sum network (log2(scan_bins) levels) a
+    register stands: none up to 4 bins a row; from ``WIDE_SCAN_BINS``, after the first level
+    (which follows the lane tree) and then every two levels (three levels of ~17-bit adders
+    in one cycle missed 8 ns: 104.6 MHz at 16 bins a row)."""
+    levels = (scan_bins - 1).bit_length()
+    return list(range(1, levels, 2)) if scan_bins >= WIDE_SCAN_BINS else []
+
+
 def scan_latency(scan_bins: int = ROW_BINS) -> int:
-    """Cycles from a scan's last row read to its decision: ``SCAN_LATENCY``, one more at
-    ``WIDE_SCAN_BINS`` or more bins a row (the row's suffix-sum network is registered
-    midway: log2(scan_bins) adder levels behind the lane tree missed 8 ns)."""
-    return SCAN_LATENCY + (scan_bins >= WIDE_SCAN_BINS)
+    """Cycles from a scan's last row read to its decision: ``SCAN_LATENCY`` plus one per
+    register in the row's suffix-sum network (:func:`suffix_cuts`): 5 up to 4 bins a row,
+    6 at 8, 7 at 16 and 32."""
+    return SCAN_LATENCY + len(suffix_cuts(scan_bins))
 
 
 def exact_cycles(chunk: int, lanes: int, scan_bins: int = ROW_BINS) -> int:
@@ -521,37 +532,36 @@ class TopKUnit(wiring.Component):
         + hist >= k_left holds the k-th largest key; keys in higher bins are all selected.
         The lane sums of a row are registered before the decision (block RAM output ->
         adder tree -> compare would not fit one 8 ns cycle); the row's suffix sums come from
-        a prefix network (:func:`_suffix_levels`), registered after its first levels at 8 or
-        more bins a row (:func:`scan_latency`)."""
+        a prefix network (:func:`_suffix_levels`), registered inside at 8 or more bins a row
+        (:func:`suffix_cuts`, :func:`scan_latency`)."""
         R, ROWS_ = self.row_bins, self.rows
-        # the row's lane fields registered (v1), its group sums (v2), its suffix sums (s);
-        # at R >= 8 the suffix network is cut by one more register (``mid``)
-        split = R >= WIDE_SCAN_BINS
-        v1, v2, v_mid, s_valid = Signal(), Signal(), Signal(), Signal()
-        r1, r2, r_mid, s_row = (Signal(self.row_bits, name=n)
-                                for n in ("row1", "row2", "row_mid", "s_row"))
+        # the row's lane fields registered (v1), its group sums (v2), its suffix sums (s),
+        # and from 8 bins a row the suffix network's registers in between (``suffix_cuts``)
+        v1, v2, s_valid = Signal(), Signal(), Signal()
+        r1, r2, s_row = (Signal(self.row_bits, name=n) for n in ("row1", "row2", "s_row"))
         # s_cum[h]: keys in bins h..R-1 of the row (the higher bins first), registered
         width = len(hist_sums[0]) + self.rb + 1
         s_cum = [Signal(width, name=f"s_cum{h}") for h in range(R)]
-        levels = _suffix_levels([x for x in hist_sums], width)
         m.d.sync += [st.scan_valid.eq(st.scan_addr < ROWS_),
                      scanning_row.eq(ROWS_ - 1 - st.scan_addr[:self.row_bits]),
                      v1.eq(st.scan_valid), r1.eq(scanning_row), v2.eq(v1), r2.eq(r1)]
-        if split:
-            # the first log2(R) - 3 levels behind the lane tree, the last three after ``mid``
-            cut = len(levels) - 1 - SUFFIX_LEVELS_AFTER_CUT
-            mid = [Signal(width, name=f"s_mid{h}") for h in range(R)]
-            m.d.sync += [a.eq(b) for a, b in zip(mid, levels[cut])]
-            m.d.sync += [v_mid.eq(v2), r_mid.eq(r2), s_valid.eq(v_mid), s_row.eq(r_mid)]
-            m.d.sync += [a.eq(b) for a, b in zip(s_cum, _suffix_levels(mid, width, start=cut)[-1])]
-        else:
-            m.d.sync += [s_valid.eq(v2), s_row.eq(r2)]
-            m.d.sync += [a.eq(b) for a, b in zip(s_cum, levels[-1])]
+        values, done, valid, row, in_flight = list(hist_sums), 0, v2, r2, [v1, v2]
+        for n, cut in enumerate(suffix_cuts(R)):
+            mid = [Signal(width, name=f"s_mid{n}_{h}") for h in range(R)]
+            v_mid, r_mid = Signal(name=f"v_mid{n}"), Signal(self.row_bits, name=f"row_mid{n}")
+            m.d.sync += [a.eq(b) for a, b in
+                         zip(mid, _suffix_levels(values, width, start=done)[cut - done])]
+            m.d.sync += [v_mid.eq(valid), r_mid.eq(row)]
+            values, done, valid, row = mid, cut, v_mid, r_mid
+            in_flight.append(v_mid)
+        m.d.sync += [a.eq(b) for a, b in zip(s_cum, _suffix_levels(values, width, start=done)[-1])]
+        m.d.sync += [s_valid.eq(valid), s_row.eq(row)]
         with m.If(st.scan_addr < ROWS_):
             m.d.sync += st.scan_addr.eq(st.scan_addr + 1)
         with m.If(s_valid & ~st.found):
             self._scan_decision(m, st, s_cum, s_row)
-        with m.Elif(~s_valid & ~v1 & ~v2 & ~v_mid & ~st.scan_valid & (st.scan_addr == ROWS_)):
+        with m.Elif(~s_valid & ~Cat(*in_flight).any() & ~st.scan_valid
+                    & (st.scan_addr == ROWS_)):
             # once the last row's sum has left the register stage (``s_valid``) and no row
             # is in flight: all bins read and cleared; fix the digit, start the next pass
             with m.Switch(st.pass_index):

@@ -79,8 +79,8 @@ def test_wide_scan_is_shorter():
     x = rng.standard_normal(128).astype(np.float32)
     narrow = check_exact(x, 5, 4)
     wide = check_exact(x, 5, 4, scan_bins=16)
-    # four scans of 128 rows against four of 16 rows, each one stage longer at 16 bins
-    assert narrow - wide == 4 * (128 - 16) - 4, (narrow, wide)
+    # four scans of 128 rows against four of 16 rows, each two stages longer at 16 bins
+    assert narrow - wide == 4 * (128 - 16) - 4 * 2, (narrow, wide)
     assert (narrow, wide) == (exact_cycles(128, 4), exact_cycles(128, 4, 16))
 
 
