@@ -40,10 +40,11 @@ No float64 subnormal or overflow can occur: every value lies in [2**-231, 2**129
 Sequential: one operation a state, each a short pipeline whose inputs are held through the
 state (:data:`ROUND_CYCLES`, :data:`ADD_CYCLES`, :data:`MUL_CYCLES`): no path holds more
 than one wide shift or one carry chain of about 57 bits (the first version, one operation a
-cycle with the rounding in two, placed at 40.2 MHz). Latency: :data:`SETUP_CYCLES` = 16
-after a request is taken (round t and b, t - b, its rounding), then :data:`POINT_CYCLES` =
-21 per grid point when ``thr`` is always ready. A count pass over C/W beats follows each
-request; the source's latency is paid once a pass (H = 3: 16 + 7 * 21 cycles).
+cycle with the rounding in two, placed at 40.2 MHz; with four-stage pipelines, 91.1 MHz).
+Latency: :data:`SETUP_CYCLES` = 20 after a request is taken (round t and b, t - b, its
+rounding), then :data:`POINT_CYCLES` = 25 per grid point when ``thr`` is always ready. A
+count pass over C/W beats follows each request; the source's latency is paid once a pass
+(H = 3: 20 + 7 * 25 cycles).
 """
 from amaranth import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import stream, wiring
@@ -61,8 +62,10 @@ ALIGN_LIMIT = 60                         # largest exact alignment in _add (see 
 SUM_BITS = F64_BITS + ALIGN_LIMIT + 1    # an exact sum or difference of two aligned values
 EXP = signed(12)                         # exponents: values in [2**-231, 2**129), zero apart
 ZERO_EXP = -1024                         # the exponent of zero: below every real exponent
-ROUND_CYCLES = 4        # leading one and trailing zeros, shift k, shifted bits, rounding
-ADD_CYCLES = 4          # order and exponent difference, alignment, low half, high half
+ROUND_CYCLES = 5        # leading one and trailing zeros, shift k, shifted bits, rounding,
+#                         the result registered
+ADD_CYCLES = 5          # operands, order and exponent difference, alignment, low half,
+#                         high half
 MUL_CYCLES = 4          # 18 x 18 partial products, three pair sums, two, the total
 LOW_BITS = 57           # the adder's low half (a carry or borrow into the high half)
 #: cycles from a request taken to its first point's multiply (round t, round b, t - b and
@@ -102,7 +105,7 @@ class GridThresholdSource(wiring.Component):
                     Signal(EXP, name=f"{n}_e")) for n in ("t", "b", "span", "scaled")}
         g, left, step = Signal(GRID_BITS), Signal(5), Signal(GRID_BITS)
         key = Signal(KEY_BITS)
-        phase = Signal(2)                           # cycle within a multi-cycle state
+        phase = Signal(3)                           # cycle within a multi-cycle state
         # the datapaths: free-running pipelines, their inputs held through a state
         rounded = _round(m, acc, acc_exp, to_f32)
         add_a, add_b = ((Signal(name=f"add_{x}_neg"), Signal(F64_BITS + 1, name=f"add_{x}_m"),
@@ -198,7 +201,8 @@ def _round(m, acc, acc_exp, to_f32):
     trailing zeros and acc == 0; the shift k (leading one minus the kept width, raised to the
     float32 subnormal floor); the kept bits, the half bit, the sticky bit (a set bit below
     the half bit: trailing zeros < k - 1) and the left-normalised value; then round to
-    nearest even and renormalise a carry. Returns (m, e), valid in the fourth cycle."""
+    nearest even and renormalise a carry, registered. Returns (m, e), valid in the fifth
+    cycle."""
     lead, low, zero = Signal(range(SUM_BITS)), Signal(range(SUM_BITS)), Signal()
     m.d.sync += [lead.eq(_leading_one(acc)[1]), low.eq(_lowest_one(acc)[1]),
                  zero.eq(acc == 0)]
@@ -218,27 +222,30 @@ def _round(m, acc, acc_exp, to_f32):
     m.d.comb += q.eq(kept + (half & (sticky | kept[0])))
     out_m, out_e = Signal(F64_BITS + 1), Signal(EXP)
     with m.If(zero2):
-        m.d.comb += [out_m.eq(0), out_e.eq(ZERO_EXP)]
+        m.d.sync += [out_m.eq(0), out_e.eq(ZERO_EXP)]
     with m.Elif(exact):                                  # exact: normalised to the left
-        m.d.comb += [out_m.eq(normalised), out_e.eq(exp)]
+        m.d.sync += [out_m.eq(normalised), out_e.eq(exp)]
     with m.Elif(q == (Const(1, F64_BITS + 2) << width)):  # a carry out of the kept bits
-        m.d.comb += [out_m.eq(q >> 1), out_e.eq(exp + 1)]
+        m.d.sync += [out_m.eq(q >> 1), out_e.eq(exp + 1)]
     with m.Else():
-        m.d.comb += [out_m.eq(q), out_e.eq(exp)]
+        m.d.sync += [out_m.eq(q), out_e.eq(exp)]
     return out_m, out_e
 
 
 def _add(m, a, b):
-    """a + b of normalised operands in ADD_CYCLES stages (inputs held meanwhile): x the
+    """a + b of normalised operands in ADD_CYCLES stages (inputs held meanwhile): the
+    operands registered; x the
     operand of larger magnitude, y the other, and d their exponent difference; x shifted
     left by d onto y's scale (or, for d > ALIGN_LIMIT, x alone: the correctly rounded sum,
     see the module docstring); the low LOW_BITS of x +- y with their carry or borrow; the
     high half. |x| >= |y|, so the difference is never negative. Returns (neg, m, e)."""
-    (a_neg, a_m, a_e), (b_neg, b_m, b_e) = a, b
-    a_big = (a_e > b_e) | ((a_e == b_e) & (a_m >= b_m))
-
     def regs(prefix, like):
         return [Signal.like(v, name=f"{prefix}_{n}") for n, v in zip(("neg", "m", "e"), like)]
+    a_in, b_in = regs("add_a_in", a), regs("add_b_in", b)     # cut the FSM's operand mux
+    m.d.sync += [r.eq(v) for r, v in zip(a_in + b_in, list(a) + list(b))]
+    a, b = a_in, b_in
+    (a_neg, a_m, a_e), (b_neg, b_m, b_e) = a, b
+    a_big = (a_e > b_e) | ((a_e == b_e) & (a_m >= b_m))
     x, y = regs("add_x", a), regs("add_y", a)
     same, d = Signal(), Signal(EXP.width + 1)
     m.d.sync += [r.eq(Mux(a_big, p, q)) for r, p, q in zip(x, a, b)]
