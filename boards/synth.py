@@ -168,6 +168,7 @@ def _sparse_tops():     # the sparse units (docs/sparse-units.md) at W = 2 and t
     from treenic.hdl.sparse.codec import SparseDecoder, SparseEncoder
     from treenic.hdl.sparse.hash import Murmur3HashUnit
     from treenic.hdl.sparse.scatter import ScatterAccumulate
+    from treenic.hdl.sparse.threshold import GridThresholdSource
     from treenic.hdl.sparse.topk import TopKUnit
     return {"sparse_hash_w2": lambda: Murmur3HashUnit(lanes=2, partition_bits=4),
             # one multiply of four in LUTs: 144 MULT18X18D of the 85F's 156 (192 without)
@@ -176,6 +177,9 @@ def _sparse_tops():     # the sparse units (docs/sparse-units.md) at W = 2 and t
             "sparse_hash_w2_mod12": lambda: Murmur3HashUnit(lanes=2, workers=12),
             "sparse_topk_w2": lambda: TopKUnit(lanes=2, max_chunk=65536),
             "sparse_topk_w16": lambda: TopKUnit(lanes=16, max_chunk=65536),
+            # the engine's scan (16 bins a row, two-stage suffix network) at a small width
+            "sparse_topk_w2_scan16": lambda: TopKUnit(lanes=2, max_chunk=1024, scan_bins=16),
+            "sparse_threshold": GridThresholdSource,
             "sparse_scatter": lambda: ScatterAccumulate(depth=16384),
             "sparse_encoder": lambda: SparseEncoder(max_chunk=4096),
             "sparse_decoder": lambda: SparseDecoder(max_chunk=4096)}

@@ -175,6 +175,48 @@ def _bench_hash(quick: bool, workers: int) -> dict:
             "workers": workers, "partition_bits": pbits, "latency": unit.latency, **out}
 
 
+def bench_threshold(quick: bool) -> dict:
+    """The RTL grid-threshold source (``threshold.GridThresholdSource``): random float32
+    base/top keys over the finite range and random depths, each served a full first-pass
+    grid (2**3 - 1 points) and a band request, with random stalls; every key compared with
+    the golden ``select._grid_threshold``. ``request_cycles``: a 7-point request at full
+    rate, request offered to last answer."""
+    from .search import GRID_LAYOUT
+    from .threshold import GridThresholdSource
+    from treenic.sparse import select
+    lib = _lib(GridThresholdSource(), "sparse_threshold")
+    rng = np.random.default_rng(17)
+    trials = 40 if quick else 400
+    keys = np.concatenate([rng.integers(0, 0x7F800000, (trials, 2)),
+                           rng.integers(0, 0x01000000, (trials, 2)),
+                           rng.integers(0x3F000000, 0x3F900000, (trials, 2))])
+    depths = rng.integers(3, 31, len(keys))
+    sim, ok, cycles = lib.new(), True, []
+    for (base, top), depth in zip(keys.tolist(), depths.tolist()):
+        step = 1 << (depth - 3)
+        lo = int(rng.integers(0, (1 << depth)))
+        reqs = [(step, step, 7), (lo, 1, 2)]
+        words = [GRID_LAYOUT.const({"start": a, "step": b, "count": c}).as_value().value
+                 for a, b, c in reqs]
+        sim.reset()
+        sim["base"], sim["top"], sim["depth"] = base, top, depth
+        full = not cycles
+        res = sim.run_streams(inputs={"grid": [words[0]] if full else words},
+                              outputs={"thr": 7 if full else 9},
+                              valid_prob=1.0 if full else 0.7, ready_prob=1.0 if full else 0.6,
+                              seed=len(cycles))
+        if full:
+            cycles.append(res.cycles)
+            reqs = reqs[:1]
+        b, t = select.key_to_float(base), select.key_to_float(top)
+        want = [int(select._grid_threshold(b, t, a + j * st, depth)) for a, st, c in reqs
+                for j in range(c)]
+        ok &= res.outputs["thr"][:, 0].tolist() == want
+    sim.close()
+    return {"bit_exact": bool(ok), "configurations": len(keys), "request_points": 7,
+            "request_cycles": int(cycles[0])}
+
+
 def bench_scatter(quick: bool) -> dict:
     from .scatter import ScatterAccumulate
     from treenic.sparse.base import scatter_accumulate
@@ -256,6 +298,7 @@ def run(out_dir: Path, quick: bool = False) -> dict:
     res = {"simulator": SIMULATOR, "hash": bench_hash(quick), "topk": bench_topk(quick),
            "scatter": bench_scatter(quick)}
     res["codec"] = bench_codec(quick)
+    res["threshold_source"] = bench_threshold(quick)
     res["bit_exact"] = all(v["bit_exact"] for k, v in res.items() if isinstance(v, dict))
     (out_dir / "sparse_units.json").write_text(json.dumps(res, indent=1))
     md = ["Sparse units on Verilator (`python -m treenic.bench --only sparse_units`).", "",

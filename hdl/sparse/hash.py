@@ -7,31 +7,41 @@ returns, per lane, ``hash = murmur3_32(key, seed)`` and ``partition = hash mod n
 bit-exact with ``treenic.sparse.zen.murmur3_32`` / ``zen.partition_of(key, n, seed)``
 (and with the ``mmh3`` package). ``seed`` is a configuration input sampled with each beat
 (change it only while the unit is idle). The worker count n is an elaboration parameter:
-``partition_bits=P`` (n = 2**P, the reduction is a mask, latency 11) or ``workers=n`` for any
+``partition_bits=P`` (n = 2**P, the reduction is a mask, latency 15) or ``workers=n`` for any
 n in 1..65536. A power of two is still a mask; any other n goes through a constant-divisor
 modulo (multiply-high, Granlund-Montgomery: q = (h * M) >> (32 + l) with
 l = ceil(log2 n), M = ceil(2**(32 + l) / n) < 2**33, exact for every 32-bit h; then
 partition = h - q * n), :data:`MOD_STAGES` more pipeline stages (latency
-``LATENCY + MOD_STAGES`` = 17, the instance's ``latency``).
+``LATENCY + MOD_STAGES`` = 21, the instance's ``latency``).
 
-Pipeline (11 stages, latency 11 cycles, one beat = W keys per cycle); every multiply by a
-constant is split into 16x16 partial products (one MULT18X18D each) and a 16-bit sum::
+Pipeline (15 stages, latency 15 cycles, one beat = W keys per cycle); every multiply by a
+constant takes :data:`MULTIPLY_STAGES` = 3 stages: its operand registered, the 16x16 partial
+products registered (one MULT18X18D each), then a 16-bit sum::
 
-    S1/S2   k = key * c1                    (seed-independent key mix)
-    S3/S4   k = rotl(k, 15) * c2
-    S5      t = rotl(seed ^ k, 13); t = t + (t << 2)          (x5: one adder)
-    S6      h = (t + n) ^ 4; h ^= h >> 16
-    S7/S8   h *= f1
-    S9/S10  h = (h ^ h >> 13) * f2
-    S11     h ^= h >> 16; partition = h & (n - 1)            (n a power of two: done)
+    S1-S3    k = key * c1                    (seed-independent key mix)
+    S4-S6    k = rotl(k, 15) * c2
+    S7       t = rotl(seed ^ k, 13); t = t + (t << 2)          (x5: one adder)
+    S8       h = (t + n) ^ 4; h ^= h >> 16
+    S9-S11   h *= f1
+    S12-S14  h = (h ^ h >> 13) * f2
+    S15      h ^= h >> 16; partition = h & (n - 1)            (n a power of two: done)
     M1      four 16x17 partial products of h * M                 (n not a power of two)
     M2      two partial sums;  M3  q = (h * M) >> (32 + l)
     M4      q * n as two 16x16 partial products;  M5  their sum;  M6  h - q * n
 
+Why the operand and product registers: with the multiplier's inputs and outputs both on
+fabric registers, the placer can put a register beside each MULT18X18D, and the route to a
+DSP block far across the die gets a cycle of its own. With the operand taken straight from
+the previous stage's logic (11 stages), the W = 16 top failed 125 MHz post-route at
+103.4 MHz: 5.2 ns of routing from a LUT to a distant MULT18X18D plus its 2.5 ns multiply.
+(Yosys maps no fabric register into the MULT18X18D's own input/output registers on the
+ECP5: its cells set no REG_* parameter; nextpnr places the fabric registers next to it.) The modulo path's multiplies take their
+operands from plain registers (no logic in front) and keep two stages.
+
 ``lut_multiplies=n`` (0..4) does n of the four constant multiplies in LUTs instead, as
 shift-and-add trees of the constant's canonical signed digits (:func:`csd_digits`; 12-14
-terms): the first stage adds groups of four terms, the second the group sums (two adder
-levels each), so latency and rate are unchanged. The multiplies with the fewest digits go
+terms): after the operand register, the first stage adds groups of four terms, the second
+the group sums (two adder levels each), so latency and rate are unchanged. The multiplies with the fewest digits go
 first (c2, f1, c1, f2). Each saves 3 MULT18X18D per lane: W = 16 needs 192 of them, the
 ECP5-85F has 156, so ``lut_multiplies=1`` (144) fits.
 
@@ -45,9 +55,11 @@ from amaranth.lib.wiring import In, Out
 
 from .pipeline import StallPipeline
 
-__all__ = ["Murmur3HashUnit", "LATENCY", "MOD_STAGES", "modulo_magic", "csd_digits"]
+__all__ = ["Murmur3HashUnit", "LATENCY", "MOD_STAGES", "MULTIPLY_STAGES", "modulo_magic",
+           "csd_digits"]
 
-LATENCY = 11
+MULTIPLY_STAGES = 3                    # operand, partial products, sum (see ``_lane``)
+LATENCY = 4 * MULTIPLY_STAGES + 3       # four multiplies, x5, the h6 fold, the final fold
 MOD_STAGES = 6
 MAX_WORKERS = 1 << 16
 _C1, _C2, _N = 0xCC9E2D51, 0x1B873593, 0xE6546B64
@@ -163,11 +175,15 @@ class Murmur3HashUnit(wiring.Component):
             return Signal(32, name=f"l{lane}_{name}")
 
         def multiply(x, c, name):
-            """x * c mod 2**32 in two stages: 16x16 partial products, then their sum (or,
-            for a LUT multiply, sums of four shifted terms, then their sum)."""
-            out = reg(name)
+            """x * c mod 2**32 in MULTIPLY_STAGES stages: the operand registered (the
+            MULT18X18D input register), then 16x16 partial products registered (its output
+            register), then their sum; a LUT multiply registers the operand the same way,
+            then sums of four shifted terms, then their sum (the same latency)."""
+            out, operand = reg(name), reg(f"{name}_in")
+            with m.If(advance):
+                m.d.sync += operand.eq(x)
             if c in self.lut_constants:
-                terms = [((x << p)[:32], d < 0) for p, d in csd_digits(c)]
+                terms = [((operand << p)[:32], d < 0) for p, d in csd_digits(c)]
                 groups = [terms[i:i + 4] for i in range(0, len(terms), 4)]
                 parts = [(Signal(32, name=f"l{lane}_{name}_ps{n}"), _signed_sum(g)[1])
                          for n, g in enumerate(groups)]
@@ -178,8 +194,9 @@ class Murmur3HashUnit(wiring.Component):
                 return out
             lo, mid_a, mid_b = (Signal(32, name=f"l{lane}_{name}_pp{n}") for n in range(3))
             with m.If(advance):
-                m.d.sync += [lo.eq(x[:16] * (c & 0xFFFF)), mid_a.eq(x[:16] * (c >> 16)),
-                             mid_b.eq(x[16:] * (c & 0xFFFF))]
+                m.d.sync += [lo.eq(operand[:16] * (c & 0xFFFF)),
+                             mid_a.eq(operand[:16] * (c >> 16)),
+                             mid_b.eq(operand[16:] * (c & 0xFFFF))]
                 m.d.sync += out.eq(Cat(lo[:16], (lo[16:] + mid_a[:16] + mid_b[:16])[:16]))
             return out
 

@@ -15,7 +15,8 @@ thr(lo) and thr(hi).
 
 **Threshold source.** The grid thresholds ``max(0, fl32(base + g/2**depth * (top - base)))``
 are float64 arithmetic on the exact mean and the maximum of the chunk (RedSync R-A9); the
-unit does not compute them. Before each count pass it asks for them on ``grid``
+unit does not compute them: :class:`.threshold.GridThresholdSource` does, in RTL, given the
+mean and the maximum (or a controller answers). Before each count pass it asks on ``grid``
 (``start``, ``step``, ``count``: grid points ``start + j * step``, j < count) and takes the
 ``count`` answers, in that order, on ``thr``. A non-converged search asks once more for
 thr(lo) and thr(hi) (``start = lo``, ``step = 1``, ``count = 2``). The requests are

@@ -21,8 +21,10 @@ Modes (``cmd.mode``), each equal to a golden selector of ``treenic.sparse.select
     (digits 30..24, 23..16, 15..8, 7..0; 256-bin histograms in block RAM, one per lane,
     ``scan_bins`` bins per memory word, default 2), each followed by a scan of
     256/scan_bins + 5 cycles (133 at two bins a row: one row a cycle, top down, then the
-    read, field, half-sum, sum and decision registers) that picks the digit holding the
-    k-th largest key and clears the bins; then 1 emit pass: keys > v_k, plus keys == v_k
+    read, field, half-sum, sum and decision registers; 256/scan_bins + 6 at 8 bins a row
+    and + 7 at 16 and 32, where the row's suffix sums take more registered stages:
+    :func:`scan_latency`)
+    that picks the digit holding the k-th largest key and clears the bins; then 1 emit pass: keys > v_k, plus keys == v_k
     in ascending index order until k are out.
 ``THRESHOLD`` (1) -- one emit pass: ``key > threshold`` in index order, cut after ``limit``
     pairs: threshold reuse (``ThresholdReuse``: limit = cap_factor * k) and the converged
@@ -42,8 +44,8 @@ slowed only by output backpressure). The emit pass is a 4-stage pipeline (``EMIT
 key, flags, prefix counts, lane selection) into an 8-beat output FIFO: a beat's pairs are
 on ``o`` 5 cycles after the beat was taken; the input is taken while the FIFO has room for
 every beat in flight. EXACT total at full rate, command to the last output transfer
-(:func:`exact_cycles`): 5 C/W + 4 * (256/scan_bins + 7) + 8 cycles, 868 for C = 256,
-W = 4, two bins a row (the tests measure it). Count passes (BAND, SEARCH) end 2 (BAND) or
+(:func:`exact_cycles`): 5 C/W + 4 * (256/scan_bins + scan_latency + 2) + 8 cycles, 868 for
+C = 256, W = 4, two bins a row (the tests measure it). Count passes (BAND, SEARCH) end 2 (BAND) or
 4 (SEARCH, ``search.DRAIN_CYCLES``) cycles after their last beat.
 """
 import numpy as np
@@ -57,6 +59,7 @@ from treenic.sparse import select
 from .search import DRAIN_CYCLES, GRID_LAYOUT, MAX_SEARCH_BITS, SearchReplay
 
 __all__ = ["TopKUnit", "Mode", "HIST_PASSES", "SCAN_CYCLES", "PASSES", "exact_cycles",
+           "scan_latency", "suffix_cuts",
            "EMIT_STAGES", "chunk_beats", "chunk_words",
            "decode_pairs", "command_word", "search_command", "search_requests",
            "search_passes", "grid_thresholds"]
@@ -72,6 +75,9 @@ ROWS = BINS // ROW_BINS
 ROW_BITS = (ROWS - 1).bit_length()
 SCAN_LATENCY = 5                             # read, field register, half sums, sums, decision
 SCAN_CYCLES = ROWS + SCAN_LATENCY
+WIDE_SCAN_BINS = 8                           # from this many bins a row, the suffix network
+#                                              is registered after its first level, then
+#                                              every two (see ``suffix_cuts``)
 EMIT_STAGES = 4                              # key, flags, prefix counts, lane selection
 OUT_FIFO_DEPTH = 8                           # room for the beats in flight and the next
 
@@ -93,15 +99,32 @@ HIST_DRAIN = 2
 EXACT_TAIL = 3 + EMIT_STAGES + 1
 
 
+def suffix_cuts(scan_bins: int) -> list[int]:
+    """After how many levels of a row's suffix-sum network (log2(scan_bins) levels) a
+    register stands: none up to 4 bins a row; from ``WIDE_SCAN_BINS``, after the first level
+    (which follows the lane tree) and then every two levels (three levels of ~17-bit adders
+    in one cycle missed 8 ns: 104.6 MHz at 16 bins a row)."""
+    levels = (scan_bins - 1).bit_length()
+    return list(range(1, levels, 2)) if scan_bins >= WIDE_SCAN_BINS else []
+
+
+def scan_latency(scan_bins: int = ROW_BINS) -> int:
+    """Cycles from a scan's last row read to its decision: ``SCAN_LATENCY`` plus one per
+    register in the row's suffix-sum network (:func:`suffix_cuts`): 5 up to 4 bins a row,
+    6 at 8, 7 at 16 and 32."""
+    return SCAN_LATENCY + len(suffix_cuts(scan_bins))
+
+
 def exact_cycles(chunk: int, lanes: int, scan_bins: int = ROW_BINS) -> int:
     """Cycles of an EXACT selection of a ``chunk``-value chunk at full input rate and no
     output backpressure, from the command to the last output transfer (the unit's cycle
     contract; the tests measure it): ``PASSES[EXACT]`` passes of C/W beats and
-    ``HIST_PASSES`` scans of ``256 / scan_bins + SCAN_LATENCY`` cycles, each after a
+    ``HIST_PASSES`` scans of ``256 / scan_bins + scan_latency(scan_bins)`` cycles, each after a
     ``HIST_DRAIN``, plus ``EXACT_TAIL``. 868 for C = 256, W = 4, two bins a row."""
     beats = -(-chunk // lanes)
     return (PASSES[Mode.EXACT] * beats
-            + HIST_PASSES * (BINS // scan_bins + SCAN_LATENCY + HIST_DRAIN) + EXACT_TAIL)
+            + HIST_PASSES * (BINS // scan_bins + scan_latency(scan_bins) + HIST_DRAIN)
+            + EXACT_TAIL)
 
 
 # ---- stream formats shared by tests, benches and the benchmark ----------------------------
@@ -262,7 +285,7 @@ class TopKUnit(wiring.Component):
         self.row_bins, self.rb = scan_bins, scan_bins.bit_length() - 1
         self.rows = BINS // scan_bins
         self.row_bits = (self.rows - 1).bit_length()
-        self.scan_cycles = self.rows + 3
+        self.scan_cycles = self.rows + scan_latency(scan_bins)
         self.count_bits = max_chunk.bit_length()
         cmd = data.StructLayout({"mode": Mode, "sign": 2, "k": 32, "threshold": KEY_BITS,
                                  "lo": KEY_BITS, "limit": 32, "depth": 5, "strict": 1})
@@ -508,9 +531,12 @@ class TopKUnit(wiring.Component):
         """Bins from the top down, ``scan_bins`` per cycle: the first bin where (#keys in higher bins)
         + hist >= k_left holds the k-th largest key; keys in higher bins are all selected.
         The lane sums of a row are registered before the decision (block RAM output ->
-        adder tree -> compare would not fit one 8 ns cycle)."""
+        adder tree -> compare would not fit one 8 ns cycle); the row's suffix sums come from
+        a prefix network (:func:`_suffix_levels`), registered inside at 8 or more bins a row
+        (:func:`suffix_cuts`, :func:`scan_latency`)."""
         R, ROWS_ = self.row_bins, self.rows
-        # the row's lane fields registered (v1), its group sums (v2), its suffix sums (s)
+        # the row's lane fields registered (v1), its group sums (v2), its suffix sums (s),
+        # and from 8 bins a row the suffix network's registers in between (``suffix_cuts``)
         v1, v2, s_valid = Signal(), Signal(), Signal()
         r1, r2, s_row = (Signal(self.row_bits, name=n) for n in ("row1", "row2", "s_row"))
         # s_cum[h]: keys in bins h..R-1 of the row (the higher bins first), registered
@@ -518,24 +544,24 @@ class TopKUnit(wiring.Component):
         s_cum = [Signal(width, name=f"s_cum{h}") for h in range(R)]
         m.d.sync += [st.scan_valid.eq(st.scan_addr < ROWS_),
                      scanning_row.eq(ROWS_ - 1 - st.scan_addr[:self.row_bits]),
-                     v1.eq(st.scan_valid), r1.eq(scanning_row), v2.eq(v1), r2.eq(r1),
-                     s_valid.eq(v2), s_row.eq(r2)]
-        for h in range(R):
-            m.d.sync += s_cum[h].eq(sum(hist_sums[h:]))
+                     v1.eq(st.scan_valid), r1.eq(scanning_row), v2.eq(v1), r2.eq(r1)]
+        values, done, valid, row, in_flight = list(hist_sums), 0, v2, r2, [v1, v2]
+        for n, cut in enumerate(suffix_cuts(R)):
+            mid = [Signal(width, name=f"s_mid{n}_{h}") for h in range(R)]
+            v_mid, r_mid = Signal(name=f"v_mid{n}"), Signal(self.row_bits, name=f"row_mid{n}")
+            m.d.sync += [a.eq(b) for a, b in
+                         zip(mid, _suffix_levels(values, width, start=done)[cut - done])]
+            m.d.sync += [v_mid.eq(valid), r_mid.eq(row)]
+            values, done, valid, row = mid, cut, v_mid, r_mid
+            in_flight.append(v_mid)
+        m.d.sync += [a.eq(b) for a, b in zip(s_cum, _suffix_levels(values, width, start=done)[-1])]
+        m.d.sync += [s_valid.eq(valid), s_row.eq(row)]
         with m.If(st.scan_addr < ROWS_):
             m.d.sync += st.scan_addr.eq(st.scan_addr + 1)
         with m.If(s_valid & ~st.found):
-            # the highest bin h where (#keys above it) + its count reaches k_left
-            # need = k_left - (keys in the bins above this row): one compare per bin, no
-            # adder in front of it
-            for n, h in enumerate(reversed(range(R))):
-                above = s_cum[h + 1] if h + 1 < R else 0
-                with (m.If if n == 0 else m.Elif)(s_cum[h] >= st.need):
-                    m.d.sync += [st.found.eq(1), st.k_left.eq(st.need - above),
-                                 st.digit.eq(Cat(Const(h, self.rb), s_row))]
-            with m.Else():
-                m.d.sync += st.need.eq(st.need - s_cum[0])
-        with m.Elif(~s_valid & ~v1 & ~v2 & ~st.scan_valid & (st.scan_addr == ROWS_)):
+            self._scan_decision(m, st, s_cum, s_row)
+        with m.Elif(~s_valid & ~Cat(*in_flight).any() & ~st.scan_valid
+                    & (st.scan_addr == ROWS_)):
             # once the last row's sum has left the register stage (``s_valid``) and no row
             # is in flight: all bins read and cleared; fix the digit, start the next pass
             with m.Switch(st.pass_index):
@@ -547,6 +573,26 @@ class TopKUnit(wiring.Component):
                 m.d.sync += [st.phase.eq(_Phase.EMIT_SETUP)]
             with m.Else():
                 m.d.sync += st.phase.eq(_Phase.HIST)
+
+    def _scan_decision(self, m, st, s_cum, s_row):
+        """The highest bin h of the row with s_cum[h] >= need (need = k_left - keys in the
+        rows above) holds the k-th largest key. Suffix sums fall with h, so the compares
+        form a thermometer code: bin h is the one where compare h holds and compare h + 1
+        does not -- a one-hot select from neighbouring pairs, no priority chain over the
+        row (16 deep at 16 bins a row)."""
+        R = self.row_bins
+        reach = [Signal(name=f"scan_reach{h}") for h in range(R)]
+        m.d.comb += [r.eq(s >= st.need) for r, s in zip(reach, s_cum)]
+        chosen = [reach[h] & ~reach[h + 1] if h + 1 < R else reach[h] for h in range(R)]
+        # k_left = need - (keys in the bins above the chosen one), one subtraction per bin
+        rest = [Mux(c, st.need - (s_cum[h + 1] if h + 1 < R else 0), 0)
+                for h, c in enumerate(chosen)]
+        with m.If(reach[0]):
+            m.d.sync += [st.found.eq(1), st.k_left.eq(_or_tree(rest)[:len(st.k_left)]),
+                         st.digit.eq(Cat(_or_tree([Mux(c, Const(h, self.rb), 0)
+                                                   for h, c in enumerate(chosen)]), s_row))]
+        with m.Else():
+            m.d.sync += st.need.eq(st.need - s_cum[0])
 
     def _emit(self, m, st, rkeys, beat, accepted):
         """Emit pass: a pipeline of EMIT_STAGES registers (key, flags, prefix counts, lane
@@ -668,6 +714,24 @@ def _saturate(value, limit: int):
     log2(limit) is set (no comparator)."""
     lb = limit.bit_length() - 1
     return Mux(value[lb:].any(), limit, value[:lb])
+
+
+def _suffix_levels(values, width, start=0):
+    """The levels of a Sklansky suffix-sum network over ``values``: after level j, entry h
+    holds the sum of entries h .. the end of its block of 2**(j+1) (the last level, every
+    suffix sum) -- log2(n) adder levels instead of a chain of n - 1. ``start`` continues a
+    network cut after level ``start`` (its list of values given)."""
+    levels, cur = [list(values)], list(values)
+    n = len(values)
+    for j in range(start, (n - 1).bit_length()):
+        size = 1 << j
+        nxt = []
+        for h in range(n):
+            upper = (h // (2 * size)) * 2 * size + size        # first entry of the upper half
+            nxt.append((cur[h] + cur[upper])[:width] if h < upper < n else cur[h])
+        levels.append(nxt)
+        cur = nxt
+    return levels
 
 
 def _tree_sum(bits):

@@ -140,3 +140,15 @@ def test_lut_order_fewest_digits_first():
     from treenic.hdl.sparse.hash import _LUT_ORDER, csd_digits
     counts = [len(csd_digits(c)) for c in _LUT_ORDER]
     assert counts == sorted(counts) and len(set(_LUT_ORDER)) == 4
+
+
+def test_latency_is_the_documented_contract():
+    """One beat in an empty pipeline comes out exactly ``latency`` cycles later: 15 stages
+    (three per constant multiply: operand, partial products, sum), 21 with the modulo."""
+    from treenic.hdl.sparse.hash import MULTIPLY_STAGES
+    assert (LATENCY, MULTIPLY_STAGES) == (15, 3)
+    for workers, luts in ((16, 0), (16, 2), (12, 0)):
+        latency = LATENCY + (MOD_STAGES if workers & (workers - 1) else 0)
+        _, _, cycles = _hash_rtl([5, 6], lanes=2, seed=3, workers=workers,
+                                 lut_multiplies=luts)
+        assert cycles == latency + 1, (workers, luts, cycles)

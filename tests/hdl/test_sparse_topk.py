@@ -66,10 +66,11 @@ def test_exact_matches_golden_with_stalls(x, k, lanes, sign, seed):
 
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(x=chunks(), k=st.sampled_from([1, 2, 3, 7, 64]), lanes=st.sampled_from([2, 4]),
-       scan_bins=st.sampled_from([4, 16, 32]), seed=st.integers(0, 99))
+       scan_bins=st.sampled_from([4, 8, 16, 32]), seed=st.integers(0, 99))
 def test_exact_wide_scan_matches_golden(x, k, lanes, scan_bins, seed):
-    """scan_bins bins per histogram row: the scan takes 256/scan_bins + 3 cycles a pass,
-    the selection is the same."""
+    """scan_bins bins per histogram row: the scan takes 256/scan_bins + scan_latency cycles
+    a pass (the suffix-sum network cut by a register from 8 bins a row), the selection is
+    the same."""
     check_exact(x, k, lanes, p_valid=0.7, p_ready=0.5, seed=seed, scan_bins=scan_bins)
 
 
@@ -78,7 +79,9 @@ def test_wide_scan_is_shorter():
     x = rng.standard_normal(128).astype(np.float32)
     narrow = check_exact(x, 5, 4)
     wide = check_exact(x, 5, 4, scan_bins=16)
-    assert narrow - wide == 4 * (128 - 16), (narrow, wide)
+    # four scans of 128 rows against four of 16 rows, each two stages longer at 16 bins
+    assert narrow - wide == 4 * (128 - 16) - 4 * 2, (narrow, wide)
+    assert (narrow, wide) == (exact_cycles(128, 4), exact_cycles(128, 4, 16))
 
 
 def test_exact_k_one_and_k_at_least_nonzeros():
@@ -138,3 +141,31 @@ def test_bad_parameters_rejected():
         TopKUnit(lanes=3)
     with pytest.raises(ValueError, match="max_chunk"):
         TopKUnit(lanes=4, max_chunk=6)
+
+
+def test_suffix_network_levels_and_cut():
+    """The scan's suffix-sum network (Sklansky): log2(n) levels, every suffix sum at the
+    end, and the same result when continued from a cut after any level."""
+    from amaranth import Const, Module, Signal
+    from amaranth.sim import Simulator
+
+    from treenic.hdl.sparse.topk import _suffix_levels
+    rng = np.random.default_rng(2)
+    for n in (2, 4, 8, 16, 32):
+        vals = rng.integers(0, 1000, n).tolist()
+        levels = _suffix_levels([Const(v, 16) for v in vals], 16)
+        assert len(levels) == n.bit_length()         # the inputs and log2(n) levels
+        want = np.cumsum(vals[::-1])[::-1].tolist()
+        for cut in range(len(levels)):
+            ends = _suffix_levels(levels[cut], 16, start=cut)[-1]
+            m = Module()
+            outs = [Signal(16, name=f"o{h}") for h in range(n)]
+            m.d.comb += [o.eq(e) for o, e in zip(outs, ends)]
+            sim = Simulator(m)
+            got = []
+
+            async def bench(ctx):
+                got.extend(ctx.get(o) for o in outs)
+            sim.add_testbench(bench)
+            sim.run()
+            assert got == want, (n, cut)

@@ -5,9 +5,12 @@ import random
 
 import numpy as np
 import pytest
+from amaranth import Elaboratable, Module
+from amaranth.lib.wiring import connect
 from amaranth.sim import Simulator
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from treenic.hdl.sparse.threshold import GridThresholdSource
 from treenic.hdl.sparse.topk import (Mode, TopKUnit, chunk_beats, command_word, decode_pairs,
                                      grid_thresholds, output_is_last, search_passes,
                                      search_requests)
@@ -26,12 +29,33 @@ async def _handshake(ctx, ready, *sampled):
             return values
 
 
+class _WithRtlSource(Elaboratable):
+    """The unit with ``threshold.GridThresholdSource`` on its grid/thr ports."""
+
+    def __init__(self, unit):
+        self.unit, self.source = unit, GridThresholdSource()
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["unit"], name)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.unit, m.submodules.source = self.unit, self.source
+        connect(m, self.unit.grid, self.source.grid)
+        connect(m, self.source.thr, self.unit.thr)
+        return m
+
+
 def run_search(x, k, *, lanes=4, depth=16, strict=False, sign=0, lower="mean", search_bits=3,
-               p_valid=1.0, p_ready=1.0, p_thr=1.0, seed=0):
+               p_valid=1.0, p_ready=1.0, p_thr=1.0, seed=0, rtl_source=False):
     """One SEARCH selection; the chunk is re-streamed while the unit is busy (as the banked
     buffer does) and a threshold source answers each ``grid`` request with the golden's grid
-    thresholds after random gaps. Returns the outcome as a dict."""
+    thresholds after random gaps -- or, with ``rtl_source``, ``GridThresholdSource`` does
+    (given the golden's base and top keys) and the requests are only observed. Returns the
+    outcome as a dict."""
     dut = TopKUnit(lanes=lanes, max_chunk=1024, search_bits=search_bits)
+    if rtl_source:
+        dut = _WithRtlSource(dut)
     rng = random.Random(seed)
     one_pass = chunk_beats(x, lanes, 1)
     got = {"words": [], "requests": [], "passes": 0}
@@ -51,6 +75,18 @@ def run_search(x, k, *, lanes=4, depth=16, strict=False, sign=0, lower="mean", s
                 ctx.set(dut.i.valid, 1)
                 await _handshake(ctx, dut.i.ready)
             got["passes"] += 1
+
+    async def observe_requests(ctx):
+        _, _, base, top = select._search_setup(x, 1, sign, depth, lower)
+        ctx.set(dut.source.base, int(select.float_to_key(base)))
+        ctx.set(dut.source.top, int(select.float_to_key(top)))
+        ctx.set(dut.source.depth, depth)
+        while True:
+            _, _, valid, ready, *req = await ctx.tick().sample(
+                dut.grid.valid, dut.grid.ready, dut.grid.payload.start, dut.grid.payload.step,
+                dut.grid.payload.count)
+            if valid and ready:
+                got["requests"].append(tuple(req))
 
     async def threshold_source(ctx):
         while True:
@@ -88,7 +124,7 @@ def run_search(x, k, *, lanes=4, depth=16, strict=False, sign=0, lower="mean", s
     sim = Simulator(dut)
     sim.add_clock(1e-8)
     sim.add_testbench(producer, background=True)
-    sim.add_testbench(threshold_source, background=True)
+    sim.add_testbench(observe_requests if rtl_source else threshold_source, background=True)
     sim.add_testbench(consumer)
     sim.run()
     got["indices"], got["values"] = decode_pairs(got["words"], lanes)
