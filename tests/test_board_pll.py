@@ -28,3 +28,14 @@ def test_pll_gives_the_nic_and_eth_clocks(board, mhz, sync90):
         assert vco / p["CLKOS2_DIV"] * 1e6 == board.NIC_CLOCK_HZ
         lag = (p["CLKOS2_CPHASE"] - (p["CLKOS2_DIV"] - 1) + p["CLKOS2_FPHASE"] / 8) / vco
         assert lag * 1e3 == pytest.approx(1e3 / 125 / 4)
+
+
+@pytest.mark.parametrize("board", ["colorlight", "ecpix5"])
+def test_board_build_needs_no_programmer(board):
+    """Building a bitstream never flashes, so openFPGALoader (amaranth-boards' 5A-75B
+    programmer) must not be a required tool: a build host without it failed at once."""
+    pytest.importorskip("amaranth_boards")
+    plat = {"colorlight": colorlight.colorlight_platform,
+            "ecpix5": ecpix5.ecpix5_platform}[board]()
+    assert "openFPGALoader" not in plat.required_tools
+    assert "nextpnr-ecp5" in plat.required_tools
