@@ -10,7 +10,8 @@ module ODDRX1F(input D0, input D1, input SCLK, input RST, output Q);
         q0 <= D0;
         q1 <= D1;
     end
-    assign Q = SCLK ? q0 : q1;
+    // === : Icarus' SCLK is x until its clock starts; the pad then shows D1's register (0)
+    assign Q = (SCLK === 1'b1) ? q0 : q1;
 endmodule
 
 module IDDRX1F(input D, input SCLK, input RST, output reg Q0, output reg Q1);
