@@ -63,9 +63,9 @@ def _colorlight(out: Path, small: bool, node: int, topology: str):
     a = board_addresses(node)
     dev = "LFE5U-25F-6BG256C"
     host = generate(out / "liteeth", core_config(ip=a["host_ip"], mac=a["host_mac"],
-                                                 clk_freq=ETH_CLOCK_HZ, device=dev))
+                                                 clk_freq=round(ETH_CLOCK_HZ), device=dev))
     link = generate(out / "liteeth_link", core_config(ip=a["link_ip"], mac=a["link_mac"],
-                                                      clk_freq=ETH_CLOCK_HZ, device=dev),
+                                                      clk_freq=round(ETH_CLOCK_HZ), device=dev),
                     name="liteeth_link")
     peers = link_peers(topology, node, params.ports)
     top = ColorlightTop(params=params, host_verilog=host, link_verilog=link, peers=peers)
