@@ -13,7 +13,7 @@ import time
 import cocotb
 from cocotb.clock import Clock
 from cocotb.queue import Queue
-from cocotb.triggers import ClockCycles, Edge, Timer
+from cocotb.triggers import ClockCycles, Timer
 from cocotbext.eth import GmiiFrame, RgmiiSink, RgmiiSource
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import ARP, Ether
@@ -38,21 +38,14 @@ class HostPort:
         cocotb.start_soon(Clock(self.rx_clk, 8, unit="ns").start())
         self.source = RgmiiSource(getattr(dut, p + "rx_data"), getattr(dut, p + "rx_ctl"),
                                   self.rx_clk, mii_select=None)
-        self.tx = [getattr(dut, p + n) for n in ("tx_data", "tx_ctl", "tx_clk")]
+        self.sink = RgmiiSink(getattr(dut, p + "tx_data"), getattr(dut, p + "tx_ctl"),
+                              getattr(dut, p + "tx_clk"), mii_select=None)
         self.board_ip, self.board_mac = board_ip, board_mac
         self.replies: Queue = Queue()
         self.arp_replies = 0
         cocotb.start_soon(self._receive())
 
     async def _receive(self):
-        # the sink reads the pads as integers: on a 4-state simulator (Icarus) they are x
-        # until LiteEth's TX registers are out of reset, so it starts once they have been
-        # 0/1 on both clock edges for a while
-        steady = 0
-        while steady < 64:
-            await Edge(self.rx_clk)
-            steady = steady + 1 if all(s.value.is_resolvable for s in self.tx[:2]) else 0
-        self.sink = RgmiiSink(*self.tx, mii_select=None)
         while True:
             frame = await self.sink.recv()
             pkt = Ether(bytes(frame.get_payload()))
