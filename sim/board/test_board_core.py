@@ -1,8 +1,8 @@
 """Whole-board bench at the pins: BoardCore (LiteEth RGMII PHY + MAC + ARP/IPv4/UDP, host
 protocol engine, NIC) with cocotbext-eth RGMII models on its Ethernet pins; the host
 protocol's requests go in as real Ethernet frames and the replies are checked against the
-golden codec (make sim; Verilator by default for this bench: Icarus runs LiteEth's
-Verilog at ~1 k cycles/s)."""
+golden codec (make sim; Verilator by default for this bench, ``TREENIC_BOARD_SIM=icarus``
+for Icarus: LiteEth's Verilog normalised by Yosys first, ~2.5 min here)."""
 import os
 from pathlib import Path
 
