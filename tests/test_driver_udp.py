@@ -245,6 +245,7 @@ def test_train_passes_one_host_address_per_rank():
     opts, sim = _udp_boards([cfg], 4, print)
     assert sim is None
     assert opts == {"boards": boards, "host_addresses": hosts.split(",")}
-    with pytest.raises(DriverError, match="one IPv4 address per rank"):
-        _udp_boards([_config("udp", workers=4, boards=boards, host_addresses="10.0.0.1")],
-                    4, print)
+    with pytest.raises(ValueError, match="one IPv4 address per rank"):
+        _config("udp", workers=4, boards=boards, host_addresses="10.0.0.1")
+    with pytest.raises(ValueError, match="goes with --backend udp --boards"):
+        _config("udp", workers=4, simulated_boards=True, host_addresses=hosts)

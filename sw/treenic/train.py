@@ -189,6 +189,8 @@ def _config(backend="rtl", algorithm="multitree", topology=None, density=None, w
     if unknown:
         raise ValueError(f"unknown sparse training option(s) {', '.join(sorted(unknown))}")
     topology = topology or f"ring:{workers}"
+    if host_addresses is not None:
+        host_addresses = _host_addresses(host_addresses, backend, boards, workers)
     return dict(backend=backend, algorithm=algorithm, variant=variant, topology=topology,
                 density=float(density) if density else None, workers=workers, epochs=epochs,
                 scheme=scheme, warmup_iters=warmup_iters, lr=lr, batch_size=batch_size,
@@ -335,9 +337,18 @@ def _udp_boards(configs, workers, log):
                          "--simulated-boards")
     opts = {"boards": c["boards"]}
     if c["host_addresses"]:       # one host address per rank: each binds UDP 7411 there
-        from .driver.udp import parse_host_addresses
-        opts["host_addresses"] = parse_host_addresses(c["host_addresses"], workers)
+        opts["host_addresses"] = c["host_addresses"]
     return opts, None
+
+
+def _host_addresses(spec, backend, boards, workers) -> list[str]:
+    """``--host-addresses``, checked before any process starts (ValueError)."""
+    from .driver.errors import DriverError
+    from .driver.udp import train_host_addresses
+    try:
+        return train_host_addresses(spec, workers, backend=backend, boards=boards)
+    except DriverError as e:
+        raise ValueError(str(e)) from None
 
 
 def _summarise(cfg, ranks, wall):

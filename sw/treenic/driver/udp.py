@@ -69,6 +69,14 @@ def parse_host_addresses(spec, world: int) -> list[str]:
     return [str(a) for a in addrs]
 
 
+def train_host_addresses(spec, world: int, *, backend: str, boards) -> list[str]:
+    """``treenic train --host-addresses``: only with ``--backend udp --boards``; parsed
+    by :func:`parse_host_addresses`."""
+    if backend != "udp" or not boards:
+        raise DriverError("--host-addresses goes with --backend udp --boards (real boards)")
+    return parse_host_addresses(spec, world)
+
+
 def parse_board(spec) -> tuple[str, int]:
     """``"host"``, ``"host:port"`` or ``(host, port)`` -> (host, port)."""
     if isinstance(spec, (tuple, list)) and len(spec) == 2:
