@@ -17,6 +17,11 @@ disables it.  The cause, in priority order:
 
 ``info`` word (also :func:`decode_info`): bit 31 fired, [30:28] cause, [27:24] port,
 [23:16] flow, [15:0] step.
+
+The state it names comes from across the core (the issue unit's dependency logic, every
+RX unit's done bits), so the watchdog registers it once before choosing the cause: ``info``
+describes the state of the cycle before it fired -- the same state, since nothing moved
+for ``limit`` cycles.
 """
 from __future__ import annotations
 
@@ -143,31 +148,30 @@ class Watchdog(wiring.Component):
         with m.If(~self.running & ~expired):
             m.d.sync += armed.eq(1)
 
+        st = self._registered_state(m)
         cause, port, flow, step = (Signal(3), Signal(4), Signal(8), Signal(16))
-        tx_any, tx_i = _lowest(m, self.tx_busy, P, "tx")
-        hd_any, hd_i = _lowest(m, self.head_owed, P, "head")
+        tx_any, tx_i = _lowest(m, st["tx_busy"], P, "tx")
+        hd_any, hd_i = _lowest(m, st["head_owed"], P, "head")
         # receives still owed once every entry is issued: the lowest flow with one
         rx_flow = Signal(range(max(2, F)))
         rx_port = Signal(range(max(2, P)))
         rx_gat = Signal()
         for f in reversed(range(F)):
-            r_any, r_i = _lowest(m, self.owed_red[f], P, f"red{f}")
-            g_any, g_i = _lowest(m, self.owed_gat[f], P, f"gat{f}")
+            r_any, r_i = _lowest(m, st["owed_red"][f], P, f"red{f}")
+            g_any, g_i = _lowest(m, st["owed_gat"][f], P, f"gat{f}")
             with m.If(r_any | g_any):
                 m.d.comb += [rx_flow.eq(f), rx_port.eq(Mux(r_any, r_i, g_i)),
                              rx_gat.eq(~r_any)]
         with m.If(tx_any):
             m.d.comb += [cause.eq(3), port.eq(tx_i),
-                         flow.eq(Cat(*[self.tx_flow[i] for i in range(P)]).word_select(
-                             tx_i, p.flow_bits)),
-                         step.eq(Cat(*[self.tx_step[i] for i in range(P)]).word_select(
-                             tx_i, p.step_bits))]
-        with m.Elif(self.head_valid & hd_any):
-            m.d.comb += [cause.eq(Mux(self.head_gather, 2, 1)), port.eq(hd_i),
-                         flow.eq(self.head_flow), step.eq(self.head_step)]
+                         flow.eq(st["tx_flow"].as_value().word_select(tx_i, p.flow_bits)),
+                         step.eq(st["tx_step"].as_value().word_select(tx_i, p.step_bits))]
+        with m.Elif(st["head_valid"] & hd_any):
+            m.d.comb += [cause.eq(Mux(st["head_gather"], 2, 1)), port.eq(hd_i),
+                         flow.eq(st["head_flow"]), step.eq(st["head_step"])]
         with m.Else():
             m.d.comb += [cause.eq(Mux(rx_gat, 2, 1)), port.eq(rx_port), flow.eq(rx_flow),
-                         step.eq(self.timestep)]
+                         step.eq(st["timestep"])]
         m.d.comb += self.fire.eq(expired)
         with m.If(expired):
             m.d.sync += [armed.eq(0),
@@ -175,3 +179,15 @@ class Watchdog(wiring.Component):
         with m.If(self.clear):
             m.d.sync += [self.info.eq(0), armed.eq(1), count.eq(self.limit)]
         return m
+
+    _STATE = ("tx_busy", "tx_flow", "tx_step", "head_valid", "head_gather", "head_flow",
+              "head_step", "head_owed", "owed_red", "owed_gat", "timestep")
+
+    def _registered_state(self, m):
+        """The inputs naming what the NIC waits for, a cycle late (by name)."""
+        state = {}
+        for name in self._STATE:
+            port = getattr(self, name)
+            state[name] = q = Signal.like(port, name=f"{name}_q")
+            m.d.sync += q.eq(port)
+        return state

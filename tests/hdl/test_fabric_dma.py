@@ -156,11 +156,15 @@ def test_dma_port_refusals_flag_host_range():
         ctx.set(h.re, 1)
         await dma_write(7, full, en=full, ev_host_range=0)
         ctx.set(h.re, 0)
-        # a DMA read drives the buffer's reader with all lanes at its address
+        # a DMA read drives the buffer's reader with all lanes at its address, a cycle
+        # later (the read request is registered)
         ctx.set(d.addr, 9)
         ctx.set(d.re, 1)
-        assert (ctx.get(dut.buf_read.req), ctx.get(dut.buf_read.addr)) == (1, 9)
+        assert ctx.get(dut.buf_read.req) == 0
         await ctx.tick()
         ctx.set(d.re, 0)
+        assert (ctx.get(dut.buf_read.req), ctx.get(dut.buf_read.addr)) == (1, 9)
+        await ctx.tick()
+        assert ctx.get(dut.buf_read.req) == 0
 
     simulate(dut, tb)

@@ -82,6 +82,8 @@ def test_cause_matches_golden_on_random_inputs():
             for f in range(F):
                 ctx.set(dut.owed_red[f], c["owed_red"][f])
                 ctx.set(dut.owed_gat[f], c["owed_gat"][f])
+            ctx.set(dut.limit, 3)         # the host writes the limit before START
+            await ctx.tick()
             await cycles_to_fire(ctx, dut, 3)
             await ctx.tick()
             got.append(ctx.get(dut.info))
@@ -89,7 +91,7 @@ def test_cause_matches_golden_on_random_inputs():
             await ctx.tick()
             ctx.set(dut.clear, 0)
         out["got"] = got
-    out = run(body, 25 * 12 + 50)
+    out = run(body, 25 * 13 + 50)
     assert out["got"] == [golden_info(**c) for c in cases]
     kinds = {decode_info(w)["cause"] for w in out["got"]}
     assert {"CREDIT", "CONTRIB", "GATHER"} <= kinds
