@@ -17,6 +17,8 @@ after writing its reports (``--allow-negative-slack`` overrides).
 Outputs in ``--out``: ``top.bit`` (flash: ``openFPGALoader -b ecpix5 top.bit``),
 ``top.tim`` (nextpnr log with the timing report), ``top.rpt`` (Yosys utilisation),
 ``report.json`` / ``report.md`` (Fmax and slack per clock, utilisation, build time),
+``timing.md`` (every endpoint per clock, the failing registers with their deepest paths;
+from nextpnr's ``nextpnr.json`` and ``routed.json``),
 ``liteeth/`` (the generated core).
 """
 from __future__ import annotations
@@ -63,9 +65,9 @@ def _colorlight(out: Path, small: bool, node: int, topology: str):
     a = board_addresses(node)
     dev = "LFE5U-25F-6BG256C"
     host = generate(out / "liteeth", core_config(ip=a["host_ip"], mac=a["host_mac"],
-                                                 clk_freq=ETH_CLOCK_HZ, device=dev))
+                                                 clk_freq=round(ETH_CLOCK_HZ), device=dev))
     link = generate(out / "liteeth_link", core_config(ip=a["link_ip"], mac=a["link_mac"],
-                                                      clk_freq=ETH_CLOCK_HZ, device=dev),
+                                                      clk_freq=round(ETH_CLOCK_HZ), device=dev),
                     name="liteeth_link")
     peers = link_peers(topology, node, params.ports)
     top = ColorlightTop(params=params, host_verilog=host, link_verilog=link, peers=peers)
@@ -95,8 +97,10 @@ def build(board: str, out: Path, *, small: bool = False, seed: int = 1,
     ``report.json``/``report.md``).  Raises :class:`synth.SlackError` on negative slack
     (after the reports) unless *allow_negative_slack*."""
     out, t0, (plat, top, params, links) = _board_top(board, out, small, node, topology)
-    synth.build_platform(plat, top, "top", out, synth._tool_env(), seed, nextpnr_opts)
+    synth.build_platform(plat, top, "top", out, synth._tool_env(), seed, nextpnr_opts,
+                         pnr_files=PNR_FILES)
     pnr = synth.parse_nextpnr_log((out / "top.tim").read_text())
+    failing = _timing_md(out, pnr["target_mhz_per_clock"])
     yos = synth.parse_yosys_stat((out / "top.rpt").read_text())
     worst = synth.check_slack(board, pnr["slack_ns_per_clock"], allow=True)
     rep = {"board": board, "device": plat.device + "-" + plat.package,
@@ -104,7 +108,7 @@ def build(board: str, out: Path, *, small: bool = False, seed: int = 1,
            "fmax_mhz_per_clock": pnr["fmax_per_clock"],
            "target_mhz_per_clock": pnr["target_mhz_per_clock"],
            "slack_ns_per_clock": pnr["slack_ns_per_clock"], "worst_slack_ns": worst,
-           "slack_ok": worst >= 0,
+           "slack_ok": worst >= 0, "failing_endpoints_per_clock": failing,
            "utilisation": {k: list(v) for k, v in pnr["utilisation"].items()},
            "yosys": {k: v for k, v in yos.items() if k != "cells"},
            "bitstream": str(out / "top.bit"), "seconds": round(time.time() - t0, 1),
@@ -113,6 +117,28 @@ def build(board: str, out: Path, *, small: bool = False, seed: int = 1,
     (out / "report.md").write_text(_markdown(rep))
     synth.check_slack(board, pnr["slack_ns_per_clock"], allow=allow_negative_slack)
     return rep
+
+
+#: nextpnr's timing report and routed netlist in a bitstream's folder (``report.json`` is
+#: the bitstream's own summary)
+PNR_FILES = ("nextpnr.json", "routed.json")
+
+
+def _timing_md(out: Path, targets: dict) -> dict:
+    """``timing.md``: every endpoint of each clock against that clock's own constraint,
+    grouped by register with its deepest path (:mod:`treenic.boards.timing`); returns the
+    failing endpoints per clock."""
+    from .timing import analyse, format_report, trace_paths
+    report = json.loads((out / PNR_FILES[0]).read_text())
+    routed = json.loads((out / PNR_FILES[1]).read_text())
+    parts, failing = [], {}
+    for clock, mhz in sorted(targets.items()):
+        eps = analyse(report, 1000.0 / mhz, clock=clock)
+        trace_paths(routed, eps, count=200)
+        failing[clock] = sum(e.slack < 0 for e in eps)
+        parts.append(f"## `{clock}`\n\n" + format_report(eps, 1000.0 / mhz, top=25))
+    (out / "timing.md").write_text("\n".join(parts))
+    return failing
 
 
 def area(board: str, out: Path, *, node: int = 0, topology: str = "ring:4") -> dict:

@@ -51,13 +51,38 @@ VERILATOR_MAKEFLAGS = ("-j2 CXX=g++ LINK=g++ AR=ar PYTHON3=python3 "
                        "CFG_CXXFLAGS_PCH_I=-include CFG_LDLIBS_THREADS=-pthread")
 
 
-def liteeth_sources() -> list[Path]:
+def liteeth_sources(sim: str = "verilator") -> list[Path]:
     """The generated LiteEth core (build/sim/liteeth, cached) and the ECP5 primitive
-    models it needs in simulation."""
+    models it needs in simulation.  For Icarus the core is first normalised by Yosys
+    (:func:`_icarus_liteeth`)."""
     from treenic.hdl.host.liteeth import ETH_CLOCK_HZ, core_config, generate
     v = generate(REPO_SIM.parent / "build" / "sim" / "liteeth",
                  core_config(ip="192.168.1.50", mac=0x10e2d5000000, clk_freq=ETH_CLOCK_HZ))
-    return [v, REPO_SIM / "board" / "ecp5_models.v"]
+    models = REPO_SIM / "board" / "ecp5_models.v"
+    return [_icarus_liteeth(v, models) if sim == "icarus" else v, models]
+
+
+def _icarus_liteeth(verilog: Path, models: Path) -> Path:
+    """LiteEth's Verilog rewritten by Yosys (``proc``, cached beside it by content):
+    Icarus 11 hangs on LiteX's non-blocking assignments inside ``always @(*)``."""
+    import hashlib
+    from .synth import _tool_env
+    out = verilog.with_name(verilog.stem + "_icarus.v")
+    stamp = out.with_suffix(".sha1")
+    digest = hashlib.sha1(verilog.read_bytes() + models.read_bytes()).hexdigest()
+    if out.is_file() and stamp.is_file() and stamp.read_text() == digest:
+        return out
+    env = _tool_env()
+    script = (f"read_verilog {verilog.name}; read_verilog -lib {models}; "
+              f"hierarchy -top {verilog.stem}; proc; opt_clean; "
+              f"write_verilog -noattr {out.name}")
+    r = subprocess.run([env["YOSYS"], "-q", "-p", script], cwd=verilog.parent, env=env,
+                       capture_output=True, text=True)
+    if r.returncode != 0 or not out.is_file():
+        raise RuntimeError(f"yosys could not normalise {verilog} for Icarus:\n"
+                           f"{r.stderr[-2000:]}")
+    stamp.write_text(digest)
+    return out
 
 
 def run_cluster(topology: str, addr_file: str, stop_file: str, *, idle_s: float = 600,

@@ -190,10 +190,15 @@ def heartbeat(m, domain: str, hz: float, clock_hz: float) -> Signal:
 def ecp5_pll(m, clk_in, pll: dict, *, clki_mhz: int) -> Signal:
     """One ECP5 ``EHXPLLL`` for a board top; returns its LOCK.
 
-    CLKOP drives ``sync`` (125 MHz, also the feedback), CLKOS ``eth`` (75 MHz) and, when
-    ``pll`` has ``CLKOS2_DIV``, CLKOS2 drives ``sync90`` (125 MHz, phase from
-    ``CLKOS2_CPHASE``/``CLKOS2_FPHASE``). ``pll`` holds the dividers (``CLKI_DIV``,
-    ``CLKFB_DIV``, ``CLKOP_DIV``, ``CLKOS_DIV``); the caller creates the domains."""
+    CLKOP drives ``sync`` (the NIC clock, also the feedback), CLKOS ``eth`` (LiteEth's)
+    and, when ``pll`` has ``CLKOS2_DIV``, CLKOS2 drives ``sync90`` (CLKOP's frequency,
+    phase from ``CLKOS2_CPHASE``/``CLKOS2_FPHASE``). ``pll`` holds the dividers
+    (``CLKI_DIV``, ``CLKFB_DIV``, ``CLKOP_DIV``, ``CLKOS_DIV``); the frequency attributes
+    are computed from them; the caller creates the domains."""
+    clkop = clki_mhz * pll["CLKFB_DIV"] / pll["CLKI_DIV"]       # CLKOP feedback
+    vco = clkop * pll["CLKOP_DIV"]
+    if not 400 <= vco <= 800:
+        raise ValueError(f"EHXPLLL VCO {vco:g} MHz outside 400..800 MHz ({pll})")
     locked = Signal()
     ports = dict(
         p_PLLRST_ENA="DISABLED", p_INTFB_WAKE="DISABLED", p_STDBY_ENABLE="DISABLED",
@@ -202,8 +207,8 @@ def ecp5_pll(m, clk_in, pll: dict, *, clki_mhz: int) -> Signal:
         p_CLKI_DIV=pll["CLKI_DIV"], p_CLKFB_DIV=pll["CLKFB_DIV"],
         p_CLKOP_DIV=pll["CLKOP_DIV"], p_CLKOP_CPHASE=pll["CLKOP_DIV"] - 1, p_CLKOP_FPHASE=0,
         p_CLKOS_DIV=pll["CLKOS_DIV"], p_CLKOS_CPHASE=pll["CLKOS_DIV"] - 1, p_CLKOS_FPHASE=0,
-        a_FREQUENCY_PIN_CLKI=str(clki_mhz), a_FREQUENCY_PIN_CLKOP="125",
-        a_FREQUENCY_PIN_CLKOS="75",
+        a_FREQUENCY_PIN_CLKI=f"{clki_mhz:g}", a_FREQUENCY_PIN_CLKOP=f"{clkop:g}",
+        a_FREQUENCY_PIN_CLKOS=f"{vco / pll['CLKOS_DIV']:g}",
         i_CLKI=clk_in, i_CLKFB=ClockSignal("sync"), o_CLKOP=ClockSignal("sync"),
         o_CLKOS=ClockSignal("eth"), o_LOCK=locked,
         i_RST=0, i_STDBY=0, i_PHASESEL0=0, i_PHASESEL1=0, i_PHASEDIR=0,
@@ -212,6 +217,6 @@ def ecp5_pll(m, clk_in, pll: dict, *, clki_mhz: int) -> Signal:
         ports.update(
             p_CLKOS2_ENABLE="ENABLED", p_CLKOS2_DIV=pll["CLKOS2_DIV"],
             p_CLKOS2_CPHASE=pll["CLKOS2_CPHASE"], p_CLKOS2_FPHASE=pll["CLKOS2_FPHASE"],
-            a_FREQUENCY_PIN_CLKOS2="125", o_CLKOS2=ClockSignal("sync90"), i_ENCLKOS2=0)
+            a_FREQUENCY_PIN_CLKOS2=f"{vco / pll['CLKOS2_DIV']:g}", o_CLKOS2=ClockSignal("sync90"), i_ENCLKOS2=0)
     m.submodules.pll = Instance("EHXPLLL", **ports)
     return locked

@@ -389,21 +389,21 @@ PNR_FILES = ("report.json", "routed.json")
 
 
 def build_platform(plat, design, name: str, out: Path, env, seed: int = 1,
-                   nextpnr_opts: str = "") -> None:
+                   nextpnr_opts: str = "", pnr_files: tuple[str, str] = PNR_FILES) -> None:
     """Amaranth's Trellis flow for *design* on *plat* in the build folder *out*.
 
     Every path handed to the tools is relative to *out*: Amaranth runs its build script
     with *out* as the working directory, and the YoWASP tools map their own temporary
     folder over ``/tmp``, so an absolute path under ``/tmp`` (a clone there) points into
     that mapping and nextpnr fails at the very end with "Failed to open JSON '--write'
-    file".  ``--timing-allow-fail`` keeps nextpnr writing its reports when timing fails;
+    file".  *pnr_files*: the names of nextpnr's timing report and routed netlist.  ``--timing-allow-fail`` keeps nextpnr writing its reports when timing fails;
     :func:`check_slack` is what fails the build then.
     """
     saved = dict(os.environ)
     os.environ.update({k: env[k] for k in ("YOSYS", "NEXTPNR_ECP5", "ECPPACK", "PATH")})
     # the timing report of every endpoint (``timing.md``) needs nextpnr's per-endpoint
     # arrivals and the routed netlist
-    extra = f"--report {PNR_FILES[0]} --detailed-timing-report --write {PNR_FILES[1]}"
+    extra = f"--report {pnr_files[0]} --detailed-timing-report --write {pnr_files[1]}"
     try:
         plat.build(design, name=name, build_dir=str(out), do_program=False,
                    nextpnr_opts=f"--seed {seed} --timing-allow-fail {extra} {nextpnr_opts}".strip())

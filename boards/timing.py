@@ -72,9 +72,12 @@ def rtl_name(net: str) -> str:
         or "(carry)"
 
 
-def analyse(report: dict, period_ns: float) -> list[Endpoint]:
+def analyse(report: dict, period_ns: float, clock: str | None = None) -> list[Endpoint]:
     """Arrival and slack of every endpoint in a nextpnr ``--detailed-timing-report``
-    report; worst first."""
+    report; worst first.  With *clock* (a net name as nextpnr's Fmax lines print it), only
+    the endpoints it captures from registers it launches (a design with several clocks:
+    each against its own period; clock-domain crossings are left out)."""
+    event = f"posedge {clock}" if clock else None
     nets = report.get("detailed_net_timings")
     if not nets:
         raise ValueError("report has no detailed_net_timings (run nextpnr with "
@@ -100,6 +103,8 @@ def analyse(report: dict, period_ns: float) -> list[Endpoint]:
     for n in nets:
         for e in n["endpoints"]:
             if n.get("event") == "<async>" or e.get("event") == "<async>":
+                continue
+            if event and (e.get("event") != event or n.get("event", event) != event):
                 continue
             dl = e["delay"]
             t = max(dl) if isinstance(dl, list) else float(dl)

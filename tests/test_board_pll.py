@@ -23,8 +23,29 @@ def test_pll_gives_the_nic_and_eth_clocks(board, mhz, sync90):
     assert clkop * 1e6 == board.NIC_CLOCK_HZ
     assert 400 <= vco <= 800
     assert vco / p["CLKOS_DIV"] * 1e6 == board.ETH_CLOCK_HZ
+    attrs = _pll(board.PLL, mhz).attrs            # what nextpnr derives constraints from
+    assert float(attrs["FREQUENCY_PIN_CLKOP"]) == pytest.approx(board.NIC_CLOCK_HZ / 1e6)
+    assert float(attrs["FREQUENCY_PIN_CLKOS"]) == pytest.approx(board.ETH_CLOCK_HZ / 1e6,
+                                                                rel=1e-5)
     assert ("CLKOS2_DIV" in p) == sync90
     if sync90:                       # 125 MHz, a quarter period behind CLKOP
         assert vco / p["CLKOS2_DIV"] * 1e6 == board.NIC_CLOCK_HZ
         lag = (p["CLKOS2_CPHASE"] - (p["CLKOS2_DIV"] - 1) + p["CLKOS2_FPHASE"] / 8) / vco
         assert lag * 1e3 == pytest.approx(1e3 / 125 / 4)
+
+
+@pytest.mark.parametrize("board", ["colorlight", "ecpix5"])
+def test_board_build_needs_no_programmer(board):
+    """Building a bitstream never flashes, so openFPGALoader (amaranth-boards' 5A-75B
+    programmer) must not be a required tool: a build host without it failed at once."""
+    pytest.importorskip("amaranth_boards")
+    plat = {"colorlight": colorlight.colorlight_platform,
+            "ecpix5": ecpix5.ecpix5_platform}[board]()
+    assert "openFPGALoader" not in plat.required_tools
+    assert "nextpnr-ecp5" in plat.required_tools
+
+
+def test_pll_refuses_a_vco_out_of_range():
+    with pytest.raises(ValueError, match="VCO 250 MHz outside"):
+        ecp5_pll(Module(), Signal(), dict(CLKI_DIV=1, CLKFB_DIV=5, CLKOP_DIV=2, CLKOS_DIV=4),
+                 clki_mhz=25)

@@ -38,7 +38,9 @@ BAD_INPUTS = [
     "train --workers 1", "train --workers 0", "train --workers 100000", "train --epochs 0",
     "train --density 2", "train --density 0.01 --scheme bogus", "train --algorithm bogus",
     "train --topology ring:3", "train --topology torus:0x4", "train --warmup-iters -1",
-    "train --out /dev/null/x", "demo --elements 0", "demo --elements -1",
+    "train --out /dev/null/x",
+    "train --backend udp --boards 10.0.0.1,10.0.0.2 --workers 2 --host-addresses 10.0.0.9",
+    "train --backend udp --simulated-boards --host-addresses 10.0.0.8,10.0.0.9 --workers 2", "demo --elements 0", "demo --elements -1",
     "demo --workers 1",
     # sparse golden models
     "sparse -a bogus -P 4 -N 100 -d 0.1", "sparse -a topka -P 1 -N 100 -d 0.1",

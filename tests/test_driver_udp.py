@@ -25,8 +25,11 @@ STATUS_REGS = (Reg.STATUS, Reg.CYCLES, Reg.ERR_FLAGS, Reg.ERR_COUNT, Reg.TIMESTE
 class GoldenCluster:
     """N golden boards; START on all of them runs the golden executor on their buffers."""
 
-    def __init__(self, schedule, loss=0.0, seed=0):
+    def __init__(self, schedule, loss=0.0, seed=0, reply_port=None):
         self.schedule, self.n = schedule, schedule.n
+        # reply_port: answer to this port of the sender's address, as LiteEth answers to its
+        # own UDP port (else to the sender's port)
+        self.reply_port = reply_port
         self.loss, self.rng = loss, random.Random(seed)
         self.lock = threading.Lock()
         self.buf = np.zeros((self.n, PARAMS.depth), np.uint32)
@@ -93,7 +96,7 @@ class GoldenCluster:
             with self.lock:
                 reply = self.engines[u].process(data)
             if reply is not None and self.rng.random() >= self.loss:
-                s.sendto(reply, peer)
+                s.sendto(reply, (peer[0], self.reply_port or peer[1]))
 
     def close(self):
         self.stop.set()
@@ -103,7 +106,7 @@ class GoldenCluster:
             s.close()
 
 
-def _run_ranks(cluster, tensors, topology, **opts):
+def _run_ranks(cluster, tensors, topology, local_port=0, **opts):
     world = len(tensors)
     barrier = threading.Barrier(world)
     errors, comms = [], []
@@ -111,7 +114,8 @@ def _run_ranks(cluster, tensors, topology, **opts):
     def rank(r):
         try:
             comm = open_nic("udp", r, world, topology, boards=cluster.addresses,
-                            local_port=0, barrier=barrier.wait, timeout=0.05, **opts)
+                            local_port=local_port, barrier=barrier.wait, timeout=0.05,
+                            **opts)
             comms.append(comm)
             comm.allreduce(tensors[r])
             comm.allreduce(tensors[r])          # same size again: CLEAR path, no reload
@@ -127,12 +131,9 @@ def _run_ranks(cluster, tensors, topology, **opts):
     return errors, comms
 
 
-@pytest.mark.parametrize("loss", [0.0, 0.15])
-def test_udp_backend_bit_exact_with_model(loss):
-    rng = np.random.default_rng(3)
-    world, e = 4, 700                           # 700: three WRITE datagrams per rank
-    data = rng.standard_normal((world, e)).astype(np.float32)
-    sched = schedule_for("multitree", "ring:4", world)
+def _model_reference(data, sched):
+    """*data* all-reduced twice by the ``model`` backend (the expected bits)."""
+    world = len(data)
     fab = LocalFabric(sched)
     ref = [d.copy() for d in data]
     ths = [threading.Thread(target=lambda r=r: (lambda c: (c.allreduce(ref[r]),
@@ -142,6 +143,16 @@ def test_udp_backend_bit_exact_with_model(loss):
         t.start()
     for t in ths:
         t.join()
+    return ref
+
+
+@pytest.mark.parametrize("loss", [0.0, 0.15])
+def test_udp_backend_bit_exact_with_model(loss):
+    rng = np.random.default_rng(3)
+    world, e = 4, 700                           # 700: three WRITE datagrams per rank
+    data = rng.standard_normal((world, e)).astype(np.float32)
+    sched = schedule_for("multitree", "ring:4", world)
+    ref = _model_reference(data, sched)
     cluster = GoldenCluster(sched, loss=loss)
     try:
         tensors = [d.copy() for d in data]
@@ -173,3 +184,68 @@ def test_bad_board_lists_are_refused():
         parse_board("host:http")
     assert parse_board("10.0.0.2") == ("10.0.0.2", 7411)
     assert parse_board(("h", 5)) == ("h", 5)
+
+
+def _free_udp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_one_host_address_per_rank_when_boards_reply_to_a_fixed_port():
+    """Boards that answer at one fixed port of the sender's address (LiteEth: its own UDP
+    port): 4 ranks on one host share that port, each on its own loopback address."""
+    world, e = 4, 300
+    data = np.random.default_rng(5).standard_normal((world, e)).astype(np.float32)
+    sched = schedule_for("multitree", "ring:4", world)
+    ref = _model_reference(data, sched)
+    port = _free_udp_port()
+    hosts = [f"127.0.0.{10 + r}" for r in range(world)]
+    cluster = GoldenCluster(sched, loss=0.1, reply_port=port)
+    try:
+        tensors = [d.copy() for d in data]
+        errors, comms = _run_ranks(cluster, tensors, "ring:4", local_port=port,
+                                   host_addresses=",".join(hosts), retries=40)
+        assert not errors, errors
+        for r in range(world):
+            assert tensors[r].view(np.uint32).tolist() == ref[r].view(np.uint32).tolist()
+        assert sorted(c.status()["host"] for c in comms) == [f"{h}:{port}" for h in hosts]
+    finally:
+        cluster.close()
+
+
+def test_ranks_sharing_the_reply_port_without_host_addresses_get_a_clear_error():
+    port = _free_udp_port()
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as held:   # "rank 0"
+        held.bind(("", port))
+        with pytest.raises(DriverError, match=r"rank 1 board: cannot bind UDP \*:\d+ .*"
+                                              r"--host-addresses"):
+            open_nic("udp", 1, 2, boards=["127.0.0.1:9", "127.0.0.1:9"], local_port=port,
+                     barrier=lambda: None)
+
+
+def test_bad_host_address_lists_are_refused():
+    b = ["127.0.0.1:9", "127.0.0.1:9"]
+    with pytest.raises(DriverError, match="one IPv4 address per rank"):
+        open_nic("udp", 0, 2, boards=b, host_addresses=["127.0.0.1"])
+    with pytest.raises(DriverError, match="'host-a' is not an IPv4"):
+        open_nic("udp", 0, 2, boards=b, host_addresses="127.0.0.1,host-a")
+    with pytest.raises(DriverError, match="repeats an address"):
+        open_nic("udp", 0, 2, boards=b, host_addresses=["127.0.0.1", "127.0.0.1"])
+    with pytest.raises(DriverError, match="not an address of this host"):
+        open_nic("udp", 1, 2, boards=b, host_addresses=["127.0.0.1", "192.0.2.77"],
+                 local_port=0)
+
+
+def test_train_passes_one_host_address_per_rank():
+    from treenic.train import _config, _udp_boards
+    boards = [f"192.168.1.{50 + r}" for r in range(4)]
+    hosts = ",".join(f"192.168.1.{100 + r}" for r in range(4))
+    cfg = _config("udp", workers=4, boards=boards, host_addresses=hosts)
+    opts, sim = _udp_boards([cfg], 4, print)
+    assert sim is None
+    assert opts == {"boards": boards, "host_addresses": hosts.split(",")}
+    with pytest.raises(ValueError, match="one IPv4 address per rank"):
+        _config("udp", workers=4, boards=boards, host_addresses="10.0.0.1")
+    with pytest.raises(ValueError, match="goes with --backend udp --boards"):
+        _config("udp", workers=4, simulated_boards=True, host_addresses=hosts)

@@ -161,3 +161,38 @@ def test_timing_traces_the_deepest_path_to_its_start_register():
     md = timing.format_report(eps, 8.0)
     assert "1 of 3 endpoints fail" in md and "a @0 → x @1 → b @2" in md
     assert timing.rtl_name("rx0_h_TRELLIS_FF_Q_DI_LUT4_Z[2]") == "rx0_h"
+
+
+def _two_clock_report():
+    """REPORT plus a slow clock ``eth`` with one register, and a crossing clk -> eth."""
+    import copy
+    r = copy.deepcopy(REPORT)
+    r["fmax"]["eth"] = {"achieved": 70.0, "constraint": 50}
+    r["detailed_net_timings"] += [
+        {"net": "e", "driver": "e_TRELLIS_FF_Q", "port": "Q", "event": "posedge eth",
+         "endpoints": [{"cell": "f_TRELLIS_FF_Q", "port": "DI", "delay": [1.0, 15.0],
+                        "event": "posedge eth"}]},
+        {"net": "x", "driver": "a_TRELLIS_FF_Q", "port": "Q", "event": "posedge clk",
+         "endpoints": [{"cell": "f_TRELLIS_FF_Q", "port": "M", "delay": [1.0, 30.0],
+                        "event": "posedge eth"}]}]
+    return r
+
+
+def test_timing_per_clock_against_its_own_period():
+    r = _two_clock_report()
+    clk = timing.analyse(r, 8.0, clock="clk")
+    assert [(e.cell, e.port) for e in clk] == [(e.cell, e.port) for e in timing.analyse(REPORT, 8.0)]
+    eth = timing.analyse(r, 20.0, clock="eth")       # the clk -> eth crossing is left out
+    assert [(e.cell, e.port, round(e.slack, 3)) for e in eth] == [("f_TRELLIS_FF_Q", "DI", 4.8)]   # 20 - setup 0.2 - 15
+
+
+def test_bitstream_timing_md_per_clock(tmp_path):
+    import json as _json
+    from treenic.boards import bitstream
+    (tmp_path / bitstream.PNR_FILES[0]).write_text(_json.dumps(_two_clock_report()))
+    (tmp_path / bitstream.PNR_FILES[1]).write_text(_json.dumps(ROUTED))
+    failing = bitstream._timing_md(tmp_path, {"clk": 125.0, "eth": 50.0})
+    assert failing == {"clk": 1, "eth": 0}
+    md = (tmp_path / "timing.md").read_text()
+    assert "## `clk`" in md and "at 125.0 MHz" in md and "## `eth`" in md and "at 50.0 MHz" in md
+    assert bitstream.PNR_FILES[0] != "report.json"     # the bitstream's summary keeps that name

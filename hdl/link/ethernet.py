@@ -103,6 +103,12 @@ def decode_datagram(fmt: FlitFormat, words, *, length: int, src_ip, peers, max_f
     return dst, credits, flits
 
 
+
+def _times_const(x, k: int):
+    """x * k as a sum of shifts of x (Yosys maps a constant multiply to a DSP block,
+    slow after a block-RAM read)."""
+    return sum((x << b for b in range(k.bit_length()) if k >> b & 1), Const(0))
+
 class DatagramLinks(wiring.Component):
     """The NIC's ports as UDP datagram links (see the module docstring).
 
@@ -305,11 +311,14 @@ class DatagramLinks(wiring.Component):
             with m.State("HEAD1"):
                 m.d.comb += rx.ready.eq(1)
                 with m.If(rx.valid):
-                    # the length arithmetic gets a cycle of its own (timing)
-                    m.d.sync += [w1.eq(w.data), last1.eq(w.last),
-                                 size_ok.eq((w.data[:8] <= self.max_flits) &
-                                            (length == 8 + 4 * WORDS_PER_FLIT * w.data[:8]))]
-                    m.next = "CHECK"
+                    m.d.sync += [w1.eq(w.data), last1.eq(w.last)]
+                    m.next = "SIZE"
+            with m.State("SIZE"):
+                # the length arithmetic from registers, in a cycle of its own: from the
+                # receive FIFO's block-RAM output it missed the 25F's 125 MHz
+                m.d.sync += size_ok.eq((n <= self.max_flits) &
+                                       (length == 8 + _times_const(n, 4 * WORDS_PER_FLIT)))
+                m.next = "CHECK"
             with m.State("CHECK"):                     # registered header: one cycle to check
                 m.d.sync += [dst.eq(w0[24:28]), left.eq(n), word.eq(0)]
                 with m.If(ok):

@@ -80,8 +80,8 @@ async def host_protocol_over_rgmii(dut):
     dt = get_sim_time("ns") - t0
     mbps = n * 1024 * 8 / dt * 1000
     res = {"datagrams": n, "payload_bytes": n * 1024, "sim_ns": dt, "payload_mbps": mbps,
-           "line_rate_fraction": mbps / 1000, "simulator": "verilator (cocotb, cocotbext-eth "
-           "RGMII at 125 MHz DDR)"}
+           "line_rate_fraction": mbps / 1000, "simulator": f"{cocotb.SIM_NAME} (cocotb, "
+           "cocotbext-eth RGMII at 125 MHz DDR)"}
     out = SIM_DIR.parent / "build" / "sim" / "board_core" / "throughput.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(res, indent=1))

@@ -6,11 +6,15 @@
 `timescale 1ns/1ps
 module ODDRX1F(input D0, input D1, input SCLK, input RST, output Q);
     reg q0 = 1'b0, q1 = 1'b0;
+    // === : an FPGA's registers power up 0/1, but LiteEth's transmit registers have no
+    // initial value and stay x on a 4-state simulator (Icarus) until its first frame; the
+    // pad shows them as 0 (so the RGMII sink sees an idle line, not x), and x on SCLK
+    // before its clock starts selects D1's register
     always @(posedge SCLK) begin
-        q0 <= D0;
-        q1 <= D1;
+        q0 <= (D0 === 1'b1);
+        q1 <= (D1 === 1'b1);
     end
-    assign Q = SCLK ? q0 : q1;
+    assign Q = (SCLK === 1'b1) ? q0 : q1;
 endmodule
 
 module IDDRX1F(input D, input SCLK, input RST, output reg Q0, output reg Q1);

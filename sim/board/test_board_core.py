@@ -1,8 +1,8 @@
 """Whole-board bench at the pins: BoardCore (LiteEth RGMII PHY + MAC + ARP/IPv4/UDP, host
 protocol engine, NIC) with cocotbext-eth RGMII models on its Ethernet pins; the host
 protocol's requests go in as real Ethernet frames and the replies are checked against the
-golden codec (make sim; Verilator by default for this bench: Icarus runs LiteEth's
-Verilog at ~1 k cycles/s)."""
+golden codec (make sim; Verilator by default for this bench, ``TREENIC_BOARD_SIM=icarus``
+for Icarus: LiteEth's Verilog normalised by Yosys first, ~2.5 min here)."""
 import os
 from pathlib import Path
 
@@ -24,9 +24,10 @@ def board_bench(name, test_module, params=None, testcase=None, sim=None):
     sim = sim or os.environ.get("TREENIC_BOARD_SIM", "verilator")
     if sim == "verilator":
         os.environ["MAKEFLAGS"] = VERILATOR_MAKEFLAGS
-    return run_bench(BoardCore(params=NicParams(**SIM_NIC), verilog=liteeth_sources()[0]),
-                     name=name, test_module=test_module, sim=sim,
-                     extra_sources=liteeth_sources(), build_args=["--timing"],
+    src = liteeth_sources(sim)
+    return run_bench(BoardCore(params=NicParams(**SIM_NIC), verilog=src[0]),
+                     name=name, test_module=test_module, sim=sim, extra_sources=src,
+                     build_args=["--timing"] if sim == "verilator" else [],
                      params={"nic": SIM_NIC, **(params or {})}, testcase=testcase,
                      test_dir=HERE)
 

@@ -354,6 +354,14 @@ def check_train_args(args) -> None:
     # unknown algorithm or variant / not applicable
     build_schedule(args.algorithm, topo, getattr(args, "variant", None))
     check_output_dir(args.out, "--out")
+    if getattr(args, "host_addresses", None) is not None:
+        from .driver.errors import DriverError
+        from .driver.udp import train_host_addresses
+        try:
+            train_host_addresses(args.host_addresses, args.workers, backend=args.backend,
+                                 boards=getattr(args, "boards", None))
+        except DriverError as e:
+            raise CLIError(str(e)) from None
 
 
 def _check_sparse_train_args(args) -> None:

@@ -179,7 +179,8 @@ SPARSE_DEFAULTS = dict(momentum_correction=True, momentum_masking=True, clip_nor
 def _config(backend="rtl", algorithm="multitree", topology=None, density=None, workers=4,
             epochs=8, scheme="topka", warmup_iters=20, lr=0.05, batch_size=16, hidden=64,
             seed=0, timeout=30.0, progress=True, engine="rtl", label=None, boards=None,
-            simulated_boards=False, sparse_fallback=False, variant=None, **sparse):
+            simulated_boards=False, sparse_fallback=False, variant=None,
+            host_addresses=None, **sparse):
     if backend not in BACKENDS:
         raise ValueError(f"unknown backend {backend!r}; known: {', '.join(BACKENDS)}")
     if density is not None and not 0.0 < float(density) <= 1.0:
@@ -188,11 +189,14 @@ def _config(backend="rtl", algorithm="multitree", topology=None, density=None, w
     if unknown:
         raise ValueError(f"unknown sparse training option(s) {', '.join(sorted(unknown))}")
     topology = topology or f"ring:{workers}"
+    if host_addresses is not None:
+        host_addresses = _host_addresses(host_addresses, backend, boards, workers)
     return dict(backend=backend, algorithm=algorithm, variant=variant, topology=topology,
                 density=float(density) if density else None, workers=workers, epochs=epochs,
                 scheme=scheme, warmup_iters=warmup_iters, lr=lr, batch_size=batch_size,
                 hidden=hidden, seed=seed, timeout=timeout, progress=progress, engine=engine,
                 boards=boards, simulated_boards=simulated_boards,
+                host_addresses=host_addresses,
                 sparse_fallback=bool(sparse_fallback), **{**SPARSE_DEFAULTS, **sparse},
                 label=label or f"{backend}/{algorithm}" + (f"[{variant}]" if variant else "")
                 + (f"/{scheme}@{density}"
@@ -331,7 +335,20 @@ def _udp_boards(configs, workers, log):
     if not c["boards"] or len(c["boards"]) != workers:
         raise ValueError(f"backend 'udp' needs --boards with {workers} addresses or "
                          "--simulated-boards")
-    return {"boards": c["boards"]}, None
+    opts = {"boards": c["boards"]}
+    if c["host_addresses"]:       # one host address per rank: each binds UDP 7411 there
+        opts["host_addresses"] = c["host_addresses"]
+    return opts, None
+
+
+def _host_addresses(spec, backend, boards, workers) -> list[str]:
+    """``--host-addresses``, checked before any process starts (ValueError)."""
+    from .driver.errors import DriverError
+    from .driver.udp import train_host_addresses
+    try:
+        return train_host_addresses(spec, workers, backend=backend, boards=boards)
+    except DriverError as e:
+        raise ValueError(str(e)) from None
 
 
 def _summarise(cfg, ranks, wall):
@@ -413,7 +430,7 @@ def run(backend="rtl", algorithm="multitree", topology=None, density=None, worke
         epochs=8, *, scheme="topka", warmup_iters=20, lr=0.05, batch_size=16, seed=0,
         engine="rtl", compare_dense=True, out_dir="build/demo", progress=True,
         log=print, boards=None, simulated_boards=False, sparse_fallback=False,
-        variant=None, sparse_engine=None, **sparse) -> dict:
+        variant=None, sparse_engine=None, host_addresses=None, **sparse) -> dict:
     """Train, print per-epoch loss/accuracy and traffic, save a plot; returns the summary.
 
     With ``density`` and ``compare_dense`` a dense run of the same backend is trained in the
@@ -425,7 +442,8 @@ def run(backend="rtl", algorithm="multitree", topology=None, density=None, worke
                   warmup_iters, lr, batch_size, seed=seed, progress=progress,
                   engine=(sparse_engine or engine) if density else engine,
                   boards=boards, simulated_boards=simulated_boards,
-                  sparse_fallback=sparse_fallback, variant=variant, **sparse)
+                  sparse_fallback=sparse_fallback, variant=variant,
+                  host_addresses=host_addresses, **sparse)
     cfgs = [cfg]
     if density and sparse_engine and sparse_engine != engine and backend == "rtl":
         log(f"NOTICE: the sparse run uses the fabric server's {sparse_engine} engine "
@@ -508,6 +526,10 @@ def add_arguments(parser) -> None:
                         help="fabric server engine for --backend rtl")
     parser.add_argument("--boards", type=lambda s: s.split(","), default=None,
                         help="--backend udp: one board address (host[:port]) per worker")
+    parser.add_argument("--host-addresses", default=None,
+                        help="--backend udp with --boards: one IPv4 address of this host per "
+                             "worker (a,b,...); each rank binds UDP 7411 on its own, since "
+                             "the boards reply to that port")
     parser.add_argument("--simulated-boards", action="store_true",
                         help="--backend udp: start simulated boards (treenic boardsim)")
     parser.add_argument("--out", default="build/demo")
@@ -521,6 +543,7 @@ def main(args) -> int:
             engine=args.engine, out_dir=args.out, progress=not args.json, log=log,
             boards=getattr(args, "boards", None), lr=args.lr, seed=args.seed,
             simulated_boards=getattr(args, "simulated_boards", False),
+            host_addresses=getattr(args, "host_addresses", None),
             sparse_fallback=args.sparse_fallback, sparse_engine=args.sparse_engine,
             variant=getattr(args, "variant", None),
             **{k: getattr(args, k) for k in SPARSE_DEFAULTS if getattr(args, k) is not None})

@@ -20,10 +20,15 @@ rank, the board's address and the step.
 
 Notes: LiteEth replies to the board's own UDP port (:data:`UDP_PORT`) on the host, so
 against real boards the socket binds that port (``local_port``); simulated boards
-(``treenic boardsim``) answer to the sender's port and use ``local_port=0``.
+(``treenic boardsim``) answer to the sender's port and use ``local_port=0``.  Several ranks
+on one host cannot all bind port 7411 of every address: ``host_addresses`` gives each rank
+its own IPv4 address of the host (rank r binds ``host_addresses[r]:local_port``; the board
+replies to that address, so each rank's socket receives only its own board's replies).
 """
 from __future__ import annotations
 
+import errno
+import ipaddress
 import random
 import select
 import socket
@@ -36,13 +41,40 @@ from treenic.hdl.host.liteeth import UDP_PORT
 
 from .errors import DriverError, FabricError, FabricTimeout
 
-__all__ = ["BoardClient", "UDPBackend", "parse_board", "DEFAULT_NIC_PARAMS"]
+__all__ = ["BoardClient", "UDPBackend", "parse_board", "parse_host_addresses",
+           "DEFAULT_NIC_PARAMS"]
 
 #: the NIC built into the boards' bitstreams (``boards/synth.py`` NIC_CORE_PARAMS)
 DEFAULT_NIC_PARAMS = dict(ports=4, width=64, depth=16384, max_nodes=16, max_entries=64,
                           sub_words=16)
 #: must match the board build's HostEngine max_words (``boards/core.py`` MAX_WORDS)
 MAX_WORDS = 256
+
+
+def parse_host_addresses(spec, world: int) -> list[str]:
+    """``host_addresses`` (a list, or ``"a,b,..."``) -> one IPv4 address per rank."""
+    addrs = spec.split(",") if isinstance(spec, str) else list(spec)
+    if len(addrs) != world:
+        raise DriverError(f"backend 'udp': host_addresses needs one IPv4 address per rank "
+                          f"({world}), got {len(addrs)}: {spec!r}")
+    for a in addrs:
+        try:
+            ipaddress.IPv4Address(a)
+        except ValueError:
+            raise DriverError(f"backend 'udp': host address {a!r} is not an IPv4 "
+                              "address") from None
+    if len(set(addrs)) != len(addrs):
+        raise DriverError(f"backend 'udp': host_addresses repeats an address: {spec!r} "
+                          "(each rank needs its own)")
+    return [str(a) for a in addrs]
+
+
+def train_host_addresses(spec, world: int, *, backend: str, boards) -> list[str]:
+    """``treenic train --host-addresses``: only with ``--backend udp --boards``; parsed
+    by :func:`parse_host_addresses`."""
+    if backend != "udp" or not boards:
+        raise DriverError("--host-addresses goes with --backend udp --boards (real boards)")
+    return parse_host_addresses(spec, world)
 
 
 def parse_board(spec) -> tuple[str, int]:
@@ -68,14 +100,26 @@ class BoardClient:
     """Request/reply with one board: sequence numbers, retries, timeouts, pipelining."""
 
     def __init__(self, address, *, name: str, timeout: float = 0.5, retries: int = 8,
-                 window: int = 8, local_port: int = 0, max_words: int = MAX_WORDS):
+                 window: int = 8, local_port: int = 0, local_host: str = "",
+                 max_words: int = MAX_WORDS):
         if timeout <= 0 or retries < 1 or window < 1:
             raise DriverError("timeout must be > 0, retries and window >= 1")
         self.address, self.name = parse_board(address), name
         self.timeout, self.retries, self.window, self.max_words = \
             timeout, retries, window, max_words
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("", local_port))
+        try:
+            self.sock.bind((local_host, local_port))
+        except OSError as e:
+            self.sock.close()
+            hint = {errno.EADDRINUSE: " (another rank on this host holds it: give each "
+                    "rank its own host address, host_addresses= / --host-addresses)",
+                    errno.EADDRNOTAVAIL: " (not an address of this host: add it to the "
+                    "interface on the boards' network, e.g. ip addr add "
+                    f"{local_host}/24 dev eth0)"}.get(e.errno, "")
+            raise DriverError(f"{name}: cannot bind UDP {local_host or '*'}:{local_port} for "
+                              f"the board's replies: {e.strerror}{hint}") from None
+        self.local = self.sock.getsockname()
         self.seq = random.getrandbits(32)       # a new session never repeats the old seqs
         self.sent_bytes = self.received_bytes = 0
         self.retransmits = 0
@@ -176,14 +220,16 @@ class UDPBackend:
     boards' NicParams; default :data:`DEFAULT_NIC_PARAMS`), ``timeout`` (seconds per
     datagram try), ``retries``, ``window`` (WRITE/READ datagrams in flight),
     ``run_timeout`` (seconds from START to DONE), ``local_port`` (default
-    :data:`UDP_PORT`, see the module notes), ``barrier`` (callable joining all ranks
+    :data:`UDP_PORT`, see the module notes), ``host_addresses`` (one IPv4 address of this
+    host per rank, each rank's socket binds its own; default: any address), ``barrier`` (callable joining all ranks
     before START; default: ``torch.distributed.barrier`` of an initialised group),
     ``engine`` (text naming what answers at the addresses, for ``status()``).
     """
 
     def __init__(self, comm, boards=None, nic_params=None, timeout: float = 0.5,
                  retries: int = 8, window: int = 8, run_timeout: float = 60.0,
-                 local_port: int = UDP_PORT, barrier=None, engine: str | None = None):
+                 local_port: int = UDP_PORT, host_addresses=None, barrier=None,
+                 engine: str | None = None):
         from treenic.hdl.nic import NicParams
         if not boards or len(boards) != comm.world:
             raise DriverError(f"backend 'udp' needs boards=[...] with one address per rank "
@@ -191,8 +237,11 @@ class UDPBackend:
         self.comm, self.rank = comm, comm.rank
         self.params = NicParams(**(nic_params or DEFAULT_NIC_PARAMS))
         self.board_name = f"rank {comm.rank} board"
+        local_host = (parse_host_addresses(host_addresses, comm.world)[comm.rank]
+                      if host_addresses else "")
         self.client = BoardClient(boards[comm.rank], name=self.board_name, timeout=timeout,
-                                  retries=retries, window=window, local_port=local_port)
+                                  retries=retries, window=window, local_port=local_port,
+                                  local_host=local_host)
         self.run_timeout = run_timeout
         self.barrier = barrier or _dist_barrier
         self.engine = engine or f"boards over UDP ({', '.join(map(str, boards))})"
@@ -273,6 +322,7 @@ class UDPBackend:
 
     def status(self):
         return {"engine": self.engine, "board": "%s:%d" % self.client.address,
+                "host": "%s:%d" % self.client.local,
                 "last_run": self._last, "retransmits": self.client.retransmits}
 
     def close(self):
