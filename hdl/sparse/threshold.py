@@ -40,11 +40,11 @@ No float64 subnormal or overflow can occur: every value lies in [2**-231, 2**129
 Sequential: one operation a state, each a short pipeline whose inputs are held through the
 state (:data:`ROUND_CYCLES`, :data:`ADD_CYCLES`, :data:`MUL_CYCLES`): no path holds more
 than one wide shift or one carry chain of about 57 bits (the first version, one operation a
-cycle with the rounding in two, placed at 40.2 MHz; with four-stage pipelines, 91.1 MHz).
-Latency: :data:`SETUP_CYCLES` = 20 after a request is taken (round t and b, t - b, its
-rounding), then :data:`POINT_CYCLES` = 25 per grid point when ``thr`` is always ready. A
-count pass over C/W beats follows each request; the source's latency is paid once a pass
-(H = 3: 20 + 7 * 25 cycles).
+cycle with the rounding in two, placed at 40.2 MHz; with four-stage pipelines, 91.1 MHz;
+with a one-stage 114-bit rounding shift, 79.9 MHz). Latency: :data:`SETUP_CYCLES` = 26
+after a request is taken (round t and b, t - b, its rounding), then :data:`POINT_CYCLES` =
+31 per grid point when ``thr`` is always ready. A count pass over C/W beats follows each
+request; the source's latency is paid once a pass (H = 3: 26 + 7 * 31 cycles).
 """
 from amaranth import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import stream, wiring
@@ -62,8 +62,8 @@ ALIGN_LIMIT = 60                         # largest exact alignment in _add (see 
 SUM_BITS = F64_BITS + ALIGN_LIMIT + 1    # an exact sum or difference of two aligned values
 EXP = signed(12)                         # exponents: values in [2**-231, 2**129), zero apart
 ZERO_EXP = -1024                         # the exponent of zero: below every real exponent
-ROUND_CYCLES = 5        # leading one and trailing zeros, shift k, shifted bits, rounding,
-#                         the result registered
+ROUND_CYCLES = 7        # leading one and trailing zeros, shift k, shift amounts, coarse
+#                         shift, fine shift, rounding, the result registered
 ADD_CYCLES = 5          # operands, order and exponent difference, alignment, low half,
 #                         high half
 MUL_CYCLES = 4          # 18 x 18 partial products, three pair sums, two, the total
@@ -199,9 +199,10 @@ def _round(m, acc, acc_exp, to_f32):
     """Round acc * 2**acc_exp to 53 bits (or to 24 bits, never below 2**-149), in
     ROUND_CYCLES stages that load every cycle (acc held meanwhile): the leading one, the
     trailing zeros and acc == 0; the shift k (leading one minus the kept width, raised to the
-    float32 subnormal floor); the kept bits, the half bit, the sticky bit (a set bit below
-    the half bit: trailing zeros < k - 1) and the left-normalised value; then round to
-    nearest even and renormalise a carry, registered. Returns (m, e), valid in the fifth
+    float32 subnormal floor); the shift amounts; the right shift by multiples of 16 with the
+    sticky bit (a set bit below the half bit: trailing zeros < k - 1) and the left-normalised
+    value; the rest of the shift (the kept bits and the half bit); then round to nearest
+    even and renormalise a carry, registered. Returns (m, e), valid in the seventh
     cycle."""
     lead, low, zero = Signal(range(SUM_BITS)), Signal(range(SUM_BITS)), Signal()
     m.d.sync += [lead.eq(_leading_one(acc)[1]), low.eq(_lowest_one(acc)[1]),
@@ -210,14 +211,26 @@ def _round(m, acc, acc_exp, to_f32):
     k_lead, k_floor, k = Signal(EXP), Signal(EXP), Signal(EXP)
     m.d.comb += [k_lead.eq(lead - (width - 1)), k_floor.eq(F32_MIN_EXP - acc_exp)]
     m.d.sync += k.eq(Mux(to_f32 & (k_floor > k_lead), k_floor, k_lead))
-    right = Signal(8)                                    # k > 0: the bits dropped
-    m.d.comb += right.eq(Mux(k > SUM_BITS + 1, SUM_BITS + 1, k))
-    kept, normalised = Signal(F64_BITS + 1), Signal(F64_BITS + 1)
-    half, sticky, exact, zero2, exp = Signal(), Signal(), Signal(), Signal(), Signal(EXP)
-    m.d.sync += [kept.eq(acc >> right), half.eq((Cat(Const(0, 1), acc) >> right)[0]),
-                 sticky.eq((right > 1) & (low < right - 1)),
-                 normalised.eq(acc << (-k)[:6]), exact.eq(k <= 0), zero2.eq(zero),
-                 exp.eq(acc_exp + k)]
+    # the shift amounts registered (k > 0: the bits dropped, clamped; k <= 0: left)
+    right, left = Signal(8), Signal(6)
+    exact, zero1, exp = Signal(), Signal(), Signal(EXP)
+    m.d.sync += [right.eq(Mux(k > SUM_BITS + 1, SUM_BITS + 1, k)), left.eq((-k)[:6]),
+                 exact.eq(k <= 0), zero1.eq(zero), exp.eq(acc_exp + k)]
+    # the right shift in two stages: by the multiple of 16, then by the rest (a 114-bit
+    # shift by 7 bits behind the clamp was 14 logic levels: 79.9 MHz)
+    coarse = Signal(SUM_BITS + 1)                        # bit 0: acc's bit (right & ~15) - 1
+    normalised, fine, sticky = Signal(F64_BITS + 1), Signal(4), Signal()
+    exact2, zero2, exp2 = Signal(), Signal(), Signal(EXP)
+    m.d.sync += [coarse.eq(Cat(Const(0, 1), acc) >> (right & 0xF0)), fine.eq(right[:4]),
+                 sticky.eq((right > 1) & (low < right - 1)), normalised.eq(acc << left),
+                 exact2.eq(exact), zero2.eq(zero1), exp2.eq(exp)]
+    kept, half = Signal(F64_BITS + 1), Signal()
+    exact3, zero3, exp3, sticky3 = Signal(), Signal(), Signal(EXP), Signal()
+    normalised3 = Signal(F64_BITS + 1)
+    m.d.sync += [kept.eq(coarse >> (fine + 1)), half.eq((coarse >> fine)[0]),
+                 exact3.eq(exact2), zero3.eq(zero2), exp3.eq(exp2), sticky3.eq(sticky),
+                 normalised3.eq(normalised)]
+    exact, zero2, exp, sticky, normalised = exact3, zero3, exp3, sticky3, normalised3
     q = Signal(F64_BITS + 2)
     m.d.comb += q.eq(kept + (half & (sticky | kept[0])))
     out_m, out_e = Signal(F64_BITS + 1), Signal(EXP)
