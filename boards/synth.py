@@ -91,12 +91,14 @@ NIC_CORE_PARAMS = dict(ports=4, width=64, depth=16384, max_nodes=16, max_entries
                        sub_words=16)
 
 
-def _nic_core():
+def _nic_core(forward="store"):
     from treenic.hdl.nic import Nic, NicParams
-    return Nic(NicParams(**NIC_CORE_PARAMS))
+    return Nic(NicParams(**NIC_CORE_PARAMS, forward=forward))
 
 
 register_top("nic_core", _nic_core, headline=True)
+#: the same core in a cut-through build (issue 20: early issue and paced TX reads)
+register_top("nic_core_cut", lambda: _nic_core(forward="cut-through"))
 
 #: the same core with a small buffer (8 KiB in 8 banks): same control logic and ports, half
 #: the crossbar; place and route take 12-15 min here instead of about 45, so this is where
