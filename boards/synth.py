@@ -54,7 +54,8 @@ from typing import Callable
 from amaranth import Elaboratable
 
 __all__ = ["TOPS", "DEFAULT_TOPS", "register_top", "synth_top", "parse_yosys_stat",
-           "parse_nextpnr_log", "main", "DEVICE", "SynthWrapper"]
+           "parse_nextpnr_log", "parse_yosys_stat_modules", "components_of",
+           "area_by_component", "main", "DEVICE", "SynthWrapper"]
 
 DEVICE = "LFE5UM5G-85F-8BG554"
 CLOCK_MHZ = 125.0           # the NIC's Fmax target; the P&R constraint unless overridden
@@ -254,6 +255,63 @@ def parse_yosys_stat(log: str) -> dict[str, int]:
     out = {v: cells.get(k, 0) for k, v in _YOSYS_CELLS.items()}
     out["cells"] = cells
     return out
+
+
+def parse_yosys_stat_modules(log: str) -> dict[str, dict[str, int]]:
+    """Own cell counts (submodules excluded) of every module section of a hierarchical
+    Yosys ``stat`` report (``synth_ecp5 -noflatten``), keyed by module name."""
+    modules: dict[str, dict[str, int]] = {}
+    sections = re.split(r"^=== (.+?) ===\s*$", log, flags=re.M)
+    for name, body in zip(sections[1::2], sections[2::2]):
+        if name == "design hierarchy":
+            continue
+        counts = parse_yosys_stat(f"=== {name} ===\n{body}") if re.search(r"\d", body) else {}
+        counts.pop("cells", None)
+        modules[name.strip("\\")] = counts
+    if not modules:
+        raise ValueError("no module sections in Yosys `stat` output")
+    return modules
+
+
+def components_of(modules: dict[str, dict[str, int]], top: str) -> dict[str, dict[str, int]]:
+    """Roll module counts up to the top's direct submodules: each ``top.child...`` module
+    adds to ``child`` (Amaranth names a submodule's module by its hierarchical path), the
+    top's own logic is ``(glue)``; a ``$n`` suffix (Amaranth's name de-duplication) is
+    dropped."""
+    out: dict[str, dict[str, int]] = {}
+    for name, counts in modules.items():
+        path = name.split(".")
+        if path[0] != top:
+            raise ValueError(f"module {name!r} is not under top {top!r}")
+        key = re.sub(r"\$\d+$", "", path[1]) if len(path) > 1 else "(glue)"
+        acc = out.setdefault(key, {k: 0 for k in _YOSYS_CELLS.values()})
+        for k, v in counts.items():
+            acc[k] = acc.get(k, 0) + v
+    return out
+
+
+def area_by_component(name: str, out_dir: Path) -> dict:
+    """Area of one registered top synthesised **without flattening**, per direct
+    submodule. Module boundaries stop Yosys optimising across them, so the sum is a few
+    percent above the flattened area of :func:`synth_top`; both are reported."""
+    from amaranth.back import verilog
+
+    if name not in TOPS:
+        raise KeyError(f"unknown top {name!r}; registered: {sorted(TOPS)}")
+    env, out = _tool_env(), out_dir / name / "hier"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{name}.v").write_text(verilog.convert(TOPS[name](), name=name))
+    (out / "hier.ys").write_text(f"read_verilog -sv {name}.v\n"
+                                 f"synth_ecp5 -top {name} -noiopad -noflatten\n"
+                                 f"tee -o {name}.stat stat\n")
+    r = subprocess.run([env["YOSYS"], "-q", "-l", "hier.log", "hier.ys"], cwd=out, env=env,
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"yosys hierarchical run for {name} failed:\n{r.stderr[-3000:]}")
+    modules = parse_yosys_stat_modules((out / f"{name}.stat").read_text())
+    components = components_of(modules, name)
+    total = {k: sum(c.get(k, 0) for c in components.values()) for k in _YOSYS_CELLS.values()}
+    return {"top": name, "components": components, "total": total, "modules": modules}
 
 
 def parse_nextpnr_log(log: str) -> dict:
@@ -470,6 +528,20 @@ def synth_top(name: str, out_dir: Path, *, seed: int = 1, timing: bool = True,
     return rep
 
 
+def _component_table(block: dict) -> list[str]:
+    hier = block["by_component"]
+    cols = ["luts", "carry", "ffs", "brams", "lutram", "dsps"]
+    rows = sorted(hier["components"].items(), key=lambda kv: -kv[1].get("luts", 0))
+    lines = [f"Area of `{block['top']}` per component (`synth_ecp5 -noflatten`; the "
+             f"flattened total is {block['luts']} LUT4 / {block['ffs']} FF):", "",
+             "| component | LUT4 | CCU2C | FF | DP16KD | LUTRAM | MULT18 |",
+             "|---|---:|---:|---:|---:|---:|---:|"]
+    lines += [f"| {name} | " + " | ".join(str(c.get(k, 0)) for k in cols) + " |"
+              for name, c in rows]
+    lines.append("| **total** | " + " | ".join(str(hier["total"][k]) for k in cols) + " |")
+    return lines
+
+
 def _markdown(report: dict) -> str:
     lines = [f"# treenic synthesis report ({report['device']})", "",
              f"Tools: Yosys + nextpnr-ecp5 (YoWASP); board wrapper ECPIX-5 85F, "
@@ -486,6 +558,9 @@ def _markdown(report: dict) -> str:
         lines.append(f"| {b['top']} | {fm} | {b['luts']} | {b['carry_cells']} | {b['ffs']} | "
                      f"{b['brams']} | {b['lutram']} | {b['dsps']} | "
                      f"{comb[0]} / {ff[0]} of {comb[1]} |")
+    for b in report["blocks"]:
+        if "by_component" in b:
+            lines += ["", *_component_table(b)]
     lines += ["", f"Command: `python -m treenic.boards.synth --out {report['out']}"
               + "".join(f" --top {t}" for t in report["tops"]) + "`", ""]
     return "\n".join(lines)
@@ -498,6 +573,9 @@ def main(argv=None) -> int:
                     % ", ".join(DEFAULT_TOPS))
     ap.add_argument("--list", action="store_true", help="list registered tops")
     ap.add_argument("--no-timing", action="store_true", help="area only (skip place and route)")
+    ap.add_argument("--by-component", action="store_true",
+                    help="also synthesise each top without flattening and report the area "
+                         "of each direct submodule")
     ap.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
     ap.add_argument("--clock-mhz", type=float, default=CLOCK_MHZ,
                     help="clock constraint for place and route (default: %(default)s, the target)")
@@ -527,6 +605,8 @@ def main(argv=None) -> int:
         print(f"[synth] {t}: Fmax {b['fmax_mhz']} MHz, worst slack "
               f"{b.get('worst_slack_ns')} ns, LUT4 {b['luts']}, FF {b['ffs']}, "
               f"DP16KD {b['brams']} ({b['seconds']} s)", flush=True)
+        if args.by_component:
+            b["by_component"] = area_by_component(t, args.out)
         blocks.append(b)
     head = blocks[0]
     report = {"device": DEVICE, "top": head["top"], "fmax_mhz": head["fmax_mhz"],
