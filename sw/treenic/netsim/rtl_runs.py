@@ -96,10 +96,16 @@ RUNS = [
     RtlRun("torus4x4_64KiB_bound_cut", "torus:4x4", "multitree", 16384, slow=True,
            forward="cut-through"),
     # ... with the rotating and the age-based bank arbiter (issue 20 item 2)
-    RtlRun("torus4x4_1000_cut_age", "torus:4x4", "multitree", 1000, latency=1, credits=8,
-           variant="paper", forward="cut-through", arbiter="age"),
+    RtlRun("ring8_1000_cut_rotating", "ring:8", "ring", 1000, latency=2, credits=8,
+           forward="cut-through", arbiter="rotating"),
+    RtlRun("ring8_1000_cut_age", "ring:8", "ring", 1000, latency=2, credits=8,
+           forward="cut-through", arbiter="age"),
     RtlRun("torus4x4_1000_cut_rotating", "torus:4x4", "multitree", 1000, latency=1,
            credits=8, variant="paper", forward="cut-through", arbiter="rotating"),
+    RtlRun("torus4x4_1000_cut_age", "torus:4x4", "multitree", 1000, latency=1, credits=8,
+           variant="paper", forward="cut-through", arbiter="age"),
+    RtlRun("torus4x4_64KiB_bound_cut_rotating", "torus:4x4", "multitree", 16384, slow=True,
+           forward="cut-through", arbiter="rotating"),
     # the sim/fabric benches (make sim SIM=verilator), random link stalls
     RtlRun("bench_ring8_stall40", "ring:8", "ring", 1000, latency=2, credits=8,
            packet_words=16, stall=40, seed=7, slow=True, samples=4),
