@@ -270,3 +270,32 @@ def test_arbiter_orders_starving_reader(arbiter, expect):
     script = {c: ({0: 0, 1: 4, 2: 5}, {}) for c in range(6)}
     log = run_directed(dut, lanes, script, 6)
     assert [g for g, _, _ in log] == expect
+
+
+def _two_streams(arbiter, offset, beats=64):
+    """An RX (write-back reader 1) and a TX stream (reader 2), each asking for its next
+    two elements every cycle, TX ``offset`` banks ahead: the cycle each one finishes."""
+    m = BankedBufferModel(depth=4096, banks=16, lanes=2, write_back=(1,), arbiter=arbiter)
+    pos, left, done, c = [0, 0, offset], [0, beats, beats], {}, 0
+    while left[1] or left[2]:
+        grants, _, _ = m.cycle([(0, 0)] + [(left[r] > 0, pos[r]) for r in (1, 2)], [])
+        c += 1
+        for r in (1, 2):
+            if left[r] and grants[r]:
+                pos[r], left[r] = pos[r] + 2, left[r] - 1
+                done[r] = c
+    return done[1], done[2]
+
+
+@pytest.mark.parametrize("arbiter,expect", [
+    ("fixed", (64, 66)),          # TX yields twice, then the windows no longer overlap
+    ("rotating", (127, 128)),     # two readers: the order flips every cycle
+    ("age", (127, 128)),          # the refused one always goes first next cycle
+])
+def test_alternating_order_locks_equal_rate_streams(arbiter, expect):
+    """Why the age order slows the fabric (docs/performance.md §4): two streams at one
+    beat per cycle whose two-bank windows are one bank apart clash every cycle unless
+    one of them yields twice in a row.  An order that alternates on every refusal keeps
+    them in step, both at half rate."""
+    assert _two_streams(arbiter, 1) == expect
+    assert _two_streams(arbiter, 2) == (64, 64)        # disjoint windows: no clash
