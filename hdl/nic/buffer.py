@@ -192,18 +192,26 @@ class BankedBuffer(wiring.Component):
                 return Const(1)
             return reads[j] & reads[r]
 
-        # clash[j, r] (j < r): the two requests contend and share a bank (symmetric, one
-        # wire per pair); reader j blocks r when it requests, clashes and goes first
-        clash = {(j, r): wire(contend(j, r) & overlap(rlo[j], rlo[r]), f"rd{j}_clash{r}")
-                 for r in range(len(self.rd)) for j in range(r)}
+        # reader j blocks reader r when it requests, contends, shares a bank and goes
+        # first (``first(j, r)``: always j < r under "fixed", whose terms are built exactly
+        # as before the other orders existed, so its netlist is unchanged)
         first = self._order(m, wire)
+        clash = {}
+
+        def blocks(j, r):
+            f = first(j, r)
+            if f is None:
+                return None
+            if isinstance(f, Const):
+                return self.rd[j].req & contend(j, r) & overlap(rlo[j], rlo[r])
+            a, b = min(j, r), max(j, r)         # symmetric: one wire per pair
+            if (a, b) not in clash:
+                clash[a, b] = wire(contend(a, b) & overlap(rlo[a], rlo[b]), f"rd{a}_clash{b}")
+            return self.rd[j].req & clash[a, b] & f
+
         for r, rd in enumerate(self.rd):
-            terms = []
-            for j in range(len(self.rd)):
-                f = first(j, r) if j != r else None
-                if f is not None:
-                    t = self.rd[j].req & clash[min(j, r), max(j, r)]
-                    terms.append(t if isinstance(f, Const) else t & f)
+            terms = [t for t in (blocks(j, r) for j in range(len(self.rd)) if j != r)
+                     if t is not None]
             blocked = Cat(Const(0, 1), *terms).any()
             m.d.comb += rd.grant.eq(rd.req & ~blocked)
 
