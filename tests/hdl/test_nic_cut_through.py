@@ -4,8 +4,8 @@ two children per node, so the TX pacing waits on several source ports and the re
 order gate is exercised -- and ring:3 with NaN/Inf inputs) run one all-reduce with random
 link stalls in both forwarding modes; each must equal the golden executor bit for bit and
 send the golden packetiser's flits, and cut-through must not take longer than
-store-and-forward on a stall-free run.  The rotating and age-based bank arbiters
-(``NicParams.arbiter``) run the two-children mesh with stalls, bit for bit.  A bad
+store-and-forward on a stall-free run.  The rotating bank arbiter
+(``NicParams.arbiter``) runs the two-children mesh with stalls, bit for bit.  A bad
 ``forward`` or ``arbiter`` is refused."""
 import numpy as np
 import pytest
@@ -58,10 +58,11 @@ def test_cut_through_bit_exact_with_stalls(spec, alg, E, stall):
     _check(out, gold, images, params)
 
 
-@pytest.mark.parametrize("arbiter", ["rotating", "age"])
+@pytest.mark.parametrize("arbiter", ["rotating"])
 def test_arbiter_bit_exact_with_stalls(arbiter):
     """Another bank order changes when RX and TX beats are read, never what is summed:
-    the receive order gate fixes the accumulation order."""
+    the receive order gate fixes the accumulation order.  (The age order's fabric runs
+    are the Verilated records ``*_cut_age``, bit-exact; kept out here for test time.)"""
     out, gold, images, params = _run("mesh:2x2", "multitree", 29, "cut-through", stall=70,
                                      arbiter=arbiter)
     _check(out, gold, images, params)
