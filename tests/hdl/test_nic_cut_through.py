@@ -58,13 +58,15 @@ def test_cut_through_bit_exact_with_stalls(spec, alg, E, stall):
     _check(out, gold, images, params)
 
 
-@pytest.mark.parametrize("arbiter", ["rotating"])
-def test_arbiter_bit_exact_with_stalls(arbiter):
+@pytest.mark.parametrize("stall", [0, 70])
+def test_arbiter_bit_exact_with_stalls(stall):
     """Another bank order changes when RX and TX beats are read, never what is summed:
-    the receive order gate fixes the accumulation order.  (The age order's fabric runs
+    the receive order gate fixes the accumulation order.  Stall-free, the rotating order
+    changes this run's timing (211 cycles against 209 under the fixed order when this
+    was written); with stalls the runs are bit-exact too.  (The age order's fabric runs
     are the Verilated records ``*_cut_age``, bit-exact; kept out here for test time.)"""
-    out, gold, images, params = _run("mesh:2x2", "multitree", 29, "cut-through", stall=70,
-                                     arbiter=arbiter)
+    out, gold, images, params = _run("mesh:2x2", "multitree", 29, "cut-through",
+                                     stall=stall, arbiter="rotating")
     _check(out, gold, images, params)
 
 
