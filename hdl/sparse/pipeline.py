@@ -57,7 +57,15 @@ class CreditPipeline:
             m.d.sync += stage_valid.eq(valid)
             valid = stage_valid
         release = fifo.r_rdy & o.ready
-        credits_next = credits - accept + release
+        # unsigned steps only: the one-line ``credits - accept + release`` (a signed sum in
+        # the Verilog) ran wrong in the Verilator 5.049 cosim model built without --trace
+        # (i.ready low with 10 of 16 credits used, then beats lost); traced, it agreed
+        credits_next = Signal.like(credits)
+        m.d.comb += credits_next.eq(credits)
+        with m.If(accept & ~release):
+            m.d.comb += credits_next.eq(credits - 1)
+        with m.If(release & ~accept):
+            m.d.comb += credits_next.eq(credits + 1)
         m.d.sync += [credits.eq(credits_next), has_credit.eq(credits_next != 0)]
         m.d.comb += [fifo.w_en.eq(valid), fifo.w_data.eq(self.result),
                      o.valid.eq(fifo.r_rdy), o.payload.eq(fifo.r_data), fifo.r_en.eq(o.ready)]
