@@ -58,8 +58,9 @@ class CreditPipeline:
             valid = stage_valid
         release = fifo.r_rdy & o.ready
         # unsigned steps only: the one-line ``credits - accept + release`` (a signed sum in
-        # the Verilog) ran wrong in the Verilator 5.049 cosim model built without --trace
-        # (i.ready low with 10 of 16 credits used, then beats lost); traced, it agreed
+        # the Verilog) ran wrong in the Verilator 5.049 cosim model at -O3 without --trace
+        # (i.ready low with 10 of 16 credits used, then beats lost); at -O0 or traced it
+        # agreed with the Amaranth simulator
         credits_next = Signal.like(credits)
         m.d.comb += credits_next.eq(credits)
         with m.If(accept & ~release):
