@@ -114,15 +114,18 @@ def _nic_core_small():
 register_top("nic_core_small", _nic_core_small)
 
 
-def _gradient_buffer():     # the NIC core's banked buffer at its synthesis size and shape
+def _gradient_buffer(arbiter="fixed"):  # nic_core's banked buffer at its synthesis size
     from treenic.hdl.nic import NicParams
     from treenic.hdl.nic.buffer import BankedBuffer
-    p = NicParams(**NIC_CORE_PARAMS)
+    p = NicParams(**NIC_CORE_PARAMS, arbiter=arbiter)
     return BankedBuffer(depth=p.depth, banks=p.banks, lanes=p.lanes, readers=2 * p.ports + 1,
-                        writers=p.ports + 1, write_back=range(1, p.ports + 1))
+                        writers=p.ports + 1, write_back=range(1, p.ports + 1),
+                        arbiter=p.arbiter)
 
 
 register_top("gradient_buffer", _gradient_buffer)
+#: the same buffer with the rotating bank arbiter (issue 20: its grant path)
+register_top("gradient_buffer_rotating", lambda: _gradient_buffer("rotating"))
 
 
 def _nic_tx_unit(forward):  # one TX unit of nic_core (issue 20: cut-through pacing)

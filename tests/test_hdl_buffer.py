@@ -7,19 +7,22 @@ import random
 import pytest
 from amaranth.sim import Simulator
 
-from treenic.hdl.nic.buffer import (BankedBuffer, BankedBufferModel, CONFLICT_LATENCY,
-                                    READ_LATENCY, WRITE_VISIBLE)
+from treenic.hdl.nic.buffer import (ARBITERS, BankedBuffer, BankedBufferModel,
+                                    CONFLICT_LATENCY, READ_LATENCY, WRITE_VISIBLE)
 
 
 def run_random(depth, banks, lanes, readers, writers, cycles, seed, conflicts,
-               write_back=()):
+               write_back=(), arbiter="fixed"):
     dut = BankedBuffer(depth=depth, banks=banks, lanes=lanes, readers=readers,
-                       writers=writers, write_back=write_back)
-    model = BankedBufferModel(depth=depth, banks=banks, lanes=lanes, write_back=write_back)
+                       writers=writers, write_back=write_back, arbiter=arbiter)
+    model = BankedBufferModel(depth=depth, banks=banks, lanes=lanes, write_back=write_back,
+                              arbiter=arbiter)
     rnd = random.Random(seed)
     sim = Simulator(dut)
     sim.add_clock(1e-8)
-    stats = {"grants": 0, "blocked": 0, "conflicts": 0, "checked": 0}
+    # overtaken: a grant to a reader while a lower-index contending reader on a common
+    # bank was refused (never under "fixed")
+    stats = {"grants": 0, "blocked": 0, "conflicts": 0, "checked": 0, "overtaken": 0}
 
     def word():
         return rnd.getrandbits(32)
@@ -74,6 +77,7 @@ def run_random(depth, banks, lanes, readers, writers, cycles, seed, conflicts,
             check(ctx, grants, outs, conflict)
             stats["grants"] += sum(grants)
             stats["blocked"] += sum(q and not g for (q, *_), g in zip(reads, grants))
+            stats["overtaken"] += overtaken(model, reads, grants)
             stats["conflicts"] += conflict
             await ctx.tick()
         # read everything back through reader 0 (highest priority: always granted)
@@ -85,6 +89,19 @@ def run_random(depth, banks, lanes, readers, writers, cycles, seed, conflicts,
     sim.add_testbench(tb)
     sim.run()
     return stats
+
+
+def overtaken(model, reads, grants):
+    """Granted readers that went before a lower-index reader they clash with."""
+    wb = model.write_back
+
+    def clash(j, r):
+        (_, a, wo_j), (_, b, wo_r) = reads[j], reads[r]
+        wo_j, wo_r = bool(wo_j) and j in wb, bool(wo_r) and r in wb
+        both = (j in wb and r in wb) or (not wo_j and not wo_r)
+        return both and model._banks(a) & model._banks(b)
+    return sum(1 for r, g in enumerate(grants) if g for j in range(1, r)
+               if reads[j][0] and not grants[j] and clash(j, r))
 
 
 @pytest.mark.parametrize("depth,banks,lanes,readers,writers,conflicts", [
@@ -103,6 +120,23 @@ def test_banked_buffer_matches_model(depth, banks, lanes, readers, writers, conf
                    conflicts=conflicts, write_back=write_back)
     assert s["checked"] > 100 and s["blocked"] > 0      # arbitration was exercised
     assert (s["conflicts"] > 0) == conflicts
+    assert s["overtaken"] == 0                          # lower index first
+
+
+@pytest.mark.parametrize("depth,banks,lanes,readers,writers,conflicts", [
+    (40, 4, 4, 3, 2, False),      # two readers take turns; every request on every bank
+    (48, 16, 2, 9, 5, True),      # colliding writers, wrapped lanes
+    (128, 32, 2, 9, 5, False),    # the NIC's shape: 1 host + 4 RX (write back) + 4 TX
+])
+@pytest.mark.parametrize("arbiter", [a for a in ARBITERS if a != "fixed"])
+def test_arbiters_match_model(depth, banks, lanes, readers, writers, conflicts, arbiter):
+    """The rotating and age orders, write-back readers 1..3 (the NIC's RX ports): grants
+    and data bit for bit against the model, and some grants overtake a lower index."""
+    s = run_random(depth, banks, lanes, readers, writers, cycles=400, seed=depth + 7,
+                   conflicts=conflicts, write_back=(1, 2, 3)[:readers - 1], arbiter=arbiter)
+    assert s["checked"] > 100 and s["blocked"] > 0
+    assert (s["conflicts"] > 0) == conflicts
+    assert s["overtaken"] > 0
 
 
 def run_directed(dut, lanes, script, cycles):
@@ -214,8 +248,54 @@ def test_write_only_requests_share_banks_with_readers_only():
     (dict(depth=64, banks=6, lanes=2), "power of two"),
     (dict(depth=64, banks=2, lanes=4), "lanes"),
     (dict(depth=4, banks=8, lanes=2), "depth"),
+    (dict(depth=64, banks=8, lanes=2, arbiter="lru"), "arbiter"),
 ])
 @pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 def test_banked_buffer_rejects_bad_parameters(kw, msg):
     with pytest.raises(ValueError, match=msg):
         BankedBuffer(readers=1, writers=1, **kw)
+
+
+@pytest.mark.parametrize("arbiter,expect", [
+    ("fixed", [[1, 1, 0]] * 6),
+    ("rotating", [[1, 1, 0], [1, 0, 1]] * 3),     # two readers take turns: alternate
+    ("age", [[1, 1, 0], [1, 0, 1]] * 3),          # the refused one goes first next cycle
+])
+def test_arbiter_orders_starving_reader(arbiter, expect):
+    """Reader 1 (write back) and reader 2 read the same banks every cycle, reader 0 reads
+    elsewhere: the fixed order starves reader 2, the rotating and age orders alternate."""
+    lanes = 2
+    dut = BankedBuffer(depth=64, banks=8, lanes=lanes, readers=3, writers=1,
+                       write_back=(1,), arbiter=arbiter)
+    script = {c: ({0: 0, 1: 4, 2: 5}, {}) for c in range(6)}
+    log = run_directed(dut, lanes, script, 6)
+    assert [g for g, _, _ in log] == expect
+
+
+def _two_streams(arbiter, offset, beats=64):
+    """An RX (write-back reader 1) and a TX stream (reader 2), each asking for its next
+    two elements every cycle, TX ``offset`` banks ahead: the cycle each one finishes."""
+    m = BankedBufferModel(depth=4096, banks=16, lanes=2, write_back=(1,), arbiter=arbiter)
+    pos, left, done, c = [0, 0, offset], [0, beats, beats], {}, 0
+    while left[1] or left[2]:
+        grants, _, _ = m.cycle([(0, 0)] + [(left[r] > 0, pos[r]) for r in (1, 2)], [])
+        c += 1
+        for r in (1, 2):
+            if left[r] and grants[r]:
+                pos[r], left[r] = pos[r] + 2, left[r] - 1
+                done[r] = c
+    return done[1], done[2]
+
+
+@pytest.mark.parametrize("arbiter,expect", [
+    ("fixed", (64, 66)),          # TX yields twice, then the windows no longer overlap
+    ("rotating", (127, 128)),     # two readers: the order flips every cycle
+    ("age", (127, 128)),          # the refused one always goes first next cycle
+])
+def test_alternating_order_locks_equal_rate_streams(arbiter, expect):
+    """Why the age order slows the fabric (docs/performance.md §4): two streams at one
+    beat per cycle whose two-bank windows are one bank apart clash every cycle unless
+    one of them yields twice in a row.  An order that alternates on every refusal keeps
+    them in step, both at half rate."""
+    assert _two_streams(arbiter, 1) == expect
+    assert _two_streams(arbiter, 2) == (64, 64)        # disjoint windows: no clash

@@ -167,6 +167,21 @@ def test_model_within_5_percent_of_recorded_rtl_cycles():
         assert abs(v["error"]) <= 0.05, v
 
 
+def test_other_bank_arbiters_held_out_of_validation():
+    """Runs with the rotating or age-based bank arbiter are recorded but are not
+    validation rows (the model prices no bank arbitration); the store/cut-through table
+    shows their cycles beside the fixed-order run's."""
+    from treenic.netsim import ideal_report, rtl_runs
+    from treenic.netsim.bench import held_out, validation
+    recorded = rtl_runs.load()
+    other = {r.name for r in rtl_runs.RUNS if r.arbiter != "fixed" and r.name in recorded}
+    assert "torus4x4_1000_cut_rotating" in other
+    assert set(held_out(recorded)) == other
+    assert not other & {v["run"].split("@")[0] for v in validation(recorded)}
+    row = next(r for r in ideal_report.rtl_rows(recorded) if r["run"] == "torus4x4_1000")
+    assert row["cut_through_rotating_cycles"] == recorded["torus4x4_1000_cut_rotating"]["cycles"]
+
+
 def _replay(stall, steps=0, spec="torus:4x4", elements=400):
     from treenic.netsim.stalls import fabric_stalls
     s = build("multitree", spec)

@@ -39,7 +39,19 @@ Contract (:class:`BankedBufferModel` is the same thing in Python, cycle by cycle
   combinational in the same cycle and never depends on lower-priority readers.  Two
   requests contend when both read, or both come from write-back readers (below); a
   request is granted iff no higher-priority contending request (granted or not) touches
-  one of its banks.  A granted request's words appear on ``data`` with ``valid`` exactly
+  one of its banks.  The priority order (``arbiter``, :data:`ARBITERS`) is a strict
+  order of the readers in every cycle, so two contending requests on a common bank are
+  never both granted, whatever the order; reader 0 is always first:
+
+  - ``"fixed"``: lower index first.
+  - ``"rotating"``: the readers after 0 in a circle; the first of them is reader
+    ``1 + (c mod (readers - 1))`` in the c-th cycle after reset (a free-running pointer).
+  - ``"age"``: a reader after 0 that was refused in the previous cycle ("waited") goes
+    before every reader after 0 that was not; equals keep index order.
+
+  The order comes from registers only (the pointer; the waited bits, ``req & ~grant``
+  of the previous cycle), so it adds one term to each pair's blocking AND, not a level
+  in front of the grant.  A granted request's words appear on ``data`` with ``valid`` exactly
   :data:`READ_LATENCY` (5) cycles later: requested in cycle t, ``valid`` in cycle t+5.
   Elements past the end of the buffer read as don't-care (the NIC masks them).  A
   ``write_only`` grant has no ``valid``.
@@ -68,7 +80,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2, exact_log2
 
 __all__ = ["BankedBuffer", "BankedBufferModel", "READ_LATENCY", "WRITE_VISIBLE",
-           "CONFLICT_LATENCY", "BufferReadSignature", "BufferWriteSignature"]
+           "CONFLICT_LATENCY", "ARBITERS", "BufferReadSignature", "BufferWriteSignature"]
 
 #: cycles from a granted request to its data (registers: granted rows and banks, bank
 #: rows, RAM, RAM output, lane mux)
@@ -77,6 +89,8 @@ READ_LATENCY = 5
 WRITE_VISIBLE = 1
 #: cycles from colliding writes to their ``conflict`` pulse
 CONFLICT_LATENCY = 2
+#: the readers' priority orders (:class:`BankedBuffer`'s ``arbiter``)
+ARBITERS = ("fixed", "rotating", "age")
 
 
 class BufferReadSignature(wiring.Signature):
@@ -110,10 +124,13 @@ class BankedBuffer(wiring.Component):
     ``write_only`` (a GATHER beat overwrites, it needs no old data), which reserves the
     write slot but not the bank's read port.  Two requests conflict when their banks
     overlap and both read, or both write back.
+
+    ``arbiter``: the readers' priority order, one of :data:`ARBITERS` (module docstring);
+    the write-back guarantee above holds under each.
     """
 
     def __init__(self, *, depth: int, banks: int, lanes: int, readers: int, writers: int,
-                 write_back=()):
+                 write_back=(), arbiter: str = "fixed"):
         if banks < 2 or banks & (banks - 1):
             raise ValueError(f"banks ({banks}) must be a power of two >= 2")
         if not 1 <= lanes <= banks:
@@ -124,8 +141,10 @@ class BankedBuffer(wiring.Component):
         if not write_back <= set(range(readers)):
             raise ValueError(f"write_back readers {sorted(write_back)} must be among "
                              f"0..{readers - 1}")
+        if arbiter not in ARBITERS:
+            raise ValueError(f"arbiter must be one of {ARBITERS}, not {arbiter!r}")
         self.depth, self.banks, self.lanes = depth, banks, lanes
-        self.write_back = write_back
+        self.write_back, self.arbiter, self.readers = write_back, arbiter, readers
         self.bank_depth = -(-depth // banks)
         self.abits = max(1, ceil_log2(self.bank_depth * banks))
         rs, ws = BufferReadSignature(self.abits, lanes), BufferWriteSignature(self.abits, lanes)
@@ -173,9 +192,19 @@ class BankedBuffer(wiring.Component):
                 return Const(1)
             return reads[j] & reads[r]
 
+        # clash[j, r] (j < r): the two requests contend and share a bank (symmetric, one
+        # wire per pair); reader j blocks r when it requests, clashes and goes first
+        clash = {(j, r): wire(contend(j, r) & overlap(rlo[j], rlo[r]), f"rd{j}_clash{r}")
+                 for r in range(len(self.rd)) for j in range(r)}
+        first = self._order(m, wire)
         for r, rd in enumerate(self.rd):
-            blocked = Cat(Const(0, 1), *[self.rd[j].req & contend(j, r) &
-                                         overlap(rlo[j], rlo[r]) for j in range(r)]).any()
+            terms = []
+            for j in range(len(self.rd)):
+                f = first(j, r) if j != r else None
+                if f is not None:
+                    t = self.rd[j].req & clash[min(j, r), max(j, r)]
+                    terms.append(t if isinstance(f, Const) else t & f)
+            blocked = Cat(Const(0, 1), *terms).any()
             m.d.comb += rd.grant.eq(rd.req & ~blocked)
 
         # ... and registered per reader: the banks its lanes land in (``inb``, from the
@@ -230,6 +259,36 @@ class BankedBuffer(wiring.Component):
             m.d.sync += out.eq(Cat(*[bank_data[(lo_q[-1] + k)[:LB]] for k in range(L)]))
             m.d.comb += [rd.valid.eq(v[-1]), rd.data.eq(out)]
 
+
+    def _order(self, m, wire):
+        """``first(j, r)``: reader j goes before reader r this cycle (a 1-bit value from
+        registers), or None where it never does.  Reader 0 always goes first."""
+        n = self.readers - 1                    # the readers that take turns: 1 .. n
+
+        def fixed(j, r):
+            return Const(1) if j < r else None
+        if self.arbiter == "fixed" or n < 2:
+            return fixed
+        if self.arbiter == "rotating":
+            # reader 1 + ptr goes first, then the circle on: for j < r, r goes before j
+            # iff j <= ptr <= r - 1 (ptr counts cycles mod n)
+            ptr = Signal(range(n), name="arb_ptr")
+            m.d.sync += ptr.eq(Mux(ptr == n - 1, 0, ptr + 1))
+            before = {(j, r): wire((ptr < j) | (ptr > r - 1), f"arb_rot{j}_{r}")
+                      for r in range(2, n + 1) for j in range(1, r)}
+        else:
+            # age: the readers refused last cycle go first, equals in index order
+            waited = [None] + [Signal(name=f"arb_waited{r}") for r in range(1, n + 1)]
+            m.d.sync += [waited[r].eq(self.rd[r].req & ~self.rd[r].grant)
+                         for r in range(1, n + 1)]
+            before = {(j, r): wire(waited[j] | ~waited[r], f"arb_age{j}_{r}")
+                      for r in range(2, n + 1) for j in range(1, r)}
+
+        def first(j, r):
+            if j == 0 or r == 0:
+                return fixed(j, r)
+            return before[j, r] if j < r else ~before[r, j]
+        return first
 
     def _write_side(self, m, lg, rams):
         """Writers: per-bank hits, rows and data registered, then the RAM write."""
@@ -344,12 +403,19 @@ class BankedBufferModel:
     these requests, ``outputs[r]`` the list of words reader r sees valid (requested
     :data:`READ_LATENCY` cycles ago; ``None`` if nothing is valid; a lane past the end of
     the buffer is ``None``: don't-care), ``conflict`` for the writes presented
-    :data:`CONFLICT_LATENCY` cycles ago.
+    :data:`CONFLICT_LATENCY` cycles ago.  ``arbiter`` as :class:`BankedBuffer`'s: call
+    :meth:`cycle` from the buffer's first cycle after reset (the rotating pointer counts
+    the calls; the age order remembers the previous call's refusals).
     """
 
-    def __init__(self, *, depth: int, banks: int, lanes: int, write_back=()):
+    def __init__(self, *, depth: int, banks: int, lanes: int, write_back=(),
+                 arbiter: str = "fixed"):
+        if arbiter not in ARBITERS:
+            raise ValueError(f"arbiter must be one of {ARBITERS}, not {arbiter!r}")
         self.depth, self.banks, self.lanes = depth, banks, lanes
-        self.write_back = frozenset(write_back)
+        self.write_back, self.arbiter = frozenset(write_back), arbiter
+        self.cycles = 0                     # since reset: the rotating pointer
+        self.waited: list[bool] = []        # per reader: refused in the previous cycle
         self.bank_depth = -(-depth // banks)
         self.row_mask = (1 << max(1, (self.bank_depth - 1).bit_length())) - 1
         self.size = self.bank_depth * banks
@@ -359,6 +425,17 @@ class BankedBufferModel:
         self.pending_writes: list[list[tuple[int, int]]] = []
         self.pipe: list[list] = []                         # in-flight reads, oldest first
         self.conflicts: list[bool] = [False] * CONFLICT_LATENCY
+
+    def _ranks(self, readers: int) -> list[tuple]:
+        """Each reader's place in this cycle's priority order (lower goes first)."""
+        n = readers - 1
+        if self.arbiter == "rotating" and n >= 2:
+            top = self.cycles % n           # reader 1 + top goes first
+            return [(-1,)] + [((r - 1 - top) % n,) for r in range(1, readers)]
+        if self.arbiter == "age" and n >= 2:
+            waited = self.waited or [False] * readers
+            return [(-1, 0)] + [(0 if waited[r] else 1, r) for r in range(1, readers)]
+        return [(r,) for r in range(readers)]
 
     def _banks(self, addr: int, en: int | None = None) -> set[int]:
         return {(addr + k) % self.banks for k in range(self.lanes)
@@ -372,12 +449,15 @@ class BankedBufferModel:
             wb = j in self.write_back and r in self.write_back
             return wb or (not reads[j][2] and not reads[r][2])
 
+        rank = self._ranks(len(reads))
         grants = []
         for r, (req, addr, _) in enumerate(reads):
             mine = self._banks(addr)
-            blocked = any(q and contend(j, r) and self._banks(a) & mine
-                          for j, (q, a, _) in enumerate(reads[:r]))
+            blocked = any(q and rank[j] < rank[r] and contend(j, r) and self._banks(a) & mine
+                          for j, (q, a, _) in enumerate(reads))
             grants.append(bool(req) and not blocked)
+        self.cycles += 1
+        self.waited = [bool(q) and not g for (q, _, _), g in zip(reads, grants)]
         # reads requested now see writes presented WRITE_VISIBLE or more cycles ago
         while len(self.pending_writes) >= WRITE_VISIBLE:
             for a, v in self.pending_writes.pop(0):

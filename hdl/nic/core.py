@@ -104,14 +104,16 @@ class Nic(wiring.Component):
         m.submodules.table_scan = scan = TableScan(params=p)
         m.submodules.flow_table = flows = FlowTable(params=p)
         m.submodules.errors = errors = ErrorCollect(params=p)
-        # buffer readers (in priority order): 0 host, 1..P RX (a stalled RX stalls its
-        # link), P+1..2P TX; writers: 0..P-1 RX write-back, P host (only while not
+        # buffer readers (in priority order under the "fixed" arbiter; the others reorder
+        # 1..2P per cycle, the host stays first): 0 host, 1..P RX (a stalled RX stalls
+        # its link), P+1..2P TX; writers: 0..P-1 RX write-back, P host (only while not
         # RUNNING).  Every RX beat writes back a fixed time after its grant, so the RX
         # readers reserve write slots; a GATHER beat reads nothing (write_only) and leaves
         # the banks' read ports to the TX streams
         m.submodules.buf = buf = BankedBuffer(depth=p.depth, banks=p.banks, lanes=p.lanes,
                                               readers=2 * P + 1, writers=P + 1,
-                                              write_back=range(1, P + 1))
+                                              write_back=range(1, P + 1),
+                                              arbiter=p.arbiter)
         wiring.connect(m, wiring.flipped(self.host), regs.host)
         wiring.connect(m, wiring.flipped(self.dma), regs.dma)
         wiring.connect(m, regs.buf_read, buf.rd[0])

@@ -57,6 +57,7 @@ from amaranth.utils import bits_for, ceil_log2
 
 from ..link.flit import FlitFormat, Op
 from ..link.model import MESSAGE, PACKET, DEFAULT_SUB_WORDS
+from .buffer import ARBITERS
 
 ID_VALUE = 0x544E4943
 
@@ -137,7 +138,10 @@ class NicParams:
     default 2·ports·lanes rounded up, capped at depth; see :mod:`.buffer`); forward:
     :data:`STORE` -- a send issues once the data it forwards is written back (per-flow
     arrived bits) -- or :data:`CUT_THROUGH` -- it issues when due and its TX unit reads
-    each beat once every source port has written that beat back (:mod:`.tx`).
+    each beat once every source port has written that beat back (:mod:`.tx`); arbiter:
+    the gradient buffer's reader priority order (:data:`.buffer.ARBITERS`): "fixed" --
+    host, RX ports, TX ports, in index order -- "rotating" or "age" (a reader refused
+    in the previous cycle goes before those that were not); see :mod:`.buffer`.
     """
     ports: int = 4
     width: int = 64
@@ -151,6 +155,7 @@ class NicParams:
     credits: int = 16
     banks: int | None = None
     forward: str = STORE
+    arbiter: str = "fixed"
 
     def __post_init__(self):
         if self.banks is None:
@@ -170,6 +175,8 @@ class NicParams:
             raise ValueError(f"mode must be {MESSAGE!r} or {PACKET!r}")
         if self.forward not in FORWARD_MODES:
             raise ValueError(f"forward must be one of {FORWARD_MODES}, not {self.forward!r}")
+        if self.arbiter not in ARBITERS:
+            raise ValueError(f"arbiter must be one of {ARBITERS}, not {self.arbiter!r}")
 
     @property
     def cut_through(self) -> bool:

@@ -4,7 +4,9 @@ two children per node, so the TX pacing waits on several source ports and the re
 order gate is exercised -- and ring:3 with NaN/Inf inputs) run one all-reduce with random
 link stalls in both forwarding modes; each must equal the golden executor bit for bit and
 send the golden packetiser's flits, and cut-through must not take longer than
-store-and-forward on a stall-free run.  A bad ``forward`` is refused."""
+store-and-forward on a stall-free run.  The rotating and age-based bank arbiters
+(``NicParams.arbiter``) run the two-children mesh with stalls, bit for bit.  A bad
+``forward`` or ``arbiter`` is refused."""
 import numpy as np
 import pytest
 
@@ -18,11 +20,13 @@ from treenic.hdl.nic.params import PortCounter
 from treenic.schedule.execute import execute
 
 
-def _run(spec, alg, E, forward, *, stall=0, seed=3, bufs=None, sub_words=4):
+def _run(spec, alg, E, forward, *, stall=0, seed=3, bufs=None, sub_words=4,
+         arbiter="fixed"):
     sched = build(alg, spec)
     images = compile_images(None, sched, E)
     params = params_for_images(images, depth=64, max_nodes=4, max_entries=16, max_steps=8,
-                               sub_words=sub_words, credits=6, forward=forward)
+                               sub_words=sub_words, credits=6, forward=forward,
+                               arbiter=arbiter)
     fab = Fabric(spec, params, latency=2, stall=stall, seed=seed)
     if bufs is None:
         bufs = np.random.default_rng(5).standard_normal((sched.n, E)).astype(np.float32)
@@ -54,6 +58,15 @@ def test_cut_through_bit_exact_with_stalls(spec, alg, E, stall):
     _check(out, gold, images, params)
 
 
+@pytest.mark.parametrize("arbiter", ["rotating", "age"])
+def test_arbiter_bit_exact_with_stalls(arbiter):
+    """Another bank order changes when RX and TX beats are read, never what is summed:
+    the receive order gate fixes the accumulation order."""
+    out, gold, images, params = _run("mesh:2x2", "multitree", 29, "cut-through", stall=70,
+                                     arbiter=arbiter)
+    _check(out, gold, images, params)
+
+
 def test_cut_through_not_slower_than_store():
     cut, gold, images, params = _run("ring:4", "ring", 61, "cut-through")
     store, gold2, _, _ = _run("ring:4", "ring", 61, "store")
@@ -78,3 +91,8 @@ def test_cut_through_nan_rule_unchanged():
 def test_forward_refused():
     with pytest.raises(ValueError, match="forward must be one of"):
         NicParams(forward="wormhole")
+
+
+def test_arbiter_refused():
+    with pytest.raises(ValueError, match="arbiter must be one of"):
+        NicParams(arbiter="lottery")

@@ -23,6 +23,8 @@ __all__ = ["rtl_rows", "model_curves", "plot", "SIZES_BYTES", "CUT_SUFFIX"]
 SIZES_BYTES = [32 << (2 * k) for k in range(8)] + [1 << 20]
 #: a cut-through run's name is its store twin's with this suffix
 CUT_SUFFIX = "_cut"
+#: bank arbiters other than "fixed" whose cut-through runs the table shows
+ARBITERS_MEASURED = ("rotating", "age")
 
 
 def _ideal(run: rtl_runs.RtlRun, elements: int) -> int:
@@ -51,8 +53,21 @@ def rtl_rows(records: dict) -> list[dict]:
                      "bytes_per_node": 4 * cut.elements, "ideal_cycles": ideal,
                      "store_cycles": s, "cut_through_cycles": c,
                      "store_over_ideal": round(s / ideal, 3),
-                     "cut_through_over_ideal": round(c / ideal, 3)})
+                     "cut_through_over_ideal": round(c / ideal, 3),
+                     **_other_arbiters(cut, records, ideal)})
     return rows
+
+
+def _other_arbiters(cut: rtl_runs.RtlRun, records: dict, ideal: int) -> dict:
+    """The cut-through run again with another bank arbiter (``NicParams.arbiter``): its
+    name is the run's with ``_<arbiter>`` appended; None where not recorded."""
+    out = {}
+    for arb in ARBITERS_MEASURED:
+        rec = records.get(f"{cut.name}_{arb}")
+        c = rec["cycles"] if rec else None
+        out[f"cut_through_{arb}_cycles"] = c
+        out[f"cut_through_{arb}_over_ideal"] = round(c / ideal, 3) if c else None
+    return out
 
 
 def model_curves(names=("ring8_1000", "torus4x4_1000")) -> list[dict]:
@@ -107,9 +122,14 @@ def markdown(rtl: list[dict]) -> list[str]:
     md = ["", "Cycles over the schedule's ideal, store-and-forward against cut-through "
           "(`NicParams.forward`), Verilated fabric (recorded runs):", "",
           "| run | bytes/node | ideal | store | cut-through | store/ideal | "
-          "cut-through/ideal |", "|---|---:|---:|---:|---:|---:|---:|"]
+          "cut-through/ideal | " + " | ".join(f"cut-through, {a} arbiter /ideal"
+                                              for a in ARBITERS_MEASURED) + " |",
+          "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(ARBITERS_MEASURED)]
     md += [f"| {r['run']} | {r['bytes_per_node']} | {r['ideal_cycles']} | "
            f"{r['store_cycles']} | {r['cut_through_cycles']} | {r['store_over_ideal']} | "
-           f"{r['cut_through_over_ideal']} |" for r in rtl]
+           f"{r['cut_through_over_ideal']} | " + " | ".join(
+               f"{r[f'cut_through_{a}_cycles']} ({r[f'cut_through_{a}_over_ideal']})"
+               if r.get(f"cut_through_{a}_cycles") else "not recorded"
+               for a in ARBITERS_MEASURED) + " |" for r in rtl]
     md += ["", "![cycles over ideal against message size](cycles_over_ideal.png)"]
     return md

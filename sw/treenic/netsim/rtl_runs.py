@@ -64,6 +64,10 @@ class RtlRun:
     #: the NIC's forwarding at step boundaries (``NicParams.forward``): "store" or
     #: "cut-through"; the model runs with the same (``NicTiming.forward``)
     forward: str = "store"
+    #: the gradient buffer's reader priority order (``NicParams.arbiter``): "fixed",
+    #: "rotating" or "age"; the model has no bank arbitration, so the other orders are
+    #: not validation rows (:func:`treenic.netsim.bench.validation`)
+    arbiter: str = "fixed"
 
     @property
     def sparse(self) -> bool:
@@ -91,6 +95,17 @@ RUNS = [
            variant="paper", forward="cut-through"),
     RtlRun("torus4x4_64KiB_bound_cut", "torus:4x4", "multitree", 16384, slow=True,
            forward="cut-through"),
+    # ... with the rotating and the age-based bank arbiter (issue 20 item 2)
+    RtlRun("ring8_1000_cut_rotating", "ring:8", "ring", 1000, latency=2, credits=8,
+           forward="cut-through", arbiter="rotating"),
+    RtlRun("ring8_1000_cut_age", "ring:8", "ring", 1000, latency=2, credits=8,
+           forward="cut-through", arbiter="age"),
+    RtlRun("torus4x4_1000_cut_rotating", "torus:4x4", "multitree", 1000, latency=1,
+           credits=8, variant="paper", forward="cut-through", arbiter="rotating"),
+    RtlRun("torus4x4_1000_cut_age", "torus:4x4", "multitree", 1000, latency=1, credits=8,
+           variant="paper", forward="cut-through", arbiter="age"),
+    RtlRun("torus4x4_64KiB_bound_cut_rotating", "torus:4x4", "multitree", 16384, slow=True,
+           forward="cut-through", arbiter="rotating"),
     # the sim/fabric benches (make sim SIM=verilator), random link stalls
     RtlRun("bench_ring8_stall40", "ring:8", "ring", 1000, latency=2, credits=8,
            packet_words=16, stall=40, seed=7, slow=True, samples=4),
@@ -120,7 +135,8 @@ def nic_params(run: RtlRun, schedule):
     from treenic.hdl.nic.host import params_for_images
     return params_for_images(compile_images(None, schedule, run.elements), mode=run.mode,
                              sub_words=run.sub_words, credits=run.credits,
-                             packet_words=run.packet_words, forward=run.forward)
+                             packet_words=run.packet_words, forward=run.forward,
+                             arbiter=run.arbiter)
 
 
 def measure(run: RtlRun) -> dict:
