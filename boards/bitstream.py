@@ -41,26 +41,31 @@ DEVICE_CAPACITY = {"ecpix5": {"luts": 83640, "ffs": 83640, "brams": 208},
                    "colorlight": {"luts": 24288, "ffs": 24288, "brams": 56}}
 
 
-def _ecpix5(out: Path, small: bool, node: int, topology: str):
+def _ecpix5(out: Path, small: bool, node: int, topology: str, nic_mhz):
     from treenic.hdl.host.liteeth import core_config, generate
     from treenic.hdl.nic import NicParams
     from .colorlight import board_addresses
-    from .ecpix5 import ECPIX5Top, ETH_CLOCK_HZ, ecpix5_platform
+    from .ecpix5 import DEFAULT_NIC_MHZ, ECPIX5Top, ETH_CLOCK_HZ, ecpix5_platform
 
     params = NicParams(**(synth.NIC_SMALL_PARAMS if small else synth.NIC_CORE_PARAMS))
     a = board_addresses(node)
     verilog = generate(out / "liteeth", core_config(ip=a["host_ip"], mac=a["host_mac"],
                                                     clk_freq=ETH_CLOCK_HZ))
-    return (ecpix5_platform(), ECPIX5Top(params=params, verilog=verilog), params,
-            f"{LINKS}: PMOD serial link PHY per NIC port (topology set by the cables)")
+    nic_mhz = DEFAULT_NIC_MHZ if nic_mhz is None else nic_mhz
+    top = ECPIX5Top(params=params, verilog=verilog, nic_mhz=nic_mhz)     # checks nic_mhz
+    return (ecpix5_platform(nic_mhz), top, params,
+            f"{LINKS}: PMOD serial link PHY per NIC port (topology set by the cables); "
+            f"NIC clock {nic_mhz} MHz")
 
 
-def _colorlight(out: Path, small: bool, node: int, topology: str):
+def _colorlight(out: Path, small: bool, node: int, topology: str, nic_mhz):
     from treenic.hdl.host.liteeth import core_config, generate
     from treenic.hdl.nic import NicParams
     from .colorlight import (COLORLIGHT_NIC, ETH_CLOCK_HZ, ColorlightTop, board_addresses,
                              colorlight_platform, link_peers)
 
+    if nic_mhz is not None:
+        raise ValueError("--nic-mhz: the Colorlight top has one clock plan (NIC 62.5 MHz)")
     params = NicParams(**COLORLIGHT_NIC)
     a = board_addresses(node)
     dev = "LFE5U-25F-6BG256C"
@@ -76,27 +81,29 @@ def _colorlight(out: Path, small: bool, node: int, topology: str):
             f"peers {peers})")
 
 
-#: board name -> factory(out_dir, small, node, topology) -> (platform, top, NicParams,
-#: links description)
+#: board name -> factory(out_dir, small, node, topology, nic_mhz) -> (platform, top,
+#: NicParams, links description); nic_mhz None: the board's default clock plan
 BOARDS = {"ecpix5": _ecpix5, "colorlight": _colorlight}
 
 
-def _board_top(board: str, out, small: bool, node: int, topology: str):
+def _board_top(board: str, out, small: bool, node: int, topology: str, nic_mhz=None):
     """(build folder, start time, the board factory's (platform, top, params, links))."""
     if board not in BOARDS:
         raise KeyError(f"unknown board {board!r}; known: {', '.join(BOARDS)}")
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    return out, time.time(), BOARDS[board](out, small, node, topology)
+    return out, time.time(), BOARDS[board](out, small, node, topology, nic_mhz)
 
 
 def build(board: str, out: Path, *, small: bool = False, seed: int = 1,
           allow_negative_slack: bool = False, nextpnr_opts: str = "", node: int = 0,
-          topology: str = "ring:4") -> dict:
+          topology: str = "ring:4", nic_mhz=None) -> dict:
     """Build one board's bitstream into *out*; returns the report (also written as
     ``report.json``/``report.md``).  Raises :class:`synth.SlackError` on negative slack
-    (after the reports) unless *allow_negative_slack*."""
-    out, t0, (plat, top, params, links) = _board_top(board, out, small, node, topology)
+    (after the reports) unless *allow_negative_slack*.  *nic_mhz*: the board's NIC clock
+    plan (None: its default)."""
+    out, t0, (plat, top, params, links) = _board_top(board, out, small, node, topology,
+                                                     nic_mhz)
     synth.build_platform(plat, top, "top", out, synth._tool_env(), seed, nextpnr_opts,
                          pnr_files=PNR_FILES)
     pnr = synth.parse_nextpnr_log((out / "top.tim").read_text())
@@ -202,6 +209,8 @@ def main(argv=None) -> int:
                          "(%(default)s)")
     ap.add_argument("--allow-negative-slack", action="store_true",
                     help="exit 0 even when a clock misses its constraint")
+    ap.add_argument("--nic-mhz", type=int, default=None,
+                    help="ecpix5: the NIC clock's PLL plan, 100 (default) or 125")
     ap.add_argument("--nextpnr-opts", default="")
     ap.add_argument("--area-only", action="store_true",
                     help="Yosys synthesis only: cell counts against the device, no bitstream")
@@ -212,6 +221,13 @@ def main(argv=None) -> int:
         return 0
     if args.board not in BOARDS:
         ap.error(f"unknown board {args.board!r}; known: {', '.join(BOARDS)}")
+    if args.nic_mhz is not None:
+        from .ecpix5 import CLOCK_PLANS
+        if args.board != "ecpix5":
+            ap.error(f"--nic-mhz: the {args.board} top has one clock plan")
+        if args.nic_mhz not in CLOCK_PLANS:
+            ap.error(f"--nic-mhz {args.nic_mhz}: no PLL plan; known: "
+                     f"{', '.join(map(str, CLOCK_PLANS))}")
     out = args.out or Path("build/bitstream") / args.board
     if args.area_only:
         rep = area(args.board, Path(str(out) + "-area"), node=args.node, topology=args.topology)
@@ -221,7 +237,7 @@ def main(argv=None) -> int:
         rep = build(args.board, out, small=args.small, seed=args.seed,
                     allow_negative_slack=args.allow_negative_slack,
                     nextpnr_opts=args.nextpnr_opts, node=args.node,
-                    topology=args.topology)
+                    topology=args.topology, nic_mhz=args.nic_mhz)
     except synth.SlackError as e:
         print(f"[bitstream] error: {e} (reports in {out})", file=sys.stderr)
         return 1

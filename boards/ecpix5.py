@@ -2,9 +2,11 @@
 
 ::
 
-    clk100 (K23) ─► EHXPLLL ─┬─ CLKOP  125 MHz      ─► sync   (NIC, host engine, link TX)
+    clk100 (K23) ─► EHXPLLL ─┬─ CLKOP  100 MHz      ─► sync   (NIC, host engine, link TX)
                              ├─ CLKOS   75 MHz      ─► eth    (LiteEth UDP core)
-                             └─ CLKOS2 125 MHz, 90° ─► sync90 (forwarded link clocks)
+                             └─ CLKOS2 100 MHz, 90° ─► sync90 (forwarded link clocks)
+
+(``--nic-mhz 125``: the NIC core's own synthesis target; see :data:`CLOCK_PLANS`.)
     rst button (AB1) / PLL unlock ─► reset synchronisers of every domain
     eth_rgmii ─► BoardCore (:mod:`treenic.boards.core`)
     pmod 0..3 ─► NIC ports 0..3: serial links (:mod:`treenic.hdl.link.serial`), pins
@@ -13,14 +15,14 @@
 Serial links: data leave ODDRX1F registers on ``sync`` (bit 0 of a lane in the first
 half of the cycle), the clock leaves an ODDRX1F on ``sync90``, so its edges sit in the
 middle of the data bits; the receiver's IDDRX1F samples both edges with the forwarded
-clock (domain ``link<i>_rx``, 125 MHz constraint).  Line rate 250 Mb/s per lane,
-750 Mb/s per direction, 470.6 Mb/s of flit payload per direction (one 68-bit flit per
-17-cycle word).  Cable: a crossover PMOD cable (board A pins 1-4 to board B pins 7-10,
+clock (domain ``link<i>_rx``, constrained at the NIC clock).  Line rate 2 bits per lane
+a NIC cycle: at 100 MHz 200 Mb/s per lane, 600 Mb/s per direction, 376.5 Mb/s of flit
+payload per direction (one 68-bit flit per 17-cycle word; 470.6 Mb/s at 125 MHz).  Cable: a crossover PMOD cable (board A pins 1-4 to board B pins 7-10,
 and back); a port whose cable is absent never trains, and the NIC sees no credits.
 
 LEDs (active low on the board, Amaranth inverts)::
 
-    rgb_led 0  green: 125 MHz heartbeat (~1.5 Hz)   red: PLL not locked / in reset
+    rgb_led 0  green: NIC clock heartbeat (~1.5 Hz)   red: PLL not locked / in reset
     rgb_led 1  blue : NIC RUNNING                    green: NIC DONE   red: NIC ERROR
     rgb_led 2  green: host request seen (toggles per accepted request)
                red  : a malformed datagram was dropped since reset
@@ -41,21 +43,40 @@ from treenic.hdl.nic import NicParams
 
 from .core import LINKS, SERIAL_LANES, BoardCore, ecp5_pll, heartbeat
 
-__all__ = ["ECPIX5Top", "ecpix5_platform", "NIC_CLOCK_HZ", "ETH_CLOCK_HZ", "PLL"]
+__all__ = ["ECPIX5Top", "ecpix5_platform", "CLOCK_PLANS", "DEFAULT_NIC_MHZ", "NIC_CLOCK_HZ",
+           "ETH_CLOCK_HZ", "PLL"]
 
-NIC_CLOCK_HZ = 125e6
 ETH_CLOCK_HZ = 75e6
-#: EHXPLLL for 100 MHz in: PFD 25 MHz, VCO 750 MHz, CLKOP /6 = 125 MHz (feedback),
-#: CLKOS /10 = 75 MHz, CLKOS2 /6 = 125 MHz delayed 1.5 VCO cycles = 2 ns = 90°
-#: (CPHASE one more than DIV - 1, FPHASE 4/8)
-PLL = dict(CLKI_DIV=4, CLKFB_DIV=5, CLKOP_DIV=6, CLKOS_DIV=10, CLKOS2_DIV=6,
-           CLKOS2_CPHASE=6, CLKOS2_FPHASE=4)
+#: EHXPLLL dividers for the 100 MHz oscillator, per NIC clock (MHz). CLKOS2 is the NIC clock
+#: delayed 1.5 VCO cycles = 90° (CPHASE one more than DIV - 1, FPHASE 4/8), CLKOS LiteEth's
+#: 75 MHz.
+#:  125: PFD 25 MHz, VCO 750 MHz, CLKOP /6 (the NIC core's synthesis target)
+#:  100: PFD 100 MHz, VCO 600 MHz, CLKOP /6 (what the whole board top closes timing at)
+CLOCK_PLANS = {
+    125: dict(CLKI_DIV=4, CLKFB_DIV=5, CLKOP_DIV=6, CLKOS_DIV=10, CLKOS2_DIV=6,
+              CLKOS2_CPHASE=6, CLKOS2_FPHASE=4),
+    100: dict(CLKI_DIV=1, CLKFB_DIV=1, CLKOP_DIV=6, CLKOS_DIV=8, CLKOS2_DIV=6,
+              CLKOS2_CPHASE=6, CLKOS2_FPHASE=4),
+}
+#: the NIC clock ``make bitstream BOARD=ecpix5`` builds (``--nic-mhz`` picks another plan)
+DEFAULT_NIC_MHZ = 100
+NIC_CLOCK_HZ = DEFAULT_NIC_MHZ * 1e6
+PLL = CLOCK_PLANS[DEFAULT_NIC_MHZ]
 #: PMOD connectors carrying NIC ports 0..3
 LINK_PMODS = (0, 1, 2, 3)
 
 
-def ecpix5_platform():
-    """amaranth-boards' ECPIX-5 85F with the RGMII receive clock constrained (125 MHz)."""
+def _plan(nic_mhz) -> dict:
+    if nic_mhz not in CLOCK_PLANS:
+        raise ValueError(f"ECPIX-5 NIC clock {nic_mhz} MHz has no PLL plan; "
+                         f"known: {', '.join(map(str, CLOCK_PLANS))}")
+    return CLOCK_PLANS[nic_mhz]
+
+
+def ecpix5_platform(nic_mhz: int = DEFAULT_NIC_MHZ):
+    """amaranth-boards' ECPIX-5 85F with the RGMII receive clock constrained (125 MHz) and
+    the PMOD links' forwarded receive clocks at the NIC clock."""
+    _plan(nic_mhz)
     from amaranth_boards.ecpix5 import ECPIX585Platform
 
     eth = Resource("eth_rgmii", 0,
@@ -74,7 +95,7 @@ def ecpix5_platform():
                       Subsignal("tx_clk", Pins("1", dir="o", conn=("pmod", pmod))),
                       Subsignal("tx_data", Pins("2 3 4", dir="o", conn=("pmod", pmod))),
                       Subsignal("rx_clk", Pins("7", dir="i", conn=("pmod", pmod)),
-                                Clock(NIC_CLOCK_HZ)),
+                                Clock(nic_mhz * 1e6)),
                       Subsignal("rx_data", Pins("8 9 10", dir="i", conn=("pmod", pmod))),
                       Attrs(IO_TYPE="LVCMOS33", SLEWRATE="FAST"))
              for n, pmod in enumerate(LINK_PMODS)]
@@ -94,10 +115,13 @@ class ECPIX5Top(Elaboratable):
         NIC build parameters (4 ports).
     verilog : Path
         Generated ``liteeth_core.v`` (see :func:`treenic.hdl.host.liteeth.generate`).
+    nic_mhz : int
+        NIC clock, a key of :data:`CLOCK_PLANS` (default :data:`DEFAULT_NIC_MHZ`).
     """
 
-    def __init__(self, *, params: NicParams, verilog):
-        self.params, self.verilog = params, verilog
+    def __init__(self, *, params: NicParams, verilog, nic_mhz: int = DEFAULT_NIC_MHZ):
+        self.pll = _plan(nic_mhz)
+        self.params, self.verilog, self.nic_mhz = params, verilog, nic_mhz
 
     def elaborate(self, platform):
         m = Module()
@@ -139,7 +163,7 @@ class ECPIX5Top(Elaboratable):
         m.domains.sync = ClockDomain("sync")
         m.domains.eth = ClockDomain("eth")
         m.domains.sync90 = ClockDomain("sync90")
-        return ecp5_pll(m, clk_in, PLL, clki_mhz=100)
+        return ecp5_pll(m, clk_in, self.pll, clki_mhz=100)
 
     def _leds(self, m, platform, board, ok):
         pins = {}
@@ -155,7 +179,7 @@ class ECPIX5Top(Elaboratable):
         m.d.sync += last.eq(board.host_accepted)
         with m.If(last != board.host_accepted):
             m.d.sync += seen.eq(~seen)
-        m.d.comb += [led(0, "g").eq(heartbeat(m, "sync", 1.5, NIC_CLOCK_HZ)),
+        m.d.comb += [led(0, "g").eq(heartbeat(m, "sync", 1.5, self.nic_mhz * 1e6)),
                      led(0, "r").eq(~ok), led(1, "b").eq(board.running),
                      led(1, "g").eq(board.done), led(1, "r").eq(board.error),
                      led(2, "g").eq(seen), led(2, "r").eq(board.host_dropped != 0),

@@ -54,8 +54,7 @@ from typing import Callable
 from amaranth import Elaboratable
 
 __all__ = ["TOPS", "DEFAULT_TOPS", "register_top", "synth_top", "parse_yosys_stat",
-           "parse_nextpnr_log", "parse_yosys_stat_modules", "components_of",
-           "area_by_component", "main", "DEVICE", "SynthWrapper"]
+           "parse_nextpnr_log", "direct_submodules", "area_by_component", "main", "DEVICE", "SynthWrapper"]
 
 DEVICE = "LFE5UM5G-85F-8BG554"
 CLOCK_MHZ = 125.0           # the NIC's Fmax target; the P&R constraint unless overridden
@@ -260,61 +259,43 @@ def parse_yosys_stat(log: str) -> dict[str, int]:
     return out
 
 
-def parse_yosys_stat_modules(log: str) -> dict[str, dict[str, int]]:
-    """Own cell counts (submodules excluded) of every module section of a hierarchical
-    Yosys ``stat`` report (``synth_ecp5 -noflatten``), keyed by module name."""
-    modules: dict[str, dict[str, int]] = {}
-    sections = re.split(r"^=== (.+?) ===\s*$", log, flags=re.M)
-    for name, body in zip(sections[1::2], sections[2::2]):
-        if name == "design hierarchy":
-            continue
-        counts = parse_yosys_stat(f"=== {name} ===\n{body}") if re.search(r"\d", body) else {}
-        counts.pop("cells", None)
-        modules[name.strip("\\")] = counts
-    if not modules:
-        raise ValueError("no module sections in Yosys `stat` output")
-    return modules
-
-
-def components_of(modules: dict[str, dict[str, int]], top: str) -> dict[str, dict[str, int]]:
-    """Roll module counts up to the top's direct submodules: each ``top.child...`` module
-    adds to ``child`` (Amaranth names a submodule's module by its hierarchical path), the
-    top's own logic is ``(glue)``; a ``$n`` suffix (Amaranth's name de-duplication) is
-    dropped."""
-    out: dict[str, dict[str, int]] = {}
-    for name, counts in modules.items():
-        path = name.split(".")
-        if path[0] != top:
-            raise ValueError(f"module {name!r} is not under top {top!r}")
-        key = re.sub(r"\$\d+$", "", path[1]) if len(path) > 1 else "(glue)"
-        acc = out.setdefault(key, {k: 0 for k in _YOSYS_CELLS.values()})
-        for k, v in counts.items():
-            acc[k] = acc.get(k, 0) + v
-    return out
+def direct_submodules(verilog_text: str, top: str) -> list[str]:
+    """Names of the modules that Amaranth emitted for *top*'s direct submodules
+    (``top.child``, written as escaped identifiers ``\\top.child``)."""
+    names = re.findall(r"^module \\?(\S+?)\s*\(", verilog_text, re.M)
+    return [n for n in names if n.count(".") == 1 and n.split(".")[0] == top]
 
 
 def area_by_component(name: str, out_dir: Path) -> dict:
-    """Area of one registered top synthesised **without flattening**, per direct
-    submodule. Module boundaries stop Yosys optimising across them, so the sum is a few
-    percent above the flattened area of :func:`synth_top`; both are reported."""
+    """Area of each direct submodule of one registered top, each synthesised out of
+    context as its own ``synth_ecp5`` top from the same Verilog (Yosys 0.5x asserts in
+    ABC9 on this design with ``-noflatten``). ``(top level)`` is the flattened top's area
+    minus the parts: the logic of the top itself, less what optimisation across the
+    boundaries saves, so it can be small or negative; the parts are what to compare."""
     from amaranth.back import verilog
 
     if name not in TOPS:
         raise KeyError(f"unknown top {name!r}; registered: {sorted(TOPS)}")
-    env, out = _tool_env(), out_dir / name / "hier"
+    env, out = _tool_env(), out_dir / name / "parts"
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.v").write_text(verilog.convert(TOPS[name](), name=name))
-    (out / "hier.ys").write_text(f"read_verilog -sv {name}.v\n"
-                                 f"synth_ecp5 -top {name} -noiopad -noflatten\n"
-                                 f"tee -o {name}.stat stat\n")
-    r = subprocess.run([env["YOSYS"], "-q", "-l", "hier.log", "hier.ys"], cwd=out, env=env,
+    text = verilog.convert(TOPS[name](), name=name)
+    (out / f"{name}.v").write_text(text)
+    parts = direct_submodules(text, name)
+    script = [f"read_verilog -sv {name}.v", "design -save rtl"]
+    for part in parts:
+        script += [f"design -load rtl", f"synth_ecp5 -top {part} -noiopad",
+                   f"tee -o {part}.stat stat"]
+    (out / "parts.ys").write_text("\n".join(script) + "\n")
+    r = subprocess.run([env["YOSYS"], "-q", "-l", "parts.log", "parts.ys"], cwd=out, env=env,
                        capture_output=True, text=True)
     if r.returncode != 0:
-        raise RuntimeError(f"yosys hierarchical run for {name} failed:\n{r.stderr[-3000:]}")
-    modules = parse_yosys_stat_modules((out / f"{name}.stat").read_text())
-    components = components_of(modules, name)
-    total = {k: sum(c.get(k, 0) for c in components.values()) for k in _YOSYS_CELLS.values()}
-    return {"top": name, "components": components, "total": total, "modules": modules}
+        raise RuntimeError(f"yosys per-component run for {name} failed:\n{r.stderr[-3000:]}")
+    components = {}
+    for part in parts:
+        counts = parse_yosys_stat((out / f"{part}.stat").read_text())
+        counts.pop("cells", None)
+        components[re.sub(r"\$\d+$", "", part.split(".", 1)[1])] = counts
+    return {"top": name, "components": components}
 
 
 def parse_nextpnr_log(log: str) -> dict:
@@ -532,16 +513,20 @@ def synth_top(name: str, out_dir: Path, *, seed: int = 1, timing: bool = True,
 
 
 def _component_table(block: dict) -> list[str]:
-    hier = block["by_component"]
-    cols = ["luts", "carry", "ffs", "brams", "lutram", "dsps"]
-    rows = sorted(hier["components"].items(), key=lambda kv: -kv[1].get("luts", 0))
-    lines = [f"Area of `{block['top']}` per component (`synth_ecp5 -noflatten`; the "
-             f"flattened total is {block['luts']} LUT4 / {block['ffs']} FF):", "",
-             "| component | LUT4 | CCU2C | FF | DP16KD | LUTRAM | MULT18 |",
-             "|---|---:|---:|---:|---:|---:|---:|"]
-    lines += [f"| {name} | " + " | ".join(str(c.get(k, 0)) for k in cols) + " |"
-              for name, c in rows]
-    lines.append("| **total** | " + " | ".join(str(hier["total"][k]) for k in cols) + " |")
+    cols = {"luts": "LUT4", "carry": "CCU2C", "ffs": "FF", "brams": "DP16KD",
+            "lutram": "LUTRAM", "dsps": "MULT18"}
+    flat = {"luts": block["luts"], "carry": block["carry_cells"], "ffs": block["ffs"],
+            "brams": block["brams"], "lutram": block["lutram"], "dsps": block["dsps"]}
+    parts = block["by_component"]["components"]
+    rows = sorted(parts.items(), key=lambda kv: -kv[1].get("luts", 0))
+    glue = {k: flat[k] - sum(c.get(k, 0) for c in parts.values()) for k in cols}
+    lines = [f"Area of `{block['top']}` per component (each direct submodule synthesised "
+             f"alone; top level = the flattened block minus the parts):", "",
+             "| component | " + " | ".join(cols.values()) + " |",
+             "|---|" + "---:|" * len(cols)]
+    lines += [f"| {n} | " + " | ".join(str(c.get(k, 0)) for k in cols) + " |" for n, c in rows]
+    lines.append("| (top level) | " + " | ".join(str(glue[k]) for k in cols) + " |")
+    lines.append("| **flattened block** | " + " | ".join(str(flat[k]) for k in cols) + " |")
     return lines
 
 
@@ -577,8 +562,8 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true", help="list registered tops")
     ap.add_argument("--no-timing", action="store_true", help="area only (skip place and route)")
     ap.add_argument("--by-component", action="store_true",
-                    help="also synthesise each top without flattening and report the area "
-                         "of each direct submodule")
+                    help="also synthesise each direct submodule of each top on its own and "
+                         "report its area")
     ap.add_argument("--seed", type=int, default=1, help="nextpnr placement seed")
     ap.add_argument("--clock-mhz", type=float, default=CLOCK_MHZ,
                     help="clock constraint for place and route (default: %(default)s, the target)")

