@@ -122,7 +122,7 @@ def markdown(rtl: list[dict]) -> list[str]:
     md = ["", "Cycles over the schedule's ideal, store-and-forward against cut-through "
           "(`NicParams.forward`), Verilated fabric (recorded runs):", "",
           "| run | bytes/node | ideal | store | cut-through | store/ideal | "
-          "cut-through/ideal | " + " | ".join(f"cut-through, {a} arbiter /ideal"
+          "cut-through/ideal | " + " | ".join(f"cut-through, {a} arbiter (/ideal)"
                                               for a in ARBITERS_MEASURED) + " |",
           "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(ARBITERS_MEASURED)]
     md += [f"| {r['run']} | {r['bytes_per_node']} | {r['ideal_cycles']} | "
