@@ -41,7 +41,9 @@ Sequential: one operation a state, each a short pipeline whose inputs are held t
 state (:data:`ROUND_CYCLES`, :data:`ADD_CYCLES`, :data:`MUL_CYCLES`): no path holds more
 than one wide shift or one carry chain of about 57 bits (the first version, one operation a
 cycle with the rounding in two, placed at 40.2 MHz; with four-stage pipelines, 91.1 MHz;
-with a one-stage 114-bit rounding shift, 79.9 MHz). Latency: :data:`SETUP_CYCLES` = 26
+with a one-stage 114-bit rounding shift, 79.9 MHz); a state's end is a register set the
+cycle before (from a compare of the phase counter it drove the 114-bit rounding input's
+reset: 124.9 MHz). Latency: :data:`SETUP_CYCLES` = 26
 after a request is taken (round t and b, t - b, its rounding), then :data:`POINT_CYCLES` =
 31 per grid point when ``thr`` is always ready. A count pass over C/W beats follows each
 request; the source's latency is paid once a pass (H = 3: 26 + 7 * 31 cycles).
