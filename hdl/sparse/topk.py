@@ -611,14 +611,12 @@ class TopKUnit(wiring.Component):
         before it. Then the one-hot output muxes pack the taken lanes into lanes
         0..count-1 in index order, into the FIFO.
 
-        ties_left and room are the controller's; the pass counts down its own copies, loaded
-        from them until the pass starts, and these enter the lanes only through W-saturated
-        copies (``ties_cap``, ``room_cap``), updated with them. The cap ``room`` and the
-        band quota ``ties_left`` never bind in one selection (THRESHOLD has an empty band;
-        EXACT and BAND start room at max_chunk >= C, more than all the chunk's candidates),
-        so room counts every candidate of a beat and ties_left every band lane up to its
-        quota: exactly the lanes taken, with two short subtractions instead of the
-        compaction in the loop."""
+        ties_left and room enter the lanes only through W-saturated copies (``ties_cap``,
+        ``room_cap``), updated with them. The cap ``room`` and the band quota ``ties_left``
+        never bind in one selection (THRESHOLD has an empty band; EXACT and BAND start room
+        at max_chunk >= C, more than all the chunk's candidates), so room counts every
+        candidate of a beat and ties_left every band lane up to its quota: exactly the
+        lanes taken, with two short subtractions instead of the compaction in the loop."""
         W = self.lanes
         LB = (W - 1).bit_length()
         with m.If(st.phase == _Phase.EMIT_SETUP):
@@ -689,24 +687,14 @@ class TopKUnit(wiring.Component):
                                 & (cand_before < r))]
             m.d.sync += s_value[l].eq(p_value[l])
             m.d.sync += [s_hit[j][l].eq(sel & (cand_before == j)) for j in range(l + 1)]
-        # the emit pass's own budget counters: outside the pass they copy the controller's
-        # (``room``, ``ties_left``, set at the latest in the cycle before EMIT), in it they
-        # count down beat by beat. Their enable is two registers (``in_emit``, p_valid), not
-        # the controller's phase decode (which missed 8 ns by 0.52 ns at W = 2, routed
-        # from the controller to the emit pipeline)
-        in_emit = Signal()
-        m.d.sync += in_emit.eq((st.phase == _Phase.EMIT) | (st.phase == _Phase.EMIT_FLUSH))
-        ties = Signal.like(st.ties_left, name="emit_ties")
-        room = Signal.like(st.room, name="emit_room")
-        # the saturated copies follow their counters (loaded at least 2 cycles before the
-        # first beat reaches S), and are updated with them beat by beat
-        m.d.sync += [st.ties_cap.eq(_saturate(ties, W)), st.room_cap.eq(_saturate(room, W))]
-        with m.If(~in_emit):
-            m.d.sync += [ties.eq(st.ties_left), room.eq(st.room)]
-        with m.Elif(p_valid):
-            ties_next = ties - cap(band_total, t)
-            room_next = room - cap(cand_total, r)
-            m.d.sync += [ties.eq(ties_next), room.eq(room_next),
+        # the saturated copies follow their counters (set elsewhere at least 3 cycles before
+        # the first beat reaches S), and are updated with them beat by beat
+        m.d.sync += [st.ties_cap.eq(_saturate(st.ties_left, W)),
+                     st.room_cap.eq(_saturate(st.room, W))]
+        with m.If(p_valid):
+            ties_next = st.ties_left - cap(band_total, t)
+            room_next = st.room - cap(cand_total, r)
+            m.d.sync += [st.ties_left.eq(ties_next), st.room.eq(room_next),
                          st.ties_cap.eq(_saturate(ties_next, W)),
                          st.room_cap.eq(_saturate(room_next, W))]
         with m.If((st.phase == _Phase.EMIT_FLUSH) & s_valid & s_last):
