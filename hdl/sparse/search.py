@@ -158,9 +158,12 @@ class SearchReplay:
         quarter = self.j_span >> 2
         accepted, exhausted = Signal(), Signal()
         m.d.comb += [accepted.eq(stepping & ok), exhausted.eq(~stepping)]
+        # the emit pass's hi = lo = the probe's threshold, loaded at every step: only the
+        # accepted step's survives into EMIT (a band fill sets them again for its COUNT);
+        # enabled by ``accepted`` they sat behind the table mux (+0.10 ns at 125 MHz)
+        m.d.sync += [st.hi.eq(thr), st.lo.eq(thr)]
         with m.If(accepted):
-            m.d.sync += [self.converged.eq(1), self.threshold.eq(thr), st.hi.eq(thr),
-                         st.lo.eq(thr)]
+            m.d.sync += [self.converged.eq(1), self.threshold.eq(thr)]
         with m.Elif(stepping & below):
             m.d.sync += [self.j_hi.eq(j_mid), self.j_mid.eq(j_mid - quarter),
                          self.j_span.eq(self.j_span >> 1)]

@@ -41,7 +41,9 @@ Sequential: one operation a state, each a short pipeline whose inputs are held t
 state (:data:`ROUND_CYCLES`, :data:`ADD_CYCLES`, :data:`MUL_CYCLES`): no path holds more
 than one wide shift or one carry chain of about 57 bits (the first version, one operation a
 cycle with the rounding in two, placed at 40.2 MHz; with four-stage pipelines, 91.1 MHz;
-with a one-stage 114-bit rounding shift, 79.9 MHz). Latency: :data:`SETUP_CYCLES` = 26
+with a one-stage 114-bit rounding shift, 79.9 MHz); a state's end is a register set the
+cycle before (from a compare of the phase counter it drove the 114-bit rounding input's
+reset: 124.9 MHz). Latency: :data:`SETUP_CYCLES` = 26
 after a request is taken (round t and b, t - b, its rounding), then :data:`POINT_CYCLES` =
 31 per grid point when ``thr`` is always ready. A count pass over C/W beats follows each
 request; the source's latency is paid once a pass (H = 3: 26 + 7 * 31 cycles).
@@ -106,6 +108,10 @@ class GridThresholdSource(wiring.Component):
         g, left, step = Signal(GRID_BITS), Signal(5), Signal(GRID_BITS)
         key = Signal(KEY_BITS)
         phase = Signal(3)                           # cycle within a multi-cycle state
+        # set in a state's last cycle from the cycle before: the state's end (it loads acc,
+        # the 114-bit rounding input, and the operand registers) comes from a register,
+        # not a compare of the phase counter (124.9 MHz: acc's reset input missed by 8 ps)
+        done = Signal()
         # the datapaths: free-running pipelines, their inputs held through a state
         rounded = _round(m, acc, acc_exp, to_f32)
         add_a, add_b = ((Signal(name=f"add_{x}_neg"), Signal(F64_BITS + 1, name=f"add_{x}_m"),
@@ -114,9 +120,10 @@ class GridThresholdSource(wiring.Component):
         product = _multiply(m, g, regs["span"][1])
 
         def last(cycles):
-            """True in a state's last cycle; counts its cycles."""
-            done = phase == cycles - 1
-            m.d.sync += phase.eq(Mux(done, 0, phase + 1))
+            """True in a state's last cycle (``done``, registered); counts its cycles. A
+            state is entered with phase 0 and done 0 (the previous state's last cycle
+            clears both; IDLE and OUT leave them alone), and lasts at least 2 cycles."""
+            m.d.sync += [phase.eq(Mux(done, 0, phase + 1)), done.eq(phase == cycles - 2)]
             return done
 
         def store(name):
@@ -126,10 +133,12 @@ class GridThresholdSource(wiring.Component):
         with m.FSM():
             with m.State("IDLE"):
                 m.d.comb += self.grid.ready.eq(1)
+                # top enters the rounding input every idle cycle (nothing else uses it
+                # then): acc's load does not wait on the request's valid and count
+                _load(m, acc, acc_neg, acc_exp, _decode(self.top))
                 with m.If(self.grid.valid & (self.grid.payload.count != 0)):
                     p = self.grid.payload
                     m.d.sync += [g.eq(p.start), step.eq(p.step), left.eq(p.count)]
-                    _load(m, acc, acc_neg, acc_exp, _decode(self.top))
                     m.next = "ROUND_T"
             with m.State("ROUND_T"):
                 with m.If(last(ROUND_CYCLES)):

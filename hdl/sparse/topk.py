@@ -486,17 +486,20 @@ class TopKUnit(wiring.Component):
             m.d.sync += sr.drain.eq(sr.drain + 1)
             with m.If(sr.drain == DRAIN_CYCLES - 1):    # counts final (see count_pipeline)
                 sr.begin_decision(m)
+                # the emit budget of a converged search (no band, no cap), set here and not
+                # when the decision accepts: the decision's table mux then fed the enables
+                # of room and ties_left (121.4 MHz at 16 scan bins, W = 2). Nothing reads
+                # them before the emit pass, and a band fill sets them again (COUNT_DONE)
+                m.d.sync += [st.ties_left.eq(0), st.room.eq(self.max_chunk)]
                 with m.If(sr.any_key):
                     m.d.sync += st.phase.eq(_Phase.SEARCH_DECIDE)
                 with m.Else():                      # all keys zero: one empty emit pass
                     m.d.sync += [st.phase.eq(_Phase.EMIT), st.hi.eq((1 << KEY_BITS) - 1),
-                                 st.lo.eq((1 << KEY_BITS) - 1), st.ties_left.eq(0),
-                                 st.room.eq(self.max_chunk)]
+                                 st.lo.eq((1 << KEY_BITS) - 1)]
         with m.Case(_Phase.SEARCH_DECIDE):
             accepted_thr, exhausted = sr.decide(m, st)
             with m.If(accepted_thr):
-                m.d.sync += [st.phase.eq(_Phase.EMIT), st.ties_left.eq(0),
-                             st.room.eq(self.max_chunk)]
+                m.d.sync += st.phase.eq(_Phase.EMIT)
             with m.Elif(exhausted):
                 m.d.sync += [st.phase.eq(_Phase.SEARCH_REQ), sr.band.eq(sr.shift == 0)]
 
