@@ -210,7 +210,7 @@ def main(argv=None) -> int:
     ap.add_argument("--allow-negative-slack", action="store_true",
                     help="exit 0 even when a clock misses its constraint")
     ap.add_argument("--nic-mhz", type=int, default=None,
-                    help="ecpix5: the NIC clock's PLL plan, 100 (default) or 125")
+                    help="ecpix5: the NIC clock's PLL plan, 125 (default) or 100")
     ap.add_argument("--nextpnr-opts", default="")
     ap.add_argument("--area-only", action="store_true",
                     help="Yosys synthesis only: cell counts against the device, no bitstream")

@@ -2,11 +2,11 @@
 
 ::
 
-    clk100 (K23) ─► EHXPLLL ─┬─ CLKOP  100 MHz      ─► sync   (NIC, host engine, link TX)
+    clk100 (K23) ─► EHXPLLL ─┬─ CLKOP  125 MHz      ─► sync   (NIC, host engine, link TX)
                              ├─ CLKOS   75 MHz      ─► eth    (LiteEth UDP core)
-                             └─ CLKOS2 100 MHz, 90° ─► sync90 (forwarded link clocks)
+                             └─ CLKOS2 125 MHz, 90° ─► sync90 (forwarded link clocks)
 
-(``--nic-mhz 125``: the NIC core's own synthesis target; see :data:`CLOCK_PLANS`.)
+(``--nic-mhz 100``: every clock at 100 MHz but LiteEth's; see :data:`CLOCK_PLANS`.)
     rst button (AB1) / PLL unlock ─► reset synchronisers of every domain
     eth_rgmii ─► BoardCore (:mod:`treenic.boards.core`)
     pmod 0..3 ─► NIC ports 0..3: serial links (:mod:`treenic.hdl.link.serial`), pins
@@ -16,9 +16,10 @@ Serial links: data leave ODDRX1F registers on ``sync`` (bit 0 of a lane in the f
 half of the cycle), the clock leaves an ODDRX1F on ``sync90``, so its edges sit in the
 middle of the data bits; the receiver's IDDRX1F samples both edges with the forwarded
 clock (domain ``link<i>_rx``, constrained at the NIC clock).  Line rate 2 bits per lane
-a NIC cycle: at 100 MHz 200 Mb/s per lane, 600 Mb/s per direction, 376.5 Mb/s of flit
-payload per direction (one 68-bit flit per 17-cycle word; 470.6 Mb/s at 125 MHz).  Cable: a crossover PMOD cable (board A pins 1-4 to board B pins 7-10,
-and back); a port whose cable is absent never trains, and the NIC sees no credits.
+a NIC cycle: at 125 MHz 250 Mb/s per lane, 750 Mb/s per direction, 470.6 Mb/s of flit
+payload per direction (one 68-bit flit per 17-cycle word; 376.5 Mb/s at 100 MHz).
+Cable: a crossover PMOD cable (board A pins 1-4 to board B pins 7-10, and back); a port
+whose cable is absent never trains, and the NIC sees no credits.
 
 LEDs (active low on the board, Amaranth inverts)::
 
@@ -50,8 +51,9 @@ ETH_CLOCK_HZ = 75e6
 #: EHXPLLL dividers for the 100 MHz oscillator, per NIC clock (MHz). CLKOS2 is the NIC clock
 #: delayed 1.5 VCO cycles = 90° (CPHASE one more than DIV - 1, FPHASE 4/8), CLKOS LiteEth's
 #: 75 MHz.
-#:  125: PFD 25 MHz, VCO 750 MHz, CLKOP /6 (the NIC core's synthesis target)
-#:  100: PFD 100 MHz, VCO 600 MHz, CLKOP /6 (what the whole board top closes timing at)
+#:  125: PFD 25 MHz, VCO 750 MHz, CLKOP /6 (the NIC core's synthesis target; the default)
+#:  100: PFD 100 MHz, VCO 600 MHz, CLKOP /6 (margin for the whole board top, whose NIC clock
+#:       placed at 78-81 MHz estimates for either target: docs/boards.md)
 CLOCK_PLANS = {
     125: dict(CLKI_DIV=4, CLKFB_DIV=5, CLKOP_DIV=6, CLKOS_DIV=10, CLKOS2_DIV=6,
               CLKOS2_CPHASE=6, CLKOS2_FPHASE=4),
@@ -59,7 +61,7 @@ CLOCK_PLANS = {
               CLKOS2_CPHASE=6, CLKOS2_FPHASE=4),
 }
 #: the NIC clock ``make bitstream BOARD=ecpix5`` builds (``--nic-mhz`` picks another plan)
-DEFAULT_NIC_MHZ = 100
+DEFAULT_NIC_MHZ = 125
 NIC_CLOCK_HZ = DEFAULT_NIC_MHZ * 1e6
 PLL = CLOCK_PLANS[DEFAULT_NIC_MHZ]
 #: PMOD connectors carrying NIC ports 0..3
