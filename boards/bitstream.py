@@ -148,13 +148,15 @@ def _timing_md(out: Path, targets: dict) -> dict:
     return failing
 
 
-def area(board: str, out: Path, *, node: int = 0, topology: str = "ring:4") -> dict:
+def area(board: str, out: Path, *, node: int = 0, topology: str = "ring:4",
+         nic_mhz=None) -> dict:
     """Yosys ``synth_ecp5`` of one board's top (the same build plan as :func:`build`, no
     place and route): cell counts against the device (``area.json`` in *out*).
 
     ``lut4_equivalents`` counts a CCU2C carry cell as 2 LUT4 and a TRELLIS_DPR16X4 LUT RAM
     as 2, how they occupy a slice; it is an estimate before packing."""
-    out, t0, (plat, top, params, links) = _board_top(board, out, False, node, topology)
+    out, t0, (plat, top, params, links) = _board_top(board, out, False, node, topology,
+                                                     nic_mhz)
     env = synth._tool_env()
     plan = plat.prepare(top, name="top")
     plan.extract(str(out))
@@ -230,7 +232,8 @@ def main(argv=None) -> int:
                      f"{', '.join(map(str, CLOCK_PLANS))}")
     out = args.out or Path("build/bitstream") / args.board
     if args.area_only:
-        rep = area(args.board, Path(str(out) + "-area"), node=args.node, topology=args.topology)
+        rep = area(args.board, Path(str(out) + "-area"), node=args.node, topology=args.topology,
+                   nic_mhz=args.nic_mhz)
         print(json.dumps(rep, default=str))
         return 0
     try:

@@ -54,7 +54,8 @@ from typing import Callable
 from amaranth import Elaboratable
 
 __all__ = ["TOPS", "DEFAULT_TOPS", "register_top", "synth_top", "parse_yosys_stat",
-           "parse_nextpnr_log", "direct_submodules", "area_by_component", "main", "DEVICE", "SynthWrapper"]
+           "parse_nextpnr_log", "direct_submodules", "area_by_component", "main", "DEVICE",
+           "SynthWrapper"]
 
 DEVICE = "LFE5UM5G-85F-8BG554"
 CLOCK_MHZ = 125.0           # the NIC's Fmax target; the P&R constraint unless overridden
@@ -283,7 +284,7 @@ def area_by_component(name: str, out_dir: Path) -> dict:
     parts = direct_submodules(text, name)
     script = [f"read_verilog -sv {name}.v", "design -save rtl"]
     for part in parts:
-        script += [f"design -load rtl", f"synth_ecp5 -top {part} -noiopad",
+        script += ["design -load rtl", f"synth_ecp5 -top {part} -noiopad",
                    f"tee -o {part}.stat stat"]
     (out / "parts.ys").write_text("\n".join(script) + "\n")
     r = subprocess.run([env["YOSYS"], "-q", "-l", "parts.log", "parts.ys"], cwd=out, env=env,

