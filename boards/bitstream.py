@@ -45,17 +45,17 @@ def _ecpix5(out: Path, small: bool, node: int, topology: str, nic_mhz):
     from treenic.hdl.host.liteeth import core_config, generate
     from treenic.hdl.nic import NicParams
     from .colorlight import board_addresses
-    from .ecpix5 import DEFAULT_NIC_MHZ, ECPIX5Top, ETH_CLOCK_HZ, ecpix5_platform
+    from .ecpix5 import DEFAULT_NIC_MHZ, ECPIX5Top, ecpix5_platform, eth_clock_hz
 
     params = NicParams(**(synth.NIC_SMALL_PARAMS if small else synth.NIC_CORE_PARAMS))
     a = board_addresses(node)
-    verilog = generate(out / "liteeth", core_config(ip=a["host_ip"], mac=a["host_mac"],
-                                                    clk_freq=ETH_CLOCK_HZ))
     nic_mhz = DEFAULT_NIC_MHZ if nic_mhz is None else nic_mhz
+    verilog = generate(out / "liteeth", core_config(ip=a["host_ip"], mac=a["host_mac"],
+                                                    clk_freq=eth_clock_hz(nic_mhz)))
     top = ECPIX5Top(params=params, verilog=verilog, nic_mhz=nic_mhz)     # checks nic_mhz
     return (ecpix5_platform(nic_mhz), top, params,
             f"{LINKS}: PMOD serial link PHY per NIC port (topology set by the cables); "
-            f"NIC clock {nic_mhz} MHz")
+            f"NIC clock {nic_mhz:g} MHz")
 
 
 def _colorlight(out: Path, small: bool, node: int, topology: str, nic_mhz):
@@ -211,8 +211,8 @@ def main(argv=None) -> int:
                          "(%(default)s)")
     ap.add_argument("--allow-negative-slack", action="store_true",
                     help="exit 0 even when a clock misses its constraint")
-    ap.add_argument("--nic-mhz", type=int, default=None,
-                    help="ecpix5: the NIC clock's PLL plan, 125 (default) or 100")
+    ap.add_argument("--nic-mhz", type=float, default=None,
+                    help="ecpix5: the NIC clock's PLL plan, 125 (default), 100 or 62.5")
     ap.add_argument("--nextpnr-opts", default="")
     ap.add_argument("--area-only", action="store_true",
                     help="Yosys synthesis only: cell counts against the device, no bitstream")
@@ -228,7 +228,7 @@ def main(argv=None) -> int:
         if args.board != "ecpix5":
             ap.error(f"--nic-mhz: the {args.board} top has one clock plan")
         if args.nic_mhz not in CLOCK_PLANS:
-            ap.error(f"--nic-mhz {args.nic_mhz}: no PLL plan; known: "
+            ap.error(f"--nic-mhz {args.nic_mhz:g}: no PLL plan; known: "
                      f"{', '.join(map(str, CLOCK_PLANS))}")
     out = args.out or Path("build/bitstream") / args.board
     if args.area_only:

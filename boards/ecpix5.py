@@ -6,7 +6,8 @@
                              ├─ CLKOS   75 MHz      ─► eth    (LiteEth UDP core)
                              └─ CLKOS2 125 MHz, 90° ─► sync90 (forwarded link clocks)
 
-(``--nic-mhz 100``: every clock at 100 MHz but LiteEth's; see :data:`CLOCK_PLANS`.)
+(``--nic-mhz 100``: every clock at 100 MHz but LiteEth's; ``--nic-mhz 62.5``: every clock,
+LiteEth's too, at 62.5 MHz; see :data:`CLOCK_PLANS`.)
     rst button (AB1) / PLL unlock ─► reset synchronisers of every domain
     eth_rgmii ─► BoardCore (:mod:`treenic.boards.core`)
     pmod 0..3 ─► NIC ports 0..3: serial links (:mod:`treenic.hdl.link.serial`), pins
@@ -27,7 +28,7 @@ LEDs (active low on the board, Amaranth inverts)::
     rgb_led 1  blue : NIC RUNNING                    green: NIC DONE   red: NIC ERROR
     rgb_led 2  green: host request seen (toggles per accepted request)
                red  : a malformed datagram was dropped since reset
-    rgb_led 3  blue : 75 MHz Ethernet-side heartbeat
+    rgb_led 3  blue : Ethernet-side (LiteEth clock) heartbeat
                green: every NIC link trained    red: a link dropped a word / failed a CRC
 
 Pin map: ``docs/boards.md`` (RGMII: amaranth-boards' ``eth_rgmii`` resource; the RGMII
@@ -45,12 +46,12 @@ from treenic.hdl.nic import NicParams
 from .core import LINKS, SERIAL_LANES, BoardCore, ecp5_pll, heartbeat
 
 __all__ = ["ECPIX5Top", "ecpix5_platform", "CLOCK_PLANS", "DEFAULT_NIC_MHZ", "NIC_CLOCK_HZ",
-           "ETH_CLOCK_HZ", "PLL"]
+           "ETH_CLOCK_HZ", "PLL", "eth_clock_hz"]
 
 ETH_CLOCK_HZ = 75e6
 #: EHXPLLL dividers for the 100 MHz oscillator, per NIC clock (MHz). CLKOS2 is the NIC clock
-#: delayed 1.5 VCO cycles = 90° (CPHASE one more than DIV - 1, FPHASE 4/8), CLKOS LiteEth's
-#: 75 MHz.
+#: delayed a quarter period = 90° (CPHASE - (DIV - 1) + FPHASE/8 VCO cycles), CLKOS LiteEth's
+#: clock (:func:`eth_clock_hz`: 75 MHz, 62.5 in the 62.5 MHz plan).
 #:  125: PFD 25 MHz, VCO 750 MHz, CLKOP /6 (the NIC core's synthesis target; the default)
 #:  100: PFD 100 MHz, VCO 600 MHz, CLKOP /6 (margin for the whole board top, whose NIC clock
 #:       placed at 78-81 MHz estimates for either target: docs/boards.md)
@@ -59,6 +60,11 @@ CLOCK_PLANS = {
               CLKOS2_CPHASE=6, CLKOS2_FPHASE=4),
     100: dict(CLKI_DIV=1, CLKFB_DIV=1, CLKOP_DIV=6, CLKOS_DIV=8, CLKOS2_DIV=6,
               CLKOS2_CPHASE=6, CLKOS2_FPHASE=4),
+    #: 62.5: PFD 12.5 MHz, VCO 500 MHz, CLKOP /8, LiteEth /8 too (its 32-bit datapath needs
+    #: >= 31.25 MHz for 1 Gb/s); the Colorlight top's NIC clock, for a whole board top whose
+    #: 125 and 100 MHz builds do not route (docs/boards.md)
+    62.5: dict(CLKI_DIV=8, CLKFB_DIV=5, CLKOP_DIV=8, CLKOS_DIV=8, CLKOS2_DIV=8,
+               CLKOS2_CPHASE=9, CLKOS2_FPHASE=0),
 }
 #: the NIC clock ``make bitstream BOARD=ecpix5`` builds (``--nic-mhz`` picks another plan)
 DEFAULT_NIC_MHZ = 125
@@ -66,6 +72,12 @@ NIC_CLOCK_HZ = DEFAULT_NIC_MHZ * 1e6
 PLL = CLOCK_PLANS[DEFAULT_NIC_MHZ]
 #: PMOD connectors carrying NIC ports 0..3
 LINK_PMODS = (0, 1, 2, 3)
+
+
+def eth_clock_hz(nic_mhz=DEFAULT_NIC_MHZ) -> float:
+    """LiteEth's clock (CLKOS) in the PLL plan of *nic_mhz*."""
+    p = _plan(nic_mhz)
+    return 100e6 * p["CLKFB_DIV"] / p["CLKI_DIV"] * p["CLKOP_DIV"] / p["CLKOS_DIV"]
 
 
 def _plan(nic_mhz) -> dict:
@@ -185,5 +197,5 @@ class ECPIX5Top(Elaboratable):
                      led(0, "r").eq(~ok), led(1, "b").eq(board.running),
                      led(1, "g").eq(board.done), led(1, "r").eq(board.error),
                      led(2, "g").eq(seen), led(2, "r").eq(board.host_dropped != 0),
-                     led(3, "b").eq(heartbeat(m, "eth", 1.5, ETH_CLOCK_HZ)),
+                     led(3, "b").eq(heartbeat(m, "eth", 1.5, eth_clock_hz(self.nic_mhz))),
                      led(3, "g").eq(board.links_up.all()), led(3, "r").eq(board.link_fault)]
