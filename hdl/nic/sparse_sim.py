@@ -17,8 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from treenic.schedule.sparse_table import compile_sparse, compile_topka
-from treenic.sparse.multitree_sparse import MultiTreeSparse
+from treenic.schedule.sparse_table import SPARSE_ALGORITHMS, sparse_model
 
 from .sparse_fabric import SparseFabric, decode_program_dump, dump_request, load_words
 
@@ -26,29 +25,7 @@ __all__ = ["SparseFabricSim", "SparseRun", "ENGINE_NAME", "RTL_ALGORITHMS", "spa
 
 #: sparse all-reduces the sparse engine runs (the programs ``treenic.schedule.sparse_table``
 #: compiles)
-RTL_ALGORITHMS = ("multitree-sparse", "topka")
-
-
-def sparse_model(algorithm: str, topology: str, elements: int, density: float, *,
-                 seed: int = 0, flow_assignment: str = "contiguous", residual: str = "local",
-                 codec: bool = False):
-    """(golden model, its sparse program) of one RTL sparse all-reduce. TopkA has no flows
-    and keeps the local residual (its golden defines no other). ``codec``: messages in the
-    codec format (pairs or bitmap + values, the golden codec's rule) instead of pair flits."""
-    from treenic.topology import parse
-    P = parse(topology).n
-    if algorithm == "topka":
-        if flow_assignment != "contiguous" or residual != "local":
-            raise ValueError("topka has no flow assignment and keeps the local residual only")
-        from treenic.sparse.topk_family import TopkA
-        golden = TopkA(P, elements, density, seed=seed)
-        return golden, compile_topka(golden, topology, codec=codec)
-    if algorithm != "multitree-sparse":
-        raise ValueError(f"the sparse engine runs {' and '.join(RTL_ALGORITHMS)}, not "
-                         f"{algorithm!r}")
-    golden = MultiTreeSparse(P, elements, density, seed=seed, topology=topology,
-                             flow_assignment=flow_assignment, residual=residual)
-    return golden, compile_sparse(golden, codec=codec)
+RTL_ALGORITHMS = SPARSE_ALGORITHMS
 
 ENGINE_NAME = "Verilated sparse NIC fabric (treenic.hdl.nic.sparse_sim)"
 

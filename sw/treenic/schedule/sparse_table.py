@@ -40,7 +40,11 @@ from dataclasses import dataclass, field
 import numpy as np
 
 __all__ = ["SparseOp", "ROW_FIELDS", "ROW_BITS", "SPARSE_TABLE_VERSION", "SparseProgram",
-           "pack_row", "unpack_row", "compile_sparse", "compile_topka", "SparseTableError"]
+           "pack_row", "unpack_row", "compile_sparse", "compile_topka", "SparseTableError",
+           "SPARSE_ALGORITHMS", "sparse_model"]
+
+#: the sparse all-reduces the sparse engine runs (:func:`sparse_model` compiles them)
+SPARSE_ALGORITHMS = ("multitree-sparse", "topka")
 
 #: 2: op codes 6..9 (ACC, ZERO, FIXUP, COPY) with the op_hi bit; version-1 rows are valid
 SPARSE_TABLE_VERSION = 2
@@ -139,6 +143,8 @@ class SparseProgram:
     residual_base: int = 0  # where the accumulator / residual lives (global: N)
     codec: bool = False    # messages in the codec format (pairs or bitmap + values)
     link_flits: int = 0    # flits (head, body, tail) all links carry in a run at full budgets
+    hash_seed: int | None = None   # hash flows: the seed ``perm`` is derived from
+    density: float = 0.0   # the top-k density the budgets were derived from
 
     def __post_init__(self):
         self.buffer_words = self.buffer_words or self.elements
@@ -220,7 +226,8 @@ def compile_sparse(model, *, codec: bool = False) -> SparseProgram:
                          _ports(topo), [int(k) for k in kb], link_pairs, perm, ideal,
                          residual=residual, buffer_words=N * (2 if residual == "global" else 1),
                          residual_base=N if residual == "global" else 0,
-                         codec=codec, link_flits=link_flits)
+                         codec=codec, link_flits=link_flits, hash_seed=model.hash_seed,
+                         density=model.density)
 
 
 def _ports(topo) -> int:
@@ -290,4 +297,29 @@ def compile_topka(model, topology: str | None = None, *, codec: bool = False) ->
     return SparseProgram(topo.spec, N, rows, sched.num_chunks, N, k, max(rx.values(), default=1),
                          _ports(topo), [k] * sched.num_chunks, link_pairs, None, ideal,
                          algorithm="topka", buffer_words=2 * N, result_base=N, codec=codec,
-                         link_flits=link_pairs // k * flits)
+                         link_flits=link_pairs // k * flits, density=model.density)
+
+
+def sparse_model(algorithm: str, topology: str, elements: int, density: float, *,
+                 seed: int = 0, flow_assignment: str = "contiguous", residual: str = "local",
+                 codec: bool = False):
+    """(golden model, its sparse program) of one sparse all-reduce on the engine. TopkA has no
+    flows and keeps the local residual (its golden defines no other). ``codec``: messages in
+    the codec format (pairs or bitmap + values, the golden codec's rule) instead of pair
+    flits. The configuration image (:func:`treenic.firmware.image.compile_images`) and the
+    fabric sims build their programs here."""
+    from treenic.topology import parse
+    P = parse(topology).n
+    if algorithm == "topka":
+        if flow_assignment != "contiguous" or residual != "local":
+            raise ValueError("topka has no flow assignment and keeps the local residual only")
+        from treenic.sparse.topk_family import TopkA
+        golden = TopkA(P, elements, density, seed=seed)
+        return golden, compile_topka(golden, topology, codec=codec)
+    if algorithm != "multitree-sparse":
+        raise ValueError(f"the sparse engine runs {' and '.join(SPARSE_ALGORITHMS)}, not "
+                         f"{algorithm!r}")
+    from treenic.sparse.multitree_sparse import MultiTreeSparse
+    golden = MultiTreeSparse(P, elements, density, seed=seed, topology=topology,
+                             flow_assignment=flow_assignment, residual=residual)
+    return golden, compile_sparse(golden, codec=codec)

@@ -70,6 +70,17 @@ def build_schedule(workers: int, topology: str | None = None):
     return algorithms.build("multitree", topo)
 
 
+def hash_flows(elements: int, flows: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Zen's hash flow assignment: ``(perm, offsets)`` -- buffer position -> element index
+    (flows contiguous, indices ascending within a flow) and the ``flows + 1`` flow bounds in
+    that order. The golden model and the configuration image's decoder
+    (:mod:`treenic.firmware.image`, which stores only the seed) both call this."""
+    from .zen import partition_of
+    flow = partition_of(np.arange(elements, dtype=np.uint32), flows, int(seed))
+    perm = np.argsort(flow, kind="stable")
+    return perm, np.concatenate([[0], np.cumsum(np.bincount(flow, minlength=flows))])
+
+
 class TreePlan:
     """What the model needs from a schedule: per reduce step the (src, dst, chunk) sends in
     IR order, the root of every chunk, per gather step the (src, dst, chunk) copies."""
@@ -128,15 +139,14 @@ class MultiTreeSparse(ErrorFeedbackModel):
         self.schedule = build_schedule(self.workers, o["topology"])
         self.plan = TreePlan(self.schedule)
         n, f = self.elements, self.schedule.num_chunks
+        self.hash_seed = None
         if o["flow_assignment"] == "contiguous":
             self.perm = None
             self.offsets = self.schedule.chunk_bounds(n)
         else:
-            from .zen import partition_of
             seed = self.seed if o["hash_seed"] is None else o["hash_seed"]
-            flow = partition_of(np.arange(n, dtype=np.uint32), f, int(seed))
-            self.perm = np.argsort(flow, kind="stable")      # flows contiguous, indices ascending
-            self.offsets = np.concatenate([[0], np.cumsum(np.bincount(flow, minlength=f))])
+            self.hash_seed = int(seed)
+            self.perm, self.offsets = hash_flows(n, f, self.hash_seed)
         sizes = np.diff(self.offsets)
         kb = (np.full(f, o["block_k"]) if o["block_k"] is not None
               else np.maximum(1, np.floor(self.density * sizes).astype(np.int64)))
