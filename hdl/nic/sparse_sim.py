@@ -4,7 +4,10 @@ golden model every iteration.
 
 ``SparseFabricSim(topology, elements, density)`` compiles the sparse program from the golden
 model (:func:`treenic.schedule.sparse_table.compile_sparse`, or ``compile_topka`` for
-``algorithm="topka"``), builds (cached under
+``algorithm="topka"``) into the configuration image set
+(:func:`treenic.firmware.image.sparse_images`, version 3) and loads the engines from the
+serialized images (:func:`program_from_image_bytes`: PROG rows, buffer order and regions
+decoded from the bytes), builds (cached under
 ``build/cosim``) the fabric sized for it, and :meth:`run` performs one error-feedback
 iteration: host words (program once, then the gradients) through every node's host stream
 in parallel, one fabric-wide ``start``, clocking until every engine is idle, then every
@@ -17,15 +20,33 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from treenic.schedule.sparse_table import SPARSE_ALGORITHMS, sparse_model
+from treenic.firmware.image import ImageSet, decode_sparse_program, sparse_images
+from treenic.schedule.sparse_table import SPARSE_ALGORITHMS, SparseProgram, sparse_model
 
 from .sparse_fabric import SparseFabric, decode_program_dump, dump_request, load_words
 
-__all__ = ["SparseFabricSim", "SparseRun", "ENGINE_NAME", "RTL_ALGORITHMS", "sparse_model"]
+__all__ = ["SparseFabricSim", "SparseRun", "ENGINE_NAME", "RTL_ALGORITHMS", "sparse_model",
+           "program_from_image_bytes", "imaged_model"]
 
 #: sparse all-reduces the sparse engine runs (the programs ``treenic.schedule.sparse_table``
 #: compiles)
 RTL_ALGORITHMS = SPARSE_ALGORITHMS
+
+def program_from_image_bytes(data: bytes) -> SparseProgram:
+    """The sparse program a serialized image set (:meth:`ImageSet.to_bytes`) loads: decoded
+    and checked (:func:`~treenic.firmware.image.decode_sparse_program`)."""
+    return decode_sparse_program(ImageSet.from_bytes(data))
+
+
+def imaged_model(algorithm: str, topology: str, elements: int, density: float, **kw):
+    """(golden model, configuration image set, the program decoded from the set's bytes):
+    :func:`sparse_model`'s program through the image (:func:`sparse_images`, serialized,
+    :func:`program_from_image_bytes`), so every fabric run loads the engines from the
+    image -- the image is the path, not a side artefact."""
+    golden, compiled = sparse_model(algorithm, topology, elements, density, **kw)
+    images = sparse_images(compiled)
+    return golden, images, program_from_image_bytes(images.to_bytes())
+
 
 ENGINE_NAME = "Verilated sparse NIC fabric (treenic.hdl.nic.sparse_sim)"
 
@@ -70,12 +91,16 @@ class SparseFabricSim:
                  codec: bool = False):
         from treenic.hdl.cosim import build_cosim
         kw = dict(seed=seed, flow_assignment=flow_assignment, residual=residual, codec=codec)
-        self.golden, self.program = sparse_model(algorithm, topology, elements, density, **kw)
+        #: golden model; the configuration image set the engines are loaded from (version
+        #: 3); the program the host sequence sends (PROG rows, buffer order, regions),
+        #: decoded from the serialized images
+        self.golden, self.images, self.program = imaged_model(algorithm, topology, elements,
+                                                              density, **kw)
         prog = self.program
         self.P, self.N = len(prog.rows), elements
         P = self.P
-        sizing = prog if size_density is None else sparse_model(
-            algorithm, topology, elements, size_density, **kw)[1]
+        sizing = prog if size_density is None else imaged_model(
+            algorithm, topology, elements, size_density, **kw)[2]
         fabric = SparseFabric(sizing, lanes=lanes, topk_units=topk_units, stall=stall,
                               latency=latency, seed=seed + 1)
         tag = topology.replace(":", "").replace("x", "_")

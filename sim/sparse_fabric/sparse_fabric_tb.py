@@ -9,7 +9,7 @@ from cocotb.triggers import RisingEdge
 
 from harness import bench_params, start_clock_and_reset
 from treenic.hdl.nic.sparse_fabric import decode_program_dump, dump_request, load_words
-from treenic.hdl.nic.sparse_sim import sparse_model
+from treenic.hdl.nic.sparse_sim import imaged_model
 
 
 def _init(dut, P):
@@ -51,10 +51,11 @@ async def _dump(dut, u, prog):
 async def multitree_sparse_iterations(dut):
     p = bench_params()
     P, N = p["workers"], p["elements"]
-    golden, prog = sparse_model(p.get("algorithm", "multitree-sparse"), p["topology"], N,
-                                p["density"], seed=p["seed"],
-                                flow_assignment=p["flow_assignment"],
-                                residual=p.get("residual", "local"))
+    # the rows the host loads come from the configuration image (built, serialized, decoded)
+    golden, _, prog = imaged_model(p.get("algorithm", "multitree-sparse"), p["topology"], N,
+                                   p["density"], seed=p["seed"],
+                                   flow_assignment=p["flow_assignment"],
+                                   residual=p.get("residual", "local"))
     rng = np.random.default_rng(p["seed"])
     await start_clock_and_reset(dut, init=lambda d: _init(d, P))
     for it in range(p["iterations"]):

@@ -6,7 +6,7 @@ import pytest
 
 from harness import run_bench
 from treenic.hdl.nic.sparse_fabric import SparseFabric
-from treenic.hdl.nic.sparse_sim import sparse_model
+from treenic.hdl.nic.sparse_sim import imaged_model
 
 PARAMS = {"topology": "ring:4", "workers": 4, "elements": 64, "density": 0.25, "seed": 5,
           "iterations": 3, "flow_assignment": "contiguous"}
@@ -18,9 +18,9 @@ CASES = {"multitree_sparse": PARAMS,
 
 
 def _program(p):
-    return sparse_model(p.get("algorithm", "multitree-sparse"), p["topology"], p["elements"],
+    return imaged_model(p.get("algorithm", "multitree-sparse"), p["topology"], p["elements"],
                         p["density"], seed=p["seed"], flow_assignment=p["flow_assignment"],
-                        residual=p.get("residual", "local"))[1]
+                        residual=p.get("residual", "local"))[2]
 
 
 @pytest.mark.parametrize("case", CASES)

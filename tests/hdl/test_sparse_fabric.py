@@ -7,7 +7,9 @@ import os
 import numpy as np
 import pytest
 
+from treenic.firmware.image import sparse_images
 from treenic.hdl.nic.sparse_fabric import SparseFabric, run_amaranth
+from treenic.hdl.nic.sparse_sim import program_from_image_bytes
 from treenic.schedule.sparse_table import compile_sparse, compile_topka
 from treenic.sparse.multitree_sparse import MultiTreeSparse
 from treenic.sparse.topk_family import TopkA
@@ -28,6 +30,10 @@ def check_fabric(topology, P, N, density, *, iterations=3, stall=64, lanes=2, se
         golden = MultiTreeSparse(P, N, density, seed=seed, topology=topology,
                                  flow_assignment=flow_assignment, residual=residual)
         prog = compile_sparse(golden, codec=codec)
+    # the engines load what the configuration image carries (built, serialized, decoded)
+    imaged = program_from_image_bytes(sparse_images(prog).to_bytes())
+    assert imaged == prog
+    prog = imaged
     grads = _grads(np.random.default_rng(seed), P, N, iterations)
     runs = run_amaranth(SparseFabric(prog, lanes=lanes, stall=stall, seed=seed + 1,
                                      topk_units=topk_units), grads)
