@@ -214,3 +214,46 @@ def test_random_byte_edits_are_an_image_error_or_a_valid_image(data):
     else:
         im.validate()
         assert isinstance(im.sparse, SparseSection)
+
+
+# ---- the CLI: treenic image ----------------------------------------------------------------
+
+def _cli(capsys, *argv):
+    from treenic.cli import main
+    rc = main(list(argv))
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_writes_and_dumps_a_sparse_set(tmp_path, capsys):
+    import json
+    path = tmp_path / "ring6.img"
+    rc, out, _ = _cli(capsys, "image", "ring:6", "-a", "multitree-sparse", "-n", "600",
+                      "--density", "0.05", "--residual", "global", "--flow-assignment", "hash",
+                      "--seed", "4", "--codec", "-o", str(path), "--json")
+    assert rc == 0
+    written = json.loads(out)
+    want = compile_images("ring:6", "multitree-sparse", 600, density=0.05, residual="global",
+                          flow_assignment="hash", seed=4, codec=True)
+    assert path.read_bytes() == want.to_bytes()
+    rc, out, _ = _cli(capsys, "image", "--dump", str(path), "--rows", "2", "--json")
+    dumped = json.loads(out)
+    assert rc == 0 and dumped.pop("rows")[0]["op"] == "COPY" and dumped == written
+    s = dumped["sparse"]
+    assert (dumped["version"], s["algorithm"], s["residual"], s["flow_assignment"],
+            s["hash_seed"]) == (3, "multitree-sparse", "global", "hash", 4)
+    assert s["rows_per_node"] == [len(r) for r in decode_sparse_program(want).rows]
+
+
+def test_cli_dense_set_and_errors(tmp_path, capsys):
+    path = tmp_path / "d.img"
+    assert _cli(capsys, "image", "mesh:2x2", "-n", "64", "-o", str(path))[0] == 0
+    assert ImageSet.from_bytes(path.read_bytes()) == compile_images("mesh:2x2", "multitree", 64)
+    (tmp_path / "cut.img").write_bytes(path.read_bytes()[:-3])
+    for argv, msg in [(("image", "--dump", str(tmp_path / "cut.img")), "image set CRC mismatch"),
+                      (("image", "--dump", str(path), "--rows", "0"), "no sparse program"),
+                      (("image", "ring:4", "--density", "0.1"), "not 'multitree'"),
+                      (("image", "ring:4", "-a", "topka", "--density", "2"), "--density must"),
+                      (("image",), "give a TOPOLOGY")]:
+        rc, out, err = _cli(capsys, *argv)
+        assert rc == 2 and msg in err and err.count("\n") == 1 and not out

@@ -4,6 +4,8 @@
     treenic allreduce TOPOLOGY --algorithm ALGO [--variant V] --elements N [--seed S] [--json]
     treenic allreduce TOPOLOGY --algorithm multitree-sparse --density D --engine rtl
                       --elements N [--iterations T] [--json]   # sparse, Verilated NIC fabric
+    treenic image TOPOLOGY [--algorithm ALGO] --elements N [--density D ...] -o FILE
+    treenic image --dump FILE [--rows NODE] [--json]  # configuration image sets
     treenic compare [TOPOLOGY] [--elements N]        # all dense algorithms side by side
     treenic sparse --algorithm ALGO --workers P --elements N --density D [...]
     treenic train [--backend rtl|model|torch] [--variant V] [...]   # data-parallel training
@@ -382,6 +384,14 @@ def _check_sparse_train_args(args) -> None:
                            f"such option (only {', '.join(SCHEMES_WITH_OPTIONS)})")
 
 
+def cmd_image(args) -> int:
+    from . import image_cli
+
+    def error(message):
+        raise CLIError(message)
+    return image_cli.run(args, error=error)
+
+
 def cmd_train(args) -> int:
     check_train_args(args)
     return importlib.import_module("treenic.train").main(args)
@@ -460,6 +470,12 @@ def build_parser() -> argparse.ArgumentParser:
                         "smaller) instead of one pair a flit")
     a.add_argument("--json", action="store_true")
     a.set_defaults(func=cmd_allreduce)
+
+    im = sub.add_parser("image", help="compile a configuration image set to a file, or dump "
+                                      "one (dense, or with a sparse program)")
+    from . import image_cli
+    image_cli.add_arguments(im)
+    im.set_defaults(func=cmd_image)
 
     c = sub.add_parser("compare", help="all dense algorithms side by side")
     c.add_argument("topology", nargs="?", default=DEFAULT_TOPOLOGY)
