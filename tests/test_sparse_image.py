@@ -5,6 +5,7 @@ import dataclasses
 import struct
 import zlib
 
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -257,3 +258,47 @@ def test_cli_dense_set_and_errors(tmp_path, capsys):
                       (("image",), "give a TOPOLOGY")]:
         rc, out, err = _cli(capsys, *argv)
         assert rc == 2 and msg in err and err.count("\n") == 1 and not out
+
+
+def test_fabric_sim_loads_the_engines_from_the_image_bytes(monkeypatch):
+    """SparseFabricSim (the Verilated fabric, and through it RTLEngine.run_sparse) sizes the
+    fabric with, and sends as PROG rows, the program decoded from the serialized image set --
+    not the compiler's object. The Verilator build is replaced by a stand-in here (the
+    Verilated run itself: tests/test_sparse_nic_cli.py, TREENIC_RTL_TESTS=1)."""
+    import treenic.hdl.cosim as cosim
+    import treenic.hdl.nic.sparse_sim as ss
+    from treenic.hdl.nic.sparse_engine import HostKind
+    from treenic.hdl.nic.sparse_fabric import load_words
+
+    seen = {}
+
+    class Stub:
+        def new(self):
+            return self
+
+        def reset(self):
+            pass
+
+    def build(fabric, **kw):
+        seen["fabric"] = fabric
+        return Stub()
+
+    real = ss.program_from_image_bytes
+
+    def decode(data):
+        seen.setdefault("bytes", []).append(data)
+        seen["program"] = real(data)
+        return seen["program"]
+
+    monkeypatch.setattr(cosim, "build_cosim", build)
+    monkeypatch.setattr(ss, "program_from_image_bytes", decode)
+    sim = ss.SparseFabricSim("ring:6", 600, 0.05, flow_assignment="hash", residual="global",
+                             seed=3)
+    assert seen["bytes"] == [sim.images.to_bytes()]
+    assert sim.program is seen["program"] and seen["fabric"].program is sim.program
+    assert sim.program == decode_sparse_program(ImageSet.from_bytes(seen["bytes"][0]))
+    g = np.zeros(600, np.float32)
+    for u, im in enumerate(ImageSet.from_bytes(seen["bytes"][0])):
+        words = load_words(sim.program, u, g)
+        prog = [w >> 27 for w in words if w & 7 == HostKind.PROG]
+        assert prog == im.sparse.rows          # the PROG rows are the image's rows
