@@ -302,3 +302,13 @@ def test_fabric_sim_loads_the_engines_from_the_image_bytes(monkeypatch):
         words = load_words(sim.program, u, g)
         prog = [w >> 27 for w in words if w & 7 == HostKind.PROG]
         assert prog == im.sparse.rows          # the PROG rows are the image's rows
+
+
+def test_protocol_loader_accepts_a_sparse_set():
+    """LOAD_CONFIG's checks (driver.config.parse_image_set) take a version-3 set: its dense
+    part is the MultiTree schedule the sparse program runs on."""
+    from treenic.driver.config import parse_image_set
+    images = compile_images("ring:4", "multitree-sparse", 4096, density=0.01)
+    got, schedule = parse_image_set(images.to_bytes(), 4)
+    assert got == images and schedule.n == 4
+    assert decode_sparse_program(got).rows == decode_sparse_program(images).rows
