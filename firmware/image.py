@@ -8,8 +8,8 @@ little-endian::
 
     offset size  field
     0      4     magic "TNCF" (treenic config; the host protocol's frames use "TNIC")
-    4      2     version (VERSION)
-    6      2     header_bytes (HEADER.size = 36)
+    4      2     version (DENSE_VERSION = 2; VERSION = 3 with a sparse section, below)
+    6      2     header_bytes (HEADER.size = 36; version 3: 40)
     8      2     node            this NIC's node id
     10     2     nodes           N
     12     2     ports           P (link map entries that follow the header)
