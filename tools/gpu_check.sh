@@ -15,8 +15,9 @@
 #
 # Environment: TREENIC_GPU_REQUIRED=0 lets the run pass without a CUDA device (the CUDA
 # variants are then skipped: a dry run of this script on a CPU machine);
-# TREENIC_GPU_TIMEOUT (seconds, default 270) bounds the test run; TREENIC_GPU_SITE the
-# private folder (default /tmp/treenic-gpu-site).
+# TREENIC_GPU_TIMEOUT (seconds, default 270) bounds the test run; TREENIC_GPU_K, a pytest -k
+# expression (e.g. "cuda" for the CUDA variants only; default: every test); TREENIC_GPU_SITE
+# the private folder (default /tmp/treenic-gpu-site).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -37,9 +38,9 @@ check() {
     wheels=(.whl/*.whl)
     if [ ${#wheels[@]} -gt 0 ]; then
         echo "== installing ${#wheels[@]} wheels from .whl/ into $site"
-        if python3 -m pip --version >/dev/null 2>&1; then
-            python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" "${wheels[@]}"
-        else                                  # pure-Python wheels are zip files
+        if ! python3 -m pip install -q --no-index --no-deps --no-compile --target "$site" \
+                "${wheels[@]}"; then
+            echo "== pip could not install them: unpacking instead (pure-Python wheels are zips)"
             for w in "${wheels[@]}"; do python3 -m zipfile -e "$w" "$site"; done
         fi
     else
@@ -80,7 +81,7 @@ EOF
     fi
     # no -x: one run on the device should report every check that fails
     timeout -k 10 "$limit" python3 -m pytest -q tests/test_cuda_paths.py -p no:cacheprovider \
-        -rs --durations=8
+        -rs --durations=8 ${TREENIC_GPU_K:+-k "$TREENIC_GPU_K"}
 }
 
 set +e
