@@ -18,6 +18,8 @@ variant proves the checks here and the ``cuda`` variant only changes where the t
   other gradients, so the CPU run starts from the device's. SGD's update is exact in the
   product (the learning rate is a power of two), so fused multiply-add or not, both devices
   round it the same way.
+* Why staging exists (CUDA only): with it switched off, gloo's send/recv get a CUDA tensor's
+  device pointer and the all-reduce fails.
 """
 import numpy as np
 import pytest
@@ -362,3 +364,34 @@ def test_ddp_hook_on_device(ddp_runs, backend, scheme):
         assert set(where) == {device}
         for a, b in zip(params, cpu_params):
             assert np.array_equal(bits(a), bits(b)), (backend, scheme, r)
+
+
+# ---- why the torch backend stages: gloo's point-to-point ops and CUDA tensors -------------
+
+def _unstaged_world(rank, world):
+    import torch
+    from treenic.driver import open_nic
+    comm = open_nic("torch", rank, world, f"ring:{world}", "ring")
+    comm._impl.staging = "device"            # what the backend did before host staging
+    t = torch.ones(4096, device="cuda")
+    comm.allreduce(t)
+    return t.cpu().numpy()
+
+
+@pytest.mark.skipif(not CUDA, reason="no CUDA device (tools/gpu_check.sh runs this on a "
+                    "GPU machine)")
+def test_gloo_point_to_point_refuses_cuda_tensors():
+    """gloo's send/recv hand the tensor's raw pointer to its TCP transport, which cannot read
+    device memory: with staging off, a dense all-reduce of CUDA tensors fails (an error or a
+    dead rank). If this ever passes, host staging is no longer needed on this torch."""
+    import warnings
+
+    from treenic.driver import DriverError
+    try:
+        out = run_world(_unstaged_world, 2, timeout=90, pg_timeout=20)
+    except DriverError as e:
+        warnings.warn(f"unstaged CUDA point-to-point on gloo failed, as expected: "
+                      f"{' '.join(str(e).split())[:400]}")
+        return
+    pytest.fail(f"gloo moved CUDA tensors point to point (rank 0 got {out[0][:3]}): host "
+                "staging may be unnecessary on this torch")

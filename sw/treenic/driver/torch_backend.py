@@ -26,11 +26,12 @@ Executors:
 
 ``status()["executor"]`` says which one runs.
 
-Device tensors (``status()["staging"]``): gloo's point-to-point ops and all-gather take CPU
-tensors only (its send/recv hand the tensor's raw pointer to the TCP transport), so on gloo a
+Device tensors (``status()["staging"]``): gloo's send/recv take CPU tensors only (they hand
+the tensor's raw pointer to the TCP transport, which cannot read device memory), so on gloo a
 CUDA tensor is **staged through host memory**: a dense all-reduce copies the flat tensor to
 host once, runs the CPU path above and copies the result back once; a sparse TopkA call
-selects its top-k on the device and stages only the k (index, value) pairs it all-gathers.
+selects its top-k on the device and stages only the k (index, value) pairs it all-gathers
+(torch documents gloo's all-gather as CPU-only too; 8 bytes a pair, so one rule for both).
 ``"staging": "host"`` on gloo (printed once per backend the first time it happens;
 ``status()["staged_collectives"]`` counts them), ``"device"`` on a transport that moves
 device memory itself (e.g. NCCL). CPU tensors are never copied.
