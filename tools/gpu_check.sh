@@ -16,7 +16,7 @@
 # Environment: TREENIC_GPU_REQUIRED=0 lets the run pass without a CUDA device (the CUDA
 # variants are then skipped: a dry run of this script on a CPU machine);
 # TREENIC_GPU_TIMEOUT (seconds, default 270) bounds the test run; TREENIC_GPU_K, a pytest -k
-# expression (e.g. "cuda" for the CUDA variants only; default: every test); TREENIC_GPU_SITE
+# expression (e.g. "not cpu" for the CUDA variants only; default: every test); TREENIC_GPU_SITE
 # the private folder (default /tmp/treenic-gpu-site).
 set -euo pipefail
 cd "$(dirname "$0")/.."
