@@ -51,8 +51,10 @@ What the sparse papers use to keep accuracy (DGC, Lin et al. 2018; RedSync), all
 State is picklable (``__getstate__`` drops the communicator, which holds sockets and process
 groups). After unpickling, :meth:`TreenicHookState.attach` a new communicator, or give
 ``comm_config`` (``open_nic`` keyword arguments) and the state reopens it on first use.
-CPU and CUDA buckets both work: ``model``/``rtl`` copy through host memory, ``torch`` stays on
-the device.
+CPU and CUDA buckets both work; results and residuals stay on the bucket's device.
+``model``/``rtl`` copy through host memory; ``torch`` on gloo (CPU-only send/recv) stages the flat
+bucket through host for dense calls and only the k pairs for TopkA, which selects on the
+device (``comm.status()["staging"]``; tests/test_cuda_paths.py).
 """
 import torch
 

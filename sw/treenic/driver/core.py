@@ -21,7 +21,8 @@ Backends:
   each rank all-gathers the N buffers (gloo, CPU) and runs the executor itself. Link bytes
   counted are the schedule's (what the NICs would send), not the gather's.
 * ``torch`` — the same Schedule IR executed with ``torch.distributed`` point-to-point ops
-  (one ``batch_isend_irecv`` per step; gloo on CPU, NCCL on CUDA); contributions are applied
+  (pipelined on gloo, one ``batch_isend_irecv`` per step elsewhere; on gloo CUDA tensors are
+  staged through host memory, ``status()["staging"]``); contributions are applied
   after the step's receives complete, local value first, then in ascending ``rx_port`` order,
   so the result is bit-identical to the golden executor. Sparse: TopkA natively (each rank
   all-gathers only its own k (index, value) pairs).

@@ -26,6 +26,16 @@ Executors:
 
 ``status()["executor"]`` says which one runs.
 
+Device tensors (``status()["staging"]``): gloo's send/recv take CPU tensors only (they hand
+the tensor's raw pointer to the TCP transport, which cannot read device memory), so on gloo a
+CUDA tensor is **staged through host memory**: a dense all-reduce copies the flat tensor to
+host once, runs the CPU path above and copies the result back once; a sparse TopkA call
+selects its top-k on the device and stages only the k (index, value) pairs it all-gathers
+(torch documents gloo's all-gather as CPU-only too; 8 bytes a pair, so one rule for both).
+``"staging": "host"`` on gloo (printed once per backend the first time it happens;
+``status()["staged_collectives"]`` counts them), ``"device"`` on a transport that moves
+device memory itself (e.g. NCCL). CPU tensors are never copied.
+
 Duplex sockets (pipelined executor on the default group): gloo carries both directions
 between two ranks over one socket, and its device thread holds that pair's lock while it
 reads an incoming message, so an ``isend`` to a peer that is sending to us waited for the
@@ -39,6 +49,7 @@ whether it runs.
 """
 from __future__ import annotations
 
+import sys
 import zlib
 
 from ..schedule.ir import Op
@@ -94,6 +105,9 @@ class TorchBackend:
                               f"posted ahead); this group runs {transport}: use "
                               "executor='stepwise'")
         self.executor = executor
+        # gloo's send/recv/all_gather take CPU tensors only: device tensors go through host
+        self.staging = "host" if transport == "gloo" else "device"
+        self.staged = 0                      # collectives whose tensor was staged via host
         self._reverse = self._reverse_group(duplex)
         self._plans: dict = {}
         self._bufs: dict = {}
@@ -188,11 +202,25 @@ class TorchBackend:
         self._plans[key] = plan
         return plan
 
+    def _stage(self, tensor) -> bool:
+        """Whether ``tensor`` must travel through host memory (a device tensor on a transport
+        that moves CPU tensors only); counts it and prints the notice once."""
+        if tensor.device.type == "cpu" or self.staging != "host":
+            return False
+        if not self.staged:
+            print(f"treenic: torch backend rank {self.comm.rank}: "
+                  f"{self.dist.get_backend(self.group)} moves CPU tensors only; "
+                  f"{tensor.device.type} tensors are staged through host memory (one copy "
+                  "each way per collective; status()['staging'] == 'host')",
+                  file=sys.stderr, flush=True)
+        self.staged += 1
+        return True
+
     def _check_sizes(self, tensor, what):
         import torch
         dist = self.dist
         me = torch.tensor([tensor.numel(), _dtype_code(tensor.dtype)], dtype=torch.int64,
-                          device=tensor.device)
+                          device="cpu" if self.staging == "host" else tensor.device)
         allv = [torch.empty_like(me) for _ in range(self.comm.world)]
         dist.all_gather(allv, me, group=self.group)
         vals = [tuple(int(x) for x in v.cpu()) for v in allv]
@@ -204,6 +232,16 @@ class TorchBackend:
 
     # ---- dense ------------------------------------------------------------------------------
     def dense(self, tensor, seq):
+        if self._stage(tensor):
+            # one copy to host, the CPU path, one copy back (nothing written on an error)
+            import torch
+            host = tensor.detach().to("cpu", memory_format=torch.contiguous_format)
+            moved = self._dense(host)
+            tensor.copy_(host)
+            return moved
+        return self._dense(tensor)
+
+    def _dense(self, tensor):
         if self.verify:     # first, so a bad tensor on one rank fails every rank, naming it
             self._check_sizes(tensor, "all-reduce")
         if not tensor.is_floating_point():
@@ -338,10 +376,16 @@ class TorchBackend:
         new_res = acc.clone()
         new_res[idx[vals != 0]] = 0
         idx32 = idx.to(torch.int32)                 # u32 index + f32 value: 8 bytes a pair
+        staged = self._stage(acc)
+        if staged:                                  # only the k pairs go through host
+            idx32, vals = idx32.cpu(), vals.cpu()
         all_idx = [torch.empty_like(idx32) for _ in range(self.comm.world)]
         all_val = [torch.empty_like(vals) for _ in range(self.comm.world)]
         dist.all_gather(all_idx, idx32, group=self.group)
         dist.all_gather(all_val, vals, group=self.group)
+        if staged:                                  # back in one copy per kind
+            all_idx = torch.stack(all_idx).to(acc.device).unbind(0)
+            all_val = torch.stack(all_val).to(acc.device).unbind(0)
         out = torch.zeros_like(acc)
         for i, v in zip(all_idx, all_val):          # ascending rank, left operand first
             i = i.long()
@@ -355,7 +399,8 @@ class TorchBackend:
                 "dense_engine": "torch.distributed P2P (the schedule)",
                 "sparse_engine": "torch.distributed (TopkA all-gather of each rank's top-k)",
                 "transport": self.dist.get_backend(self.group), "executor": self.executor,
-                "duplex": self._reverse is not None}
+                "duplex": self._reverse is not None, "staging": self.staging,
+                "staged_collectives": self.staged}
 
     def close(self):
         """Release the duplex group (ours); the caller's process group stays."""
