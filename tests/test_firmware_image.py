@@ -151,7 +151,7 @@ def test_header_nonsense_is_rejected_by_name(field, data):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(32, 512).filter(lambda v: v % 32 == 0), st.integers(1, 2**32 - 1))
+@given(st.integers(1, 16).map(lambda v: 32 * v), st.integers(1, 2**32 - 1))
 def test_header_edits_in_range_are_accepted(flit_bits, lockstep):
     b = _header_edit(14, "<H", flit_bits)
     img = ConfigImage.from_bytes(b)
