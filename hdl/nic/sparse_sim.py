@@ -21,7 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from treenic.firmware.image import ImageSet, decode_sparse_program, sparse_images
-from treenic.schedule.sparse_table import SPARSE_ALGORITHMS, SparseProgram, sparse_model
+from treenic.schedule.sparse_table import (SPARSE_ALGORITHMS, SparseProgram, program_golden,
+                                           sparse_model)
 
 from .sparse_fabric import SparseFabric, decode_program_dump, dump_request, load_words
 
@@ -89,22 +90,43 @@ class SparseFabricSim:
                  opt: str | None = None, verbose: bool = False,
                  algorithm: str = "multitree-sparse", residual: str = "local",
                  codec: bool = False):
-        from treenic.hdl.cosim import build_cosim
         kw = dict(seed=seed, flow_assignment=flow_assignment, residual=residual, codec=codec)
         #: golden model; the configuration image set the engines are loaded from (version
         #: 3); the program the host sequence sends (PROG rows, buffer order, regions),
         #: decoded from the serialized images
-        self.golden, self.images, self.program = imaged_model(algorithm, topology, elements,
-                                                              density, **kw)
-        prog = self.program
-        self.P, self.N = len(prog.rows), elements
-        P = self.P
-        sizing = prog if size_density is None else imaged_model(
+        golden, images, program = imaged_model(algorithm, topology, elements, density, **kw)
+        sizing = program if size_density is None else imaged_model(
             algorithm, topology, elements, size_density, **kw)[2]
+        self._build(golden, images, program, sizing, lanes=lanes, topk_units=topk_units,
+                    stall=stall, latency=latency, seed=seed, opt=opt, verbose=verbose)
+
+    @classmethod
+    def from_images(cls, images: ImageSet, *, program: SparseProgram | None = None,
+                    lanes: int = 16, topk_units: int = 2, stall: int = 0, latency: int = 1,
+                    seed: int = 0, opt: str | None = None,
+                    verbose: bool = False) -> "SparseFabricSim":
+        """The fabric loaded with a received image set's sparse program (the fabric server's
+        LOAD_CONFIG): ``program`` is the set's, already decoded and checked
+        (:func:`treenic.driver.config.parse_sparse_program`), else decoded here. Nothing is
+        compiled: the golden model (for :meth:`run_checked`) is the program's own
+        parameters' (:func:`~treenic.schedule.sparse_table.program_golden`; ``seed`` only
+        where the program has none)."""
+        self = cls.__new__(cls)
+        program = program if program is not None else decode_sparse_program(images)
+        self._build(program_golden(program, seed), images, program, program, lanes=lanes,
+                    topk_units=topk_units, stall=stall, latency=latency, seed=seed, opt=opt,
+                    verbose=verbose)
+        return self
+
+    def _build(self, golden, images, program, sizing, *, lanes, topk_units, stall, latency,
+               seed, opt, verbose) -> None:
+        from treenic.hdl.cosim import build_cosim
+        self.golden, self.images, self.program = golden, images, program
+        self.P, self.N = len(program.rows), program.elements
         fabric = SparseFabric(sizing, lanes=lanes, topk_units=topk_units, stall=stall,
                               latency=latency, seed=seed + 1)
-        tag = topology.replace(":", "").replace("x", "_")
-        opt = opt or ("-O2" if P <= 8 else "-O1")
+        tag = program.topology.replace(":", "").replace("x", "_")
+        opt = opt or ("-O2" if self.P <= 8 else "-O1")
         self.lib = build_cosim(fabric, name=f"sparse_fabric_{tag}", opt=opt, verbose=verbose)
         self.sim = self.lib.new()
         self.sim.reset()
@@ -227,9 +249,10 @@ class StatelessSparse:
     """The fabric server's view (``RTLEngine.run_sparse``): every call is one fresh
     all-reduce of the given accumulators (the driver keeps error feedback on the host), so
     the NICs' residual buffers are cleared (CLEAR, exact +0) before the accumulators are
-    added. Cached per (elements, density, flow assignment, and the seed of hash flows): the
-    Verilated build is cached per size (contiguous flows: the seed changes nothing in the RTL
-    run; it seeds the golden traffic log)."""
+    added. :meth:`run_images` runs the sparse program of a loaded image set (the server's
+    LOAD_CONFIG); :meth:`run` compiles the request's own set (an engine without a loaded
+    set, e.g. in-process). Fabrics are cached per program (the Verilated build is cached on
+    disk per size)."""
 
     def __init__(self, topology: str, *, lanes: int = 16):
         self.topology, self.lanes = topology, lanes
@@ -242,27 +265,44 @@ class StatelessSparse:
         (``flow_assignment``, ``residual`` as in :class:`SparseFabricSim`, hash seed
         ``seed``); returns the :class:`~treenic.sparse.base.SparseResult` the golden model
         returns for the same call (result, residuals from the RTL; traffic log and info from
-        the golden)."""
-        from treenic.sparse.base import SparseResult
-        from .sparse_fabric import clear_word
+        the golden) and the cycles."""
         accs = np.ascontiguousarray(accs, np.float32)
         # the seed only matters to hash flows (it seeds the hash; contiguous: the traffic log)
         key = (algorithm, residual, accs.shape[1], float(density), flow_assignment,
                int(seed) if flow_assignment == "hash" else None)
-        kw = dict(seed=seed, flow_assignment=flow_assignment, residual=residual,
-                  algorithm=algorithm)
         sim = self._sims.get(key)
         if sim is None:
-            sim = self._sims[key] = SparseFabricSim(self.topology, accs.shape[1], density,
-                                                    lanes=self.lanes, **kw)
-        elif sim.loaded:
-            sim.sim.run_streams(inputs={f"host_i__{u}": [clear_word(sim.program.dump_words)]
-                                        for u in range(sim.P)})
-        r = sim.run(accs)
-        golden, _ = sparse_model(algorithm, self.topology, sim.N, density, seed=seed,
-                                 flow_assignment=flow_assignment, residual=residual)
-        want = golden.step(accs)          # for the traffic log only; values come from the RTL
-        info = dict(want.info, engine=ENGINE_NAME, cycles=r.cycles, link_bytes=r.link_bytes,
-                    malformed=r.malformed)
-        return SparseResult(algorithm, r.results, r.residuals, want.sent,
-                            want.received, info), r.cycles
+            sim = self._sims[key] = SparseFabricSim(
+                self.topology, accs.shape[1], density, lanes=self.lanes, seed=seed,
+                flow_assignment=flow_assignment, residual=residual, algorithm=algorithm)
+        return run_fresh(sim, accs, seed)
+
+    def run_images(self, images: ImageSet, program: SparseProgram, accs: np.ndarray,
+                   seed: int = 0):
+        """:meth:`run` of the sparse program ``program`` of the loaded ``images``: the
+        engines get its PROG rows, nothing is compiled (``seed``: the golden traffic log's,
+        where the program has no hash seed)."""
+        key = ("images", id(images))            # the sim holds ``images``: the id stays its
+        sim = self._sims.get(key)
+        if sim is None:
+            sim = self._sims[key] = SparseFabricSim.from_images(images, program=program,
+                                                                lanes=self.lanes)
+        return run_fresh(sim, np.ascontiguousarray(accs, np.float32), seed)
+
+
+def run_fresh(sim: SparseFabricSim, accs: np.ndarray, seed: int = 0):
+    """One fresh all-reduce of ``accs`` on ``sim`` (its NIC residuals cleared first when it
+    ran before): (:class:`~treenic.sparse.base.SparseResult` with the RTL's results and
+    residuals, the traffic log and info of a fresh golden model of the same program;
+    cycles)."""
+    from treenic.sparse.base import SparseResult
+    from .sparse_fabric import clear_word
+    if sim.loaded:
+        sim.sim.run_streams(inputs={f"host_i__{u}": [clear_word(sim.program.dump_words)]
+                                    for u in range(sim.P)})
+    r = sim.run(accs)
+    want = program_golden(sim.program, seed).step(accs)   # traffic log; values: the RTL's
+    info = dict(want.info, engine=ENGINE_NAME, cycles=r.cycles, link_bytes=r.link_bytes,
+                malformed=r.malformed)
+    return SparseResult(sim.program.algorithm, r.results, r.residuals, want.sent,
+                        want.received, info), r.cycles

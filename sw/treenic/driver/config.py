@@ -23,7 +23,13 @@ bounds passed:
    run on it (:func:`treenic.schedule.check.check_postcondition`: every node ends with
    every chunk summed over all nodes exactly once;
    :func:`~treenic.schedule.check.check_dependencies`): an empty or partial set -- which
-   would hand ranks back their own inputs -- is refused.
+   would hand ranks back their own inputs -- is refused;
+5. a set with a sparse section (image version 3, :func:`parse_sparse_program`): the
+   program is decoded (:func:`~treenic.firmware.image.decode_sparse_program`, every row
+   field checked) and must be exactly what the sparse compiler
+   (:func:`~treenic.schedule.sparse_table.sparse_model`) emits for the parameters the
+   section names (algorithm, density, residual, flow assignment and hash seed, codec), so
+   the golden engine's model and the RTL engine's rows are one program.
 
 Every refusal is a :class:`ConfigRejected` with a one-line reason.
 """
@@ -31,7 +37,9 @@ from __future__ import annotations
 
 import re
 
-from ..firmware.image import ImageError, ImageSet, decode_schedule, peek_set_header
+from ..firmware.image import (ImageError, ImageSet, decode_schedule, decode_sparse_program,
+                              peek_set_header)
+from ..schedule.sparse_table import SparseProgram, program_parameters, sparse_model
 from ..schedule.check import check_dependencies, check_postcondition
 from ..schedule.ir import Schedule, ScheduleError
 from ..topology import TopologyError
@@ -92,3 +100,30 @@ def parse_image_set(data: bytes, nodes: int) -> tuple[ImageSet, Schedule]:
         raise ConfigRejected(f"the schedule of the image set fails its checkers: {e}") \
             from None
     return images, schedule
+
+
+def parse_sparse_program(images: ImageSet) -> SparseProgram | None:
+    """Step 5: the sparse program of a checked set (:func:`parse_image_set`), or None for a
+    dense-only set. Refused (:class:`ConfigRejected`, naming node and field) unless it is
+    the compiler's program for the parameters its sections name."""
+    if images[0].sparse is None:
+        return None
+    try:
+        program = decode_sparse_program(images)
+        params = program_parameters(program)
+        _, want = sparse_model(params.pop("algorithm"), params.pop("topology"),
+                               params.pop("elements"), params.pop("density"),
+                               **dict(params, seed=params["seed"] or 0))
+    except (ImageError, TopologyError, ValueError) as e:
+        raise ConfigRejected(f"image set's sparse program rejected: {e}") from None
+    for name in program.__dataclass_fields__:
+        got, exp = getattr(program, name), getattr(want, name)
+        if got == exp:
+            continue
+        if name == "rows":
+            node = next(u for u, (a, b) in enumerate(zip(got, exp)) if a != b)
+            raise ConfigRejected(f"image set's sparse program: node {node}'s rows are not "
+                                 f"the compiler's program for its parameters")
+        raise ConfigRejected(f"image set's sparse program: field {name}={got!r} is not the "
+                             f"compiler's {exp!r} for its parameters")
+    return program

@@ -43,11 +43,12 @@ import numpy as np
 from .. import algorithms
 from ..schedule.execute import CANONICAL_NAN
 from ..schedule.ir import Op, Schedule
+from ..schedule.sparse_table import SPARSE_ALGORITHMS
 from ..topology import Topology, parse
 from . import protocol as P
 from .errors import BadTensor, DriverError, FabricError
 from .fabric import (RTL_SPARSE_DESCRIPTION, GoldenEngine, LocalFabric, Request,
-                     check_sparse_request, link_bytes, make_engine)
+                     check_sparse_request, link_bytes, make_engine, sparse_image_set)
 from .torch_backend import TorchBackend as _TorchBackend
 
 BACKENDS = ("model", "torch", "rtl", "udp")
@@ -423,30 +424,50 @@ class _RTLBackend:
         self._last_cycles = None
 
     def load(self, schedule, image):
-        """Nothing is sent yet: an image set is for one element count, so each collective
-        loads the set for its own count when that changed (:meth:`_configure`). Returns the
-        config id now loaded (0: none)."""
+        """Nothing is sent yet: an image set is for one element count (and a sparse one for
+        one sparse request), so each collective loads the set it needs when another is
+        loaded (:meth:`_configure`). Returns the config id now loaded (0: none)."""
         self.schedule = schedule
-        self._loaded_elements = None
-        self._image_sets: dict[int, bytes] = {}        # element count -> compiled set
+        self._loaded_key = None
+        self._image_sets: dict[tuple, bytes] = {}       # what the set is for -> its bytes
+        #: config id -> what the sparse collectives that ran from that image set asked for
+        self._sparse_images: dict[int, dict] = {}
         return 0
 
-    def _configure(self, elements: int, seq: int) -> None:
-        """Load the image set for ``elements`` before collective ``seq`` when another count
-        is loaded; each count's set is compiled once (a job's buckets alternate between a
-        few counts). The config id is the CRC-32 of the bytes sent."""
-        if self._loaded_elements == elements:
+    def _configure(self, elements: int, seq: int, sparse: tuple | None = None) -> None:
+        """Load, before collective ``seq``, the image set it runs when another is loaded:
+        the dense set of the schedule for ``elements``, or -- for ``sparse`` = (scheme,
+        density, seed, options) of a scheme the image encodes -- the sparse set of that
+        request (:func:`~treenic.driver.fabric.sparse_image_set`: the dense MultiTree
+        images + every node's sparse program), whose program the fabric runs. Each set is
+        compiled once (a job's buckets alternate between a few); the config id is the
+        CRC-32 of the bytes sent."""
+        if sparse is None:
+            key = ("dense", elements)
+        else:
+            scheme, density, seed, options = sparse
+            hashed = options.get("flow_assignment") == "hash"
+            key = ("sparse", elements, scheme, density, seed if hashed else None,
+                   tuple(sorted(options.items())))
+        if self._loaded_key == key:
             return
-        image_set = self._image_sets.get(elements)
+        image_set = self._image_sets.get(key)
         if image_set is None:
-            from ..firmware.image import compile_images
-            image_set = compile_images(None, self.schedule, elements).to_bytes()
+            from ..firmware.image import ImageError, compile_images
+            try:
+                images = (compile_images(None, self.schedule, elements) if sparse is None else
+                          sparse_image_set(self.schedule.topology.spec, scheme, elements,
+                                           density, seed, options))
+            except ImageError as e:
+                raise DriverError(f"rank {self.comm.rank}: collective #{seq}: cannot compile "
+                                  f"its image set: {e}") from None
+            image_set = images.to_bytes()
             if len(self._image_sets) >= 16:                # bounded: oldest first
                 self._image_sets.pop(next(iter(self._image_sets)))
-            self._image_sets[elements] = image_set
+            self._image_sets[key] = image_set
         self.comm.config_id, _, _ = self.client.load_config(
             image_set, what=f"collective #{seq} step LOAD_CONFIG")
-        self._loaded_elements = elements
+        self._loaded_key = key
 
     def _account(self):
         c = self.comm.counters
@@ -467,14 +488,37 @@ class _RTLBackend:
     def sparse(self, tensor, residual, scheme, density, seed, seq, options=None):
         data, _ = _to_numpy(tensor)
         acc = data.copy() if residual is None else data + _to_numpy(residual)[0]
-        self._configure(acc.shape[0], seq)
+        options = dict(options or {})
+        # a scheme the image encodes runs the program of the set loaded for it; the golden
+        # engine's other models run on the dense set (the rtl engine refuses them)
+        imaged = scheme in SPARSE_ALGORITHMS
+        self._configure(acc.shape[0], seq,
+                        (scheme, density, seed, options) if imaged else None)
         result, new_res, info = self.client.collective(seq, acc,
                                                        sparse=(scheme, density, seed, options))
+        if imaged:
+            self._record_sparse_image(scheme, acc.shape[0], density, seed, options)
         if info["cycles"] is not None:
             self.comm.counters.cycles += info["cycles"]
         _write_back(tensor, result)
         self._account()
         return _like(tensor, new_res), info["sent"], info["received"], info["steps"]
+
+    def _record_sparse_image(self, scheme, elements, density, seed, options) -> None:
+        """Which image set (config id, as the fabric acknowledged it) a sparse collective
+        ran from, for status(); bounded (oldest first)."""
+        cid = self.comm.config_id
+        entry = self._sparse_images.get(cid)
+        if entry is None:
+            while len(self._sparse_images) >= 64:
+                self._sparse_images.pop(next(iter(self._sparse_images)))
+            entry = self._sparse_images[cid] = dict(
+                config_id=f"{cid:#010x}", scheme=scheme, elements=int(elements),
+                density=float(density), **options, collectives=0)
+            if options.get("flow_assignment") == "hash":
+                entry["seed"] = int(seed)
+        entry["collectives"] += 1
+        self._last_sparse_image = entry["config_id"]
 
     def abort(self, seq, reason):
         self.client.abort(seq, reason)
@@ -489,6 +533,10 @@ class _RTLBackend:
                 "sparse_engine": (GoldenEngine.sparse_description if golden
                                   else RTL_SPARSE_DESCRIPTION),
                 "last_cycles": self._last_cycles,
+                # the image sets the sparse collectives ran from (the program is the set's
+                # sparse section; the fabric refuses a request that does not match it)
+                "sparse_image": getattr(self, "_last_sparse_image", None),
+                "sparse_images": list(self._sparse_images.values()),
                 "nic": self.client.status()}
 
     def close(self):

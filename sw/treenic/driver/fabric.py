@@ -19,6 +19,16 @@ A *fabric engine* simulates the N NICs and their links for one loaded schedule::
   on the schedule's topology); any other scheme raises (no golden fallback), and
   :func:`rtl_sparse_unsupported` says so before anything runs.
 
+**Loaded sparse programs.** An engine the fabric server built from a received image set
+(:func:`loaded_engine`) runs a sparse scheme that has an image encoding
+(:data:`~treenic.schedule.sparse_table.SPARSE_ALGORITHMS`) from the set's sparse section
+only: the RTL engine loads the engines' PROG rows decoded from it, the golden engine runs
+the golden model of the program's own parameters. A request whose scheme, element count,
+density, residual, flow assignment or hash seed differ from the loaded program's, or one
+sent while the loaded set has no sparse program, is refused (:func:`sparse_request_refusal`)
+-- never recompiled. An engine without a loaded set (in-process :class:`LocalFabric`)
+compiles the request's own program.
+
 :class:`Rendezvous` matches the k-th collective of every rank (by sequence number), checks
 that all ranks asked for the same thing (mode, element count, sparse parameters), runs the
 engine once and hands each rank its row. The in-process :class:`LocalFabric` (threads) and
@@ -34,6 +44,7 @@ import numpy as np
 
 from ..schedule.execute import execute
 from ..schedule.ir import Schedule
+from ..schedule.sparse_table import SPARSE_ALGORITHMS, program_golden, program_parameters
 from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailable
 
 #: Name (for messages) of the module the RTL engine imports, :mod:`treenic.hdl.nic.fabric_sim`:
@@ -46,8 +57,8 @@ RTL_SPARSE_MODULE = "treenic.hdl.nic.sparse_sim"
 RTL_SPARSE_DESCRIPTION = f"Verilated sparse NIC fabric ({RTL_SPARSE_MODULE})"
 
 ENGINES = ("golden", "rtl")
-#: sparse schemes the RTL engine runs (docs/sparse-nic.md)
-RTL_SPARSE = ("multitree-sparse", "topka")
+#: sparse schemes the RTL engine runs (docs/sparse-nic.md): those the image encodes
+RTL_SPARSE = SPARSE_ALGORITHMS
 #: How often a rank waiting in a collective checks that its own connection is still open.
 POLL_SECONDS = 0.1
 
@@ -132,6 +143,78 @@ def run_sparse_model(scheme: str, accs: np.ndarray, density: float, seed: int,
     return algo.step(np.ascontiguousarray(accs, dtype=np.float32))
 
 
+def _describe(p: dict) -> str:
+    """One line of sparse request / program parameters."""
+    seed = "" if p["seed"] is None else f" seed={p['seed']}"
+    opts = "" if p["algorithm"] not in SCHEMES_WITH_OPTIONS else \
+        f" residual={p['residual']} flow_assignment={p['flow_assignment']}{seed}"
+    return f"{p['algorithm']} of {p['elements']} elements at density={p['density']!r}{opts}"
+
+
+def sparse_request_refusal(engine, scheme: str, elements: int, density: float, seed: int,
+                           options: dict | None) -> tuple[str, str] | None:
+    """``(error code name, one-line reason)`` when ``engine``, loaded from an image set, must
+    not run this sparse request (validated ``options``, :func:`check_sparse_request`), else
+    None. The loaded program's parameters are the contract: a scheme with an image encoding
+    runs only the set's sparse program, so a set without one (``NOT_READY``), another
+    element count (``SIZE_MISMATCH``) or other parameters (``CONFIG_MISMATCH``) are refused
+    -- nothing is recompiled. An engine without a loaded set, or a scheme without an image
+    encoding (the golden engine's other models), is not refused here."""
+    if getattr(engine, "images", None) is None or scheme not in SPARSE_ALGORITHMS:
+        return None
+    program = engine.sparse_program
+    cid = getattr(engine, "config_id", None)
+    where = "the loaded image set" + ("" if cid is None else f" {cid:#010x}")
+    if program is None:
+        return "NOT_READY", (f"no sparse program loaded: {where} is dense-only; load the "
+                             f"image set of {scheme} at density {density!r} "
+                             "(compile_images(..., density=...)) before a sparse START")
+    options = options or {}
+    flow = options.get("flow_assignment", SPARSE_OPTIONS["flow_assignment"][0])
+    asked = dict(algorithm=scheme, elements=int(elements), density=float(density),
+                 residual=options.get("residual", SPARSE_OPTIONS["residual"][0]),
+                 flow_assignment=flow, seed=int(seed) if flow == "hash" else None)
+    held = program_parameters(program)
+    differ = [k for k in asked if asked[k] != held[k]]
+    if not differ:
+        return None
+    code = "SIZE_MISMATCH" if differ == ["elements"] else "CONFIG_MISMATCH"
+    return code, (f"sparse START asks for {_describe(asked)} but {where} holds "
+                  f"{_describe(held)} ({', '.join(differ)} differ); nothing ran: load the "
+                  "request's image set first")
+
+
+def loaded_engine(name: str, data: bytes, nodes: int):
+    """``(schedule, engine)`` of a received image set (the fabric server's LOAD_CONFIG):
+    checked (:func:`~treenic.driver.config.parse_image_set`, and its sparse section
+    :func:`~treenic.driver.config.parse_sparse_program`) and engine ``name`` built to run
+    exactly it. Raises ConfigRejected or RTLFabricUnavailable."""
+    from .config import parse_image_set, parse_sparse_program
+    images, schedule = parse_image_set(data, nodes)
+    return schedule, make_engine(name, schedule, images, parse_sparse_program(images))
+
+
+def sparse_image_set(topology: str, scheme: str, elements: int, density: float, seed: int,
+                     options: dict | None = None):
+    """The configuration image set a rank loads for a sparse request of ``scheme`` (one of
+    :data:`~treenic.schedule.sparse_table.SPARSE_ALGORITHMS`) with validated ``options``:
+    the schedule compiler's :func:`~treenic.firmware.image.compile_images` (``density=``),
+    the one source of the program both engines run. The seed is compiled in only where it
+    is part of the program (hash flows), so requests differing in nothing else share a
+    set."""
+    from ..firmware.image import compile_images
+    options = dict(options or {})
+    hashed = options.get("flow_assignment") == "hash"
+    return compile_images(topology, scheme, elements, density=float(density),
+                          seed=int(seed) if hashed else 0, **options)
+
+
+def _refuse_loaded_mismatch(engine, scheme, accs, density, seed, options) -> None:
+    refusal = sparse_request_refusal(engine, scheme, accs.shape[1], density, seed, options)
+    if refusal:
+        raise FabricError(refusal[1], code=refusal[0])
+
+
 class GoldenEngine:
     """The golden executor. Loaded from an image set (the fabric server), ``schedule`` is
     the one the set's rows describe (:func:`treenic.firmware.image.decode_schedule`), so
@@ -142,10 +225,14 @@ class GoldenEngine:
     dense_description = "golden executor (treenic.schedule.execute)"
     sparse_description = "golden (treenic.sparse models)"
 
-    def __init__(self, schedule: Schedule, images=None):
+    def __init__(self, schedule: Schedule, images=None, sparse_program=None):
         self.schedule = schedule
         #: the loaded :class:`~treenic.firmware.image.ImageSet` (None: in-process fabric)
         self.images = images
+        #: the set's checked sparse program (None: dense-only set, or no set)
+        self.sparse_program = sparse_program
+        #: the loaded set's config id (the fabric server sets it; messages name it)
+        self.config_id = None
 
     def sparse_unsupported(self, scheme: str, options: dict | None = None) -> str | None:
         """None: :meth:`run_sparse` runs ``scheme`` with ``options``; else why not."""
@@ -156,6 +243,15 @@ class GoldenEngine:
 
     def run_sparse(self, scheme: str, accs: np.ndarray, density: float, seed: int,
                    options: dict | None = None):
+        """The golden model of the loaded sparse program (its own parameters, which the
+        request must match), or, with no set loaded or a scheme without an image encoding,
+        of the request."""
+        _refuse_loaded_mismatch(self, scheme, accs, density, seed, options)
+        if self.images is not None and scheme in SPARSE_ALGORITHMS:
+            res = program_golden(self.sparse_program, seed).step(
+                np.ascontiguousarray(accs, dtype=np.float32))
+            res.info["program"] = "loaded image set"
+            return res
         return run_sparse_model(scheme, accs, density, seed, options, self.schedule)
 
 
@@ -177,9 +273,11 @@ class RTLEngine:
     SPARSE_OPTION_VALUES: dict = {"residual": ("local", "global"),
                                   "flow_assignment": ("contiguous", "hash")}
 
-    def __init__(self, schedule: Schedule, images=None):
+    def __init__(self, schedule: Schedule, images=None, sparse_program=None):
         self.schedule = schedule
         self.images = images
+        self.sparse_program = sparse_program
+        self.config_id = None
         if not schedule.topology.is_direct:
             raise RTLFabricUnavailable(f"RTL fabric engine unavailable: the RTL fabric wires "
                                        f"direct networks only; {schedule.topology.spec} has "
@@ -249,18 +347,26 @@ class RTLEngine:
     def run_sparse(self, scheme, accs, density, seed, options=None):
         """MultiTree-Sparse or TopkA of ``accs`` on the Verilated sparse NIC fabric of the
         schedule's topology (results and residuals from the RTL); ``info["engine"]`` names
-        it."""
+        it. Loaded from an image set, the engines run the set's sparse program (PROG rows
+        decoded from it), which the request must match; else the request's own program is
+        compiled."""
         why = rtl_sparse_unsupported(scheme, options)
         if why:
             raise FabricError(why)
+        _refuse_loaded_mismatch(self, scheme, accs, density, seed, options)
         if self._sparse is None:
             from ..hdl.nic.sparse_sim import StatelessSparse
             self._sparse = StatelessSparse(self.schedule.topology.spec)
         try:
             opts = options or {}
-            res, _ = self._sparse.run(accs, density, seed,
-                                      opts.get("flow_assignment", "contiguous"),
-                                      algorithm=scheme, residual=opts.get("residual", "local"))
+            if self.images is not None:
+                res, _ = self._sparse.run_images(self.images, self.sparse_program, accs, seed)
+                res.info["program"] = "loaded image set"
+            else:
+                res, _ = self._sparse.run(accs, density, seed,
+                                          opts.get("flow_assignment", "contiguous"),
+                                          algorithm=scheme,
+                                          residual=opts.get("residual", "local"))
         except (ValueError, TimeoutError) as e:
             raise FabricError(f"RTL sparse fabric: {e}") from None
         return res
@@ -284,13 +390,14 @@ def rtl_sparse_unsupported(scheme: str, options: dict | None = None) -> str | No
     return None
 
 
-def make_engine(name: str, schedule: Schedule, images=None):
+def make_engine(name: str, schedule: Schedule, images=None, sparse_program=None):
     """Engine ``name`` for ``schedule``; with ``images`` (an ImageSet whose rows describe
-    ``schedule``) the engine runs that image set."""
+    ``schedule``, and ``sparse_program`` its checked sparse program or None) the engine runs
+    that image set."""
     if name == "golden":
-        return GoldenEngine(schedule, images)
+        return GoldenEngine(schedule, images, sparse_program)
     if name == "rtl":
-        return RTLEngine(schedule, images)
+        return RTLEngine(schedule, images, sparse_program)
     raise DriverError(f"unknown fabric engine {name!r}; known: {', '.join(ENGINES)}")
 
 

@@ -11,7 +11,7 @@ Framing (all integers little-endian)
 offset size field
 ====== ==== ==================================================================
 0      4    magic ``b"TNIC"``
-4      1    protocol version (:data:`PROTOCOL_VERSION`, currently 3)
+4      1    protocol version (:data:`PROTOCOL_VERSION`, currently 4)
 5      1    message type (:class:`Msg`)
 6      2    flags (bit 0: reply; other bits reserved, must be 0)
 8      4    tag: request id chosen by the client; the reply echoes it
@@ -67,6 +67,15 @@ Messages (request → reply; payload layouts as :mod:`struct` formats)
     sparse scheme name (``treenic.sparse`` registry). The NIC starts once all ranks have
     written and started collective ``sequence`` with the same parameters; the reply is sent
     when it finished. A sparse scheme the fabric's engine does not run is ``ENGINE``.
+    A sparse scheme the configuration image encodes (``multitree-sparse``, ``topka``) runs
+    the **sparse program of the rank's loaded image set** (its version-3 sparse section;
+    both engines: the RTL loads its rows, the golden engine runs the model of its
+    parameters) and never a program compiled for the request: the set must have one
+    (else ``NOT_READY``), for the buffer's element count (else ``SIZE_MISMATCH``) and the
+    request's scheme, density, residual, flow assignment and -- hash flows -- seed (else
+    ``CONFIG_MISMATCH`` naming both sides); refused before the buffer is taken. The
+    driver loads the request's sparse set (``compile_images(..., density=...)``) before
+    such a START. Other schemes (golden engine only) run the request's golden model.
     reply ``<IIQQQ`` sequence, steps, cycles (:data:`CYCLES_UNKNOWN` when the engine does
     not model time), bytes this NIC sent on its links, bytes it received on its links.
 ``READ_BUFFER`` 0x05 → ``BUFFER_DATA`` 0x85
@@ -101,7 +110,9 @@ it then closes. Security model, limits and guarantees: ``docs/driver-protocol.md
 Versioning: the version byte changes whenever a layout changes (2: HELLO carries the job
 secret; ABORT. 3: LOAD_CONFIG carries the configuration image set instead of schedule JSON,
 CONFIG_ACK the element count instead of the chunk count, and START's third byte carries the
-sparse options, reserved before). A server answers a frame of
+sparse options, reserved before. 4: a sparse START of a scheme the image encodes runs the
+loaded image set's sparse program and must match it, no longer one the server compiles for
+the request). A server answers a frame of
 another version with ``ERROR VERSION_MISMATCH`` (payload names both versions and what
 changed) in *its own* framing, which every version keeps (magic, version, type at the same
 offsets).
@@ -117,11 +128,13 @@ import zlib
 from enum import IntEnum
 
 MAGIC = b"TNIC"
-PROTOCOL_VERSION = 3             # 3: LOAD_CONFIG carries the image set; sparse options (2: job secret; ABORT)
+PROTOCOL_VERSION = 4             # 4: sparse START runs the loaded set's program (VERSION_CHANGES)
 #: What each version changed, for the VERSION_MISMATCH message an older or newer peer gets.
 VERSION_CHANGES = {2: "HELLO carries the job secret; ABORT",
                    3: "LOAD_CONFIG carries the configuration image set, not schedule JSON; "
-                      "START carries the sparse options"}
+                      "START carries the sparse options",
+                   4: "a sparse START runs the sparse program of the loaded image set "
+                      "(LOAD_CONFIG the request's sparse set first), none compiled for it"}
 HEADER = struct.Struct("<4sBBHII")
 CRC = struct.Struct("<I")
 MAX_PAYLOAD = 1 << 30            # 1 GiB: 256 M float32 elements per buffer
@@ -177,10 +190,10 @@ class ErrorCode(IntEnum):
     FRAME_TOO_LARGE = 4    # framing lost: connection closed
     UNKNOWN_TYPE = 5
     BAD_PAYLOAD = 6        # payload too short/long for its type, bad field
-    NOT_READY = 7          # HELLO missing, or no config loaded
+    NOT_READY = 7          # HELLO missing, no config loaded, or no sparse program in it
     BAD_RANK = 8           # rank outside 0..world-1 or already connected
     WORLD_MISMATCH = 9
-    CONFIG_MISMATCH = 10
+    CONFIG_MISMATCH = 10   # ranks' configs differ, or a sparse START not the loaded program
     BAD_CONFIG = 11        # image does not parse / wrong node count / CRC
     UNSUPPORTED_DTYPE = 12
     SIZE_MISMATCH = 13     # ranks wrote buffers of different sizes

@@ -30,10 +30,10 @@ import zlib
 import numpy as np
 
 from . import protocol as P
-from .config import ConfigRejected, parse_image_set
+from .config import ConfigRejected
 from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailable
 from .fabric import (RTL_MODULE, SCHEMES_WITH_OPTIONS, SPARSE_OPTIONS, GoldenEngine, Request,
-                     Rendezvous, check_sparse_request, make_engine)
+                     Rendezvous, check_sparse_request, loaded_engine, sparse_request_refusal)
 
 LOOPBACK = ("127.0.0.1", "::1", "localhost")
 #: Loaded configurations no rank holds that the server keeps built (oldest dropped first)
@@ -330,8 +330,8 @@ class FabricServer:
             if cached is not None and cached[0] == image:
                 return (crc,) + cached[1:]
             try:
-                images, schedule = parse_image_set(image, self.nodes)
-                engine = make_engine(self.engine_name, schedule, images)
+                schedule, engine = loaded_engine(self.engine_name, image, self.nodes)
+                engine.config_id = crc
             except ConfigRejected as e:
                 raise _Reply(P.ErrorCode.BAD_CONFIG, str(e)) from None
             except RTLFabricUnavailable as e:
@@ -396,6 +396,8 @@ class FabricServer:
                                                "WRITE_BUFFER")
         if mode == P.MODE_DENSE:
             _check_config_elements(ctx, seq)
+        else:
+            _check_sparse_program(ctx, seq, scheme, density, seed, options)
         data = ctx["staged"].pop(seq)
         rank = ctx["rank"]
         if mode == P.MODE_DENSE:
@@ -500,6 +502,17 @@ def _check_config_elements(ctx, seq: int) -> None:
         raise _Reply(P.ErrorCode.SIZE_MISMATCH,
                      f"collective #{seq} has {count} elements, the loaded image set "
                      f"{cid:#010x} is for {want}: load the image set for {count} first")
+
+
+def _check_sparse_program(ctx, seq: int, scheme: str, density: float, seed: int,
+                          options: dict) -> None:
+    """A sparse collective runs the sparse program of the loaded image set: a request it
+    does not match is refused (nothing recompiled, the staged buffer kept)."""
+    refusal = sparse_request_refusal(ctx["config"][2], scheme, ctx["staged"][seq].shape[0],
+                                     density, seed, options)
+    if refusal:
+        code, text = refusal
+        raise _Reply(P.ErrorCode[code], f"collective #{seq}: {text}")
 
 
 def _peer_open(conn: socket.socket) -> bool:

@@ -41,7 +41,8 @@ import numpy as np
 
 __all__ = ["SparseOp", "ROW_FIELDS", "ROW_BITS", "SPARSE_TABLE_VERSION", "SparseProgram",
            "pack_row", "unpack_row", "compile_sparse", "compile_topka", "SparseTableError",
-           "SPARSE_ALGORITHMS", "sparse_model"]
+           "SPARSE_ALGORITHMS", "sparse_model", "golden_model", "program_parameters",
+           "program_golden"]
 
 #: the sparse all-reduces the sparse engine runs (:func:`sparse_model` compiles them)
 SPARSE_ALGORITHMS = ("multitree-sparse", "topka")
@@ -300,26 +301,56 @@ def compile_topka(model, topology: str | None = None, *, codec: bool = False) ->
                          link_flits=link_pairs // k * flits, density=model.density)
 
 
-def sparse_model(algorithm: str, topology: str, elements: int, density: float, *,
-                 seed: int = 0, flow_assignment: str = "contiguous", residual: str = "local",
-                 codec: bool = False):
-    """(golden model, its sparse program) of one sparse all-reduce on the engine. TopkA has no
-    flows and keeps the local residual (its golden defines no other). ``codec``: messages in
-    the codec format (pairs or bitmap + values, the golden codec's rule) instead of pair
-    flits. The configuration image (:func:`treenic.firmware.image.compile_images`) and the
-    fabric sims build their programs here."""
+def golden_model(algorithm: str, topology: str, elements: int, density: float, *,
+                 seed: int = 0, flow_assignment: str = "contiguous",
+                 residual: str = "local"):
+    """A fresh golden model of one sparse all-reduce the engine runs (no residual kept
+    yet). TopkA has no flows and keeps the local residual (its golden defines no other)."""
     from treenic.topology import parse
     P = parse(topology).n
     if algorithm == "topka":
         if flow_assignment != "contiguous" or residual != "local":
             raise ValueError("topka has no flow assignment and keeps the local residual only")
         from treenic.sparse.topk_family import TopkA
-        golden = TopkA(P, elements, density, seed=seed)
-        return golden, compile_topka(golden, topology, codec=codec)
+        return TopkA(P, elements, density, seed=seed)
     if algorithm != "multitree-sparse":
         raise ValueError(f"the sparse engine runs {' and '.join(SPARSE_ALGORITHMS)}, not "
                          f"{algorithm!r}")
     from treenic.sparse.multitree_sparse import MultiTreeSparse
-    golden = MultiTreeSparse(P, elements, density, seed=seed, topology=topology,
-                             flow_assignment=flow_assignment, residual=residual)
+    return MultiTreeSparse(P, elements, density, seed=seed, topology=topology,
+                           flow_assignment=flow_assignment, residual=residual)
+
+
+def sparse_model(algorithm: str, topology: str, elements: int, density: float, *,
+                 seed: int = 0, flow_assignment: str = "contiguous", residual: str = "local",
+                 codec: bool = False):
+    """(golden model, its sparse program) of one sparse all-reduce on the engine
+    (:func:`golden_model`). ``codec``: messages in the codec format (pairs or bitmap +
+    values, the golden codec's rule) instead of pair flits. The configuration image
+    (:func:`treenic.firmware.image.compile_images`) and the fabric sims build their
+    programs here."""
+    golden = golden_model(algorithm, topology, elements, density, seed=seed,
+                          flow_assignment=flow_assignment, residual=residual)
+    if algorithm == "topka":
+        return golden, compile_topka(golden, topology, codec=codec)
     return golden, compile_sparse(golden, codec=codec)
+
+
+def program_parameters(program: SparseProgram) -> dict:
+    """The parameters ``program`` was compiled for (:func:`sparse_model`'s arguments, the
+    codec flag included): what a sparse request must match to run it. ``seed`` is the hash
+    seed of hash flows and None otherwise (contiguous flows and TopkA do not depend on
+    it)."""
+    return dict(algorithm=program.algorithm, topology=program.topology,
+                elements=program.elements, density=program.density, seed=program.hash_seed,
+                flow_assignment="contiguous" if program.hash_seed is None else "hash",
+                residual=program.residual, codec=program.codec)
+
+
+def program_golden(program: SparseProgram, seed: int = 0):
+    """A fresh golden model of the all-reduce ``program`` runs (its own parameters; ``seed``
+    only where the program has none: contiguous flows, TopkA)."""
+    p = program_parameters(program)
+    return golden_model(p["algorithm"], p["topology"], p["elements"], p["density"],
+                        seed=seed if p["seed"] is None else p["seed"],
+                        flow_assignment=p["flow_assignment"], residual=p["residual"])
