@@ -150,7 +150,9 @@ def _engines(status: dict) -> dict:
     """What ran the dense and the sparse collectives (the communicator's own words)."""
     engine = status.get("engine")
     return {"engine_name": engine, "dense_engine": status.get("dense_engine", engine),
-            "sparse_engine": status.get("sparse_engine", engine)}
+            "sparse_engine": status.get("sparse_engine", engine),
+            # the rtl backend: the image sets (config ids) the sparse steps ran from
+            "sparse_images": status.get("sparse_images")}
 
 
 def _sparse_options(cfg) -> dict:
@@ -248,7 +250,7 @@ def run_many(configs: list[dict], *, timeout: float = 600.0, log=print) -> list[
                             f"{steps * dt / 60:.1f} min (--engine golden runs the same path "
                             "with the golden executor)")
                         if c["density"]:
-                            _probe_rtl_sparse(eng, c, elements, log)
+                            _probe_rtl_sparse(c, elements, log)
                 if reason:
                     log(f"NOTICE: {reason}.\nNOTICE: falling back from backend 'rtl' to "
                         "'model' (golden executor): results are the golden model's, not "
@@ -300,16 +302,23 @@ def _sparse_engine_check(c: dict, log) -> None:
     c["label"] = c["label"].replace("rtl/", "rtl-server[golden engine]/", 1)
 
 
-def _probe_rtl_sparse(eng, c: dict, elements: int, log) -> None:
-    """One sparse collective on the RTL engine before the world starts: it builds (or loads
-    from build/cosim) the Verilated sparse fabric here, not inside the first training step
-    (where a build outlasts the ranks' request timeout), and times it. A failure is an
+def _probe_rtl_sparse(c: dict, elements: int, log) -> None:
+    """One sparse collective on the RTL engine before the world starts, loaded the way the
+    fabric server loads it (the rank's sparse image set through LOAD_CONFIG's checks,
+    :func:`~treenic.driver.fabric.loaded_engine`): it builds (or loads from build/cosim)
+    the Verilated sparse fabric the server will run, here, not inside the first training
+    step (where a build outlasts the ranks' request timeout), and times it. A failure is an
     error: the rtl engine was asked for and cannot serve."""
     import numpy as np
+    from .driver.fabric import loaded_engine, sparse_image_set
     t0 = time.perf_counter()
+    options = _sparse_options(c)
     try:
+        images = sparse_image_set(c["topology"], c["scheme"], elements, c["density"],
+                                  c["seed"], options)
+        _, eng = loaded_engine("rtl", images.to_bytes(), c["workers"])
         res = eng.run_sparse(c["scheme"], np.zeros((c["workers"], elements), np.float32),
-                             c["density"], c["seed"], _sparse_options(c))
+                             c["density"], c["seed"], options)
     except Exception as e:
         raise ValueError(f"--engine rtl: the RTL sparse fabric failed a test collective: "
                          f"{type(e).__name__}: {str(e)[:300]}") from None
@@ -380,6 +389,7 @@ def _summarise(cfg, ranks, wall):
         # "engine": what ran the sparse steps of a sparse run, the dense ones of a dense run
         s["dense_engine"], s["sparse_engine"] = r0["dense_engine"], r0["sparse_engine"]
         s["engine"] = r0["sparse_engine"] if r0["sparse_calls"] else r0["dense_engine"]
+        s["sparse_images"] = r0["sparse_images"]
         s["schedule"] = r0["schedule"]
         s["bytes_sent_per_worker"] = [int(r["bytes_sent"]) for r in ranks]
         s["dense_bytes_per_worker"] = [int(r["dense_bytes"]) for r in ranks]
@@ -396,7 +406,7 @@ def _summarise(cfg, ranks, wall):
                             for e in r0["epochs"]]
     else:
         s["engine"] = s["dense_engine"] = "torch DDP all_reduce"
-        s["sparse_engine"] = None
+        s["sparse_engine"] = s["sparse_images"] = None
         s["bytes_sent_per_worker"] = None
     return s
 
