@@ -178,7 +178,7 @@ def test_sparse_start_not_the_loaded_program_is_refused(server, density, options
         assert load(c, images.to_bytes())[0] == P.Msg.CONFIG_ACK
         write(c, 1, elements)
         text = expect_error(start(c, 1, density, scheme, options, seed), P.ErrorCode[code])
-    assert f"{cid:#010x}" in text and f"({differ} differ)" in text and "\n" not in text
+    assert f"{cid:#010x}" in text and f"(they differ in {differ})" in text and "\n" not in text
     assert "density=0.1" in text and "nothing ran" in text
     assert server.rendezvous.completed == 0
 
@@ -190,7 +190,7 @@ def test_hash_seed_is_part_of_the_contract(server):
         write(c, 1)
         text = expect_error(start(c, 1, 0.1, options={"flow_assignment": "hash"}, seed=4),
                             P.ErrorCode.CONFIG_MISMATCH)
-    assert "(seed differ)" in text and "seed=3" in text and "seed=4" in text
+    assert "(they differ in seed)" in text and "seed=3" in text and "seed=4" in text
 
 
 @pytest.mark.parametrize("name", ["golden", "rtl"])
@@ -204,7 +204,7 @@ def test_both_engines_refuse_alike(name, monkeypatch):
     data = sparse_set(0.1).to_bytes()
     _, engine = F.loaded_engine(name, data, WORLD)
     accs = np.zeros((WORLD, N), np.float32)
-    with pytest.raises(FabricError, match=r"\(density differ\)") as e:
+    with pytest.raises(FabricError, match=r"\(they differ in density\)") as e:
         engine.run_sparse(MT, accs, 0.2, 0, {"residual": "local",
                                              "flow_assignment": "contiguous"})
     assert e.value.code == "CONFIG_MISMATCH"

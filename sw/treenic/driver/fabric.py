@@ -182,8 +182,8 @@ def sparse_request_refusal(engine, scheme: str, elements: int, density: float, s
         return None
     code = "SIZE_MISMATCH" if differ == ["elements"] else "CONFIG_MISMATCH"
     return code, (f"sparse START asks for {_describe(asked)} but {where} holds "
-                  f"{_describe(held)} ({', '.join(differ)} differ); nothing ran: load the "
-                  "request's image set first")
+                  f"{_describe(held)} (they differ in {', '.join(differ)}); nothing ran: "
+                  "load the request's image set first")
 
 
 def loaded_engine(name: str, data: bytes, nodes: int):
