@@ -252,8 +252,7 @@ def test_rtl_engine_hands_the_loaded_program_to_the_fabric(monkeypatch):
 
     def run(self, grads):
         seen.setdefault("runs", []).append(self.program)
-        want = self.golden.step(np.asarray(grads, np.float32))
-        return ss.SparseRun(want.result, want.residuals, 123, 0, 8)
+        return _golden_run(self, grads)
 
     def no_compile(*a, **kw):
         raise AssertionError("the loaded program was recompiled")
@@ -269,8 +268,38 @@ def test_rtl_engine_hands_the_loaded_program_to_the_fabric(monkeypatch):
         res = engine.run_sparse(MT, accs, 0.05, 2, opts)
     assert seen["fabric"].program is engine.sparse_program
     assert seen["runs"] == [engine.sparse_program] * 2
-    assert res.info["program"] == "loaded image set" and res.info["cycles"] == 123
+    assert res.info["program"] == "loaded image set" and res.info["cycles"] == 7
     assert res.info["engine"] == ss.ENGINE_NAME
+
+
+def test_rtl_engine_without_a_loaded_set_compiles_the_request(monkeypatch):
+    """An engine no image set was loaded into (in-process) compiles the request's own
+    program; no refusal applies. Verilator build and run: stand-ins."""
+    import treenic.hdl.cosim as cosim
+    import treenic.hdl.nic.sparse_sim as ss
+    monkeypatch.setattr(cosim, "cosim_available", lambda: True)
+
+    class Stub:
+        def new(self):
+            return self
+
+        def reset(self):
+            pass
+    monkeypatch.setattr(cosim, "build_cosim", lambda fabric, **kw: Stub())
+    monkeypatch.setattr(ss.SparseFabricSim, "run", _golden_run)
+    engine = F.RTLEngine(algorithms.build("multitree", "ring:4"))
+    accs = np.random.default_rng(4).standard_normal((WORLD, N)).astype(np.float32)
+    got = engine.run_sparse("topka", accs, 0.05, 0)
+    want = make("topka", workers=WORLD, elements=N, density=0.05, seed=0).step(accs)
+    assert np.array_equal(bits(got.result), bits(want.result))
+    assert "program" not in got.info and got.info["cycles"] == 7
+
+
+def _golden_run(sim, grads):
+    """Stand-in for the Verilated run: the sim's golden model (7 cycles)."""
+    import treenic.hdl.nic.sparse_sim as ss
+    want = sim.golden.step(np.asarray(grads, np.float32))
+    return ss.SparseRun(want.result, want.residuals, 7, 0, 8)
 
 
 # ---- LOAD_CONFIG checks the sparse section -----------------------------------------------

@@ -98,3 +98,80 @@ def test_rtl_engine_run_sparse_is_the_golden():
     assert np.array_equal(got.residuals.view(np.uint32), want.residuals.view(np.uint32))
     with pytest.raises(FabricError, match="does not run sparse scheme 'gtopk'"):
         eng.run_sparse("gtopk", accs, 0.01, 0)
+
+
+@pytest.mark.slow
+@needs_verilator
+def test_server_runs_the_loaded_sparse_program():
+    """Issue 17, what the driver loads is what the NIC runs: four ranks over the fabric
+    server's rtl engine load the MultiTree-Sparse image set (compile_images, density 0.01)
+    and run two error-feedback steps on the Verilated fabric loaded from that set's sparse
+    section -- bit-exact vs a fresh golden model of each step's accumulators; status() names
+    the set's config id. Then a START at another density against the same loaded set is
+    refused (CONFIG_MISMATCH) and nothing runs or is built."""
+    import socket
+    import zlib
+
+    import numpy as np
+
+    import driver_helpers
+    from treenic import algorithms
+    from treenic.driver import fabric as F
+    from treenic.driver import open_nic
+    from treenic.driver import protocol as P
+    from treenic.driver.server import FabricServer
+    from treenic.sparse.multitree_sparse import MultiTreeSparse
+    world, n, mt = 4, 4096, "multitree-sparse"
+    srv = FabricServer(world, "rtl", collective_timeout=900.0, idle_timeout=900.0)
+    srv.start_thread()
+    sched = algorithms.build("multitree", "ring:4")
+    rng = np.random.default_rng(11)
+    grads = [rng.standard_normal((world, n)).astype(np.float32) for _ in range(2)]
+
+    def rank(r):
+        with open_nic("rtl", r, world, algorithm=sched, **srv.endpoint, timeout=900) as c:
+            res, steps = np.zeros(n, np.float32), []
+            for g in grads:
+                acc = g[r] + res                       # what the driver sends
+                t = g[r].copy()
+                out = c.sparse_allreduce(t, 0.01, scheme=mt, residual=res)
+                res = out.residual
+                steps.append((acc, t, res))
+            return steps, c.status()
+    try:
+        out, errs = driver_helpers.run_threads(rank, world, timeout=1800)
+        assert errs == [None] * world, errs
+        cid = zlib.crc32(F.sparse_image_set("ring:4", mt, n, 0.01, 0, {
+            "residual": "local", "flow_assignment": "contiguous"}).to_bytes())
+        for i in range(2):
+            accs = np.stack([out[r][0][i][0] for r in range(world)])
+            want = MultiTreeSparse(world, n, 0.01, seed=0, topology="ring:4").step(accs)
+            for r in range(world):
+                _, result, residual = out[r][0][i]
+                assert np.array_equal(result.view(np.uint32), want.result[r].view(np.uint32))
+                assert np.array_equal(residual.view(np.uint32),
+                                      want.residuals[r].view(np.uint32))
+        for r in range(world):
+            st = out[r][1]
+            assert st["sparse_engine"] == F.RTL_SPARSE_DESCRIPTION
+            assert st["sparse_image"] == f"{cid:#010x}"
+            assert st["sparse_images"][0]["collectives"] == 2 and st["counters"]["cycles"] > 0
+        engine = srv.configs[cid][2]
+        sims = list(engine._sparse._sims.values())
+        assert len(sims) == 1 and sims[0].program is engine.sparse_program
+        assert srv.rendezvous.completed == 2
+        # the same set loaded, a START at another density: refused, nothing runs
+        with socket.create_connection(srv.address, timeout=10) as s:
+            hello = P.HELLO.pack(P.PROTOCOL_VERSION, 0, world, 0, bytes.fromhex(srv.secret))
+            assert driver_helpers.req(s, P.Msg.HELLO, hello)[0] == P.Msg.HELLO_ACK
+            reply = driver_helpers.load(s, srv.configs[cid][0])
+            assert reply[0] == P.Msg.CONFIG_ACK
+            wr = P.BUFFER.pack(1, P.DTYPE_FLOAT32, P.BUF_GRADIENT, 0, n) + bytes(4 * n)
+            assert driver_helpers.req(s, P.Msg.WRITE_BUFFER, wr)[0] == P.Msg.WRITE_ACK
+            name = mt.encode()
+            text = driver_helpers.expect_error(driver_helpers.req(s, P.Msg.START, P.START.pack(
+                1, P.MODE_SPARSE, 0, len(name), 0.02, 0) + name), P.ErrorCode.CONFIG_MISMATCH)
+        assert "they differ in density" in text and f"{cid:#010x}" in text
+        assert srv.rendezvous.completed == 2 and len(engine._sparse._sims) == 1
+    finally:
+        srv.stop()
