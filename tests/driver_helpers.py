@@ -1,6 +1,6 @@
 """Helpers shared by the driver tests: one function per rank in threads (the in-process
 world), one raw host-protocol request, the check of an ERROR reply, and a raw LOAD_CONFIG of
-a configuration image set."""
+a configuration image set, a golden fabric server, and a stand-in for the Verilator build."""
 import threading
 import zlib
 
@@ -51,3 +51,33 @@ def load(sock, data, *, kind=P.IMAGE_SET, crc=None):
     """Raw LOAD_CONFIG of ``data`` (an image set, or anything a test wants refused)."""
     crc = zlib.crc32(data) if crc is None else crc
     return req(sock, P.Msg.LOAD_CONFIG, P.LOAD_CONFIG.pack(kind, crc) + data)
+
+
+def golden_server(world, **kw):
+    """A golden-engine fabric server in this process (a fixture body: ``yield from``)."""
+    from treenic.driver.server import FabricServer
+    srv = FabricServer(world, "golden", **{"collective_timeout": 10.0, "idle_timeout": 30.0,
+                                           **kw})
+    srv.start_thread()
+    yield srv
+    srv.stop()
+
+
+def stub_verilator(monkeypatch, seen: dict) -> None:
+    """Replace the Verilator build (:func:`treenic.hdl.cosim.build_cosim`) by a stand-in
+    whose model does nothing; ``seen["fabric"]`` is the design it was handed. The RTL
+    engine's constructor check (``cosim_available``) passes."""
+    import treenic.hdl.cosim as cosim
+
+    class Stub:
+        def new(self):
+            return self
+
+        def reset(self):
+            pass
+
+    def build(fabric, **kw):
+        seen["fabric"] = fabric
+        return Stub()
+    monkeypatch.setattr(cosim, "build_cosim", build)
+    monkeypatch.setattr(cosim, "cosim_available", lambda: True)

@@ -265,23 +265,13 @@ def test_fabric_sim_loads_the_engines_from_the_image_bytes(monkeypatch):
     fabric with, and sends as PROG rows, the program decoded from the serialized image set --
     not the compiler's object. The Verilator build is replaced by a stand-in here (the
     Verilated run itself: tests/test_sparse_nic_cli.py, TREENIC_RTL_TESTS=1)."""
-    import treenic.hdl.cosim as cosim
+    import driver_helpers
     import treenic.hdl.nic.sparse_sim as ss
     from treenic.hdl.nic.sparse_engine import HostKind
     from treenic.hdl.nic.sparse_fabric import load_words
 
     seen = {}
-
-    class Stub:
-        def new(self):
-            return self
-
-        def reset(self):
-            pass
-
-    def build(fabric, **kw):
-        seen["fabric"] = fabric
-        return Stub()
+    driver_helpers.stub_verilator(monkeypatch, seen)
 
     real = ss.program_from_image_bytes
 
@@ -290,7 +280,6 @@ def test_fabric_sim_loads_the_engines_from_the_image_bytes(monkeypatch):
         seen["program"] = real(data)
         return seen["program"]
 
-    monkeypatch.setattr(cosim, "build_cosim", build)
     monkeypatch.setattr(ss, "program_from_image_bytes", decode)
     sim = ss.SparseFabricSim("ring:6", 600, 0.05, flow_assignment="hash", residual="global",
                              seed=3)

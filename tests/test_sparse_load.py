@@ -23,7 +23,6 @@ from treenic.driver import open_nic
 from treenic.driver import protocol as P
 from treenic.driver.config import ConfigRejected, parse_image_set, parse_sparse_program
 from treenic.driver.errors import FabricError
-from treenic.driver.server import FabricServer
 from treenic.firmware.image import ImageSet, compile_images, decode_sparse_program
 from treenic.sparse.base import make
 
@@ -34,10 +33,7 @@ MT = "multitree-sparse"
 
 @pytest.fixture
 def server():
-    srv = FabricServer(WORLD, "golden", collective_timeout=10.0, idle_timeout=30.0)
-    srv.start_thread()
-    yield srv
-    srv.stop()
+    yield from driver_helpers.golden_server(WORLD)
 
 
 def bits(a):
@@ -199,8 +195,7 @@ def test_both_engines_refuse_alike(name, monkeypatch):
     the same refusal, before anything runs."""
     if name == "rtl":
         # the constructor only checks that a fabric could be built; nothing is built here
-        import treenic.hdl.cosim as cosim
-        monkeypatch.setattr(cosim, "cosim_available", lambda: True)
+        driver_helpers.stub_verilator(monkeypatch, {})
     data = sparse_set(0.1).to_bytes()
     _, engine = F.loaded_engine(name, data, WORLD)
     accs = np.zeros((WORLD, N), np.float32)
@@ -234,21 +229,9 @@ def test_rtl_engine_hands_the_loaded_program_to_the_fabric(monkeypatch):
     """RTLEngine.run_sparse on a loaded set builds the Verilated fabric from the set's
     decoded program (the object LOAD_CONFIG checked) and compiles nothing. The Verilator
     build and run are stand-ins here (the real run: TREENIC_RTL_TESTS=1)."""
-    import treenic.hdl.cosim as cosim
     import treenic.hdl.nic.sparse_sim as ss
-    monkeypatch.setattr(cosim, "cosim_available", lambda: True)
     seen = {}
-
-    class Stub:
-        def new(self):
-            return self
-
-        def reset(self):
-            pass
-
-    def build(fabric, **kw):
-        seen["fabric"] = fabric
-        return Stub()
+    driver_helpers.stub_verilator(monkeypatch, seen)
 
     def run(self, grads):
         seen.setdefault("runs", []).append(self.program)
@@ -256,7 +239,6 @@ def test_rtl_engine_hands_the_loaded_program_to_the_fabric(monkeypatch):
 
     def no_compile(*a, **kw):
         raise AssertionError("the loaded program was recompiled")
-    monkeypatch.setattr(cosim, "build_cosim", build)
     monkeypatch.setattr(ss.SparseFabricSim, "run", run)
     monkeypatch.setattr(ss, "imaged_model", no_compile)
     data = sparse_set(0.05, flow_assignment="hash", seed=2).to_bytes()
@@ -275,17 +257,8 @@ def test_rtl_engine_hands_the_loaded_program_to_the_fabric(monkeypatch):
 def test_rtl_engine_without_a_loaded_set_compiles_the_request(monkeypatch):
     """An engine no image set was loaded into (in-process) compiles the request's own
     program; no refusal applies. Verilator build and run: stand-ins."""
-    import treenic.hdl.cosim as cosim
     import treenic.hdl.nic.sparse_sim as ss
-    monkeypatch.setattr(cosim, "cosim_available", lambda: True)
-
-    class Stub:
-        def new(self):
-            return self
-
-        def reset(self):
-            pass
-    monkeypatch.setattr(cosim, "build_cosim", lambda fabric, **kw: Stub())
+    driver_helpers.stub_verilator(monkeypatch, {})
     monkeypatch.setattr(ss.SparseFabricSim, "run", _golden_run)
     engine = F.RTLEngine(algorithms.build("multitree", "ring:4"))
     accs = np.random.default_rng(4).standard_normal((WORLD, N)).astype(np.float32)
