@@ -308,3 +308,21 @@ def test_old_protocol_client_told_why(server):
     with socket.create_connection(server.address, timeout=5) as c:
         text = expect_error(req(c, P.Msg.HELLO, b"", version=3), P.ErrorCode.VERSION_MISMATCH)
     assert "version 3" in text and "sparse program of the loaded image set" in text
+
+
+def test_train_probe_loads_the_set_the_server_will_run(monkeypatch):
+    """``treenic train --engine rtl``'s sparse probe builds the fabric from the rank's
+    sparse set through LOAD_CONFIG's checks (the build the server then finds cached)."""
+    import treenic.hdl.nic.sparse_sim as ss
+    from treenic import train
+    seen = {}
+    driver_helpers.stub_verilator(monkeypatch, seen)
+    monkeypatch.setattr(ss.SparseFabricSim, "run", _golden_run)
+    cfg = train._config("rtl", density=0.05, scheme=MT, progress=False)
+    notes = []
+    train._probe_rtl_sparse(cfg, N, notes.append)
+    opts = train._sparse_options(cfg)
+    want = decode_sparse_program(F.sparse_image_set(cfg["topology"], MT, N, 0.05,
+                                                    cfg["seed"], opts))
+    assert seen["fabric"].program == want
+    assert "= 7 cycles" in notes[0]
