@@ -476,7 +476,9 @@ def run(backend="rtl", algorithm="multitree", topology=None, density=None, worke
                 f"{'_' + variant if variant else ''}{'_sparse' if density else ''}.png")
     main_s["plot"] = str(path)
     for s in summaries:
+        images = ", ".join(i["config_id"] for i in s.get("sparse_images") or [])
         engines = (f"dense steps: {s['dense_engine']}; sparse steps: {s['sparse_engine']}"
+                   + (f" from image set {images}" if images else "")
                    if s.get("sparse_calls") else f"engine: {s.get('engine')}")
         log(f"== {s['label']} (backend {s['backend']}, {s['topology']}, {workers} workers; "
             f"{engines})")
