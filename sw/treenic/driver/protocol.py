@@ -48,7 +48,9 @@ Messages (request → reply; payload layouts as :mod:`struct` formats)
     checks (container, CRC, every field's meaning), name an inline topology of at most the
     fabric's size (no file path is ever opened), be exactly the compiler's encoding of the
     schedule its rows describe, and that schedule must pass the schedule checkers
-    (:mod:`treenic.driver.config`), else ``BAD_CONFIG``. The configuration is this rank's
+    (:mod:`treenic.driver.config`); a set with a sparse section (image version 3) must also
+    hold exactly the sparse compiler's program for the parameters it names; else
+    ``BAD_CONFIG``. The configuration is this rank's
     and holds for collectives of its element count (a rank loads the set for each new
     element count; ``START`` of another count gets ``SIZE_MISMATCH``): a collective runs
     only when every rank loaded the same one; otherwise every rank's ``START`` of it gets
