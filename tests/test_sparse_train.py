@@ -292,5 +292,8 @@ def test_train_rtl_multitree_sparse_end_to_end(tmp_path, capsys):
     assert s["engine"] == s["sparse_engine"] == F.RTL_SPARSE_DESCRIPTION
     assert s["dense_engine"].startswith("Verilated NIC fabric") and s["sparse_calls"] > 0
     assert s["cycles"] > 0
+    # the sparse steps ran the loaded image set's program (issue 17): one set, all steps
+    assert [(i["scheme"], i["density"], i["flow_assignment"], i["collectives"])
+            for i in s["sparse_images"]] == [("multitree-sparse", 0.01, flow, s["sparse_calls"])]
     assert s["sparse_training"]["sparse_options"]["flow_assignment"] == flow
     assert s["params_identical_across_ranks"]
