@@ -41,13 +41,14 @@ DEVICE_CAPACITY = {"ecpix5": {"luts": 83640, "ffs": 83640, "brams": 208},
                    "colorlight": {"luts": 24288, "ffs": 24288, "brams": 56}}
 
 
-def _ecpix5(out: Path, small: bool, node: int, topology: str, nic_mhz):
+def _ecpix5(out: Path, small: bool, node: int, topology: str, nic_mhz, banks=None):
     from treenic.hdl.host.liteeth import core_config, generate
     from treenic.hdl.nic import NicParams
     from .colorlight import board_addresses
     from .ecpix5 import DEFAULT_NIC_MHZ, ECPIX5Top, ecpix5_platform, eth_clock_hz
 
-    params = NicParams(**(synth.NIC_SMALL_PARAMS if small else synth.NIC_CORE_PARAMS))
+    params = NicParams(**(synth.NIC_SMALL_PARAMS if small else synth.NIC_CORE_PARAMS),
+                       **({} if banks is None else {"banks": banks}))   # checks banks
     a = board_addresses(node)
     nic_mhz = DEFAULT_NIC_MHZ if nic_mhz is None else nic_mhz
     verilog = generate(out / "liteeth", core_config(ip=a["host_ip"], mac=a["host_mac"],
@@ -55,10 +56,10 @@ def _ecpix5(out: Path, small: bool, node: int, topology: str, nic_mhz):
     top = ECPIX5Top(params=params, verilog=verilog, nic_mhz=nic_mhz)     # checks nic_mhz
     return (ecpix5_platform(nic_mhz), top, params,
             f"{LINKS}: PMOD serial link PHY per NIC port (topology set by the cables); "
-            f"NIC clock {nic_mhz:g} MHz")
+            f"NIC clock {nic_mhz:g} MHz, {params.banks} buffer banks")
 
 
-def _colorlight(out: Path, small: bool, node: int, topology: str, nic_mhz):
+def _colorlight(out: Path, small: bool, node: int, topology: str, nic_mhz, banks=None):
     from treenic.hdl.host.liteeth import core_config, generate
     from treenic.hdl.nic import NicParams
     from .colorlight import (COLORLIGHT_NIC, ETH_CLOCK_HZ, ColorlightTop, board_addresses,
@@ -66,6 +67,8 @@ def _colorlight(out: Path, small: bool, node: int, topology: str, nic_mhz):
 
     if nic_mhz is not None:
         raise ValueError("--nic-mhz: the Colorlight top has one clock plan (NIC 62.5 MHz)")
+    if banks is not None:
+        raise ValueError("--banks: the Colorlight top's NIC has one buffer layout")
     params = NicParams(**COLORLIGHT_NIC)
     a = board_addresses(node)
     dev = "LFE5U-25F-6BG256C"
@@ -81,29 +84,31 @@ def _colorlight(out: Path, small: bool, node: int, topology: str, nic_mhz):
             f"peers {peers})")
 
 
-#: board name -> factory(out_dir, small, node, topology, nic_mhz) -> (platform, top,
-#: NicParams, links description); nic_mhz None: the board's default clock plan
+#: board name -> factory(out_dir, small, node, topology, nic_mhz, banks) -> (platform, top,
+#: NicParams, links description); nic_mhz / banks None: the board's default clock plan /
+#: the NIC's default bank count
 BOARDS = {"ecpix5": _ecpix5, "colorlight": _colorlight}
 
 
-def _board_top(board: str, out, small: bool, node: int, topology: str, nic_mhz=None):
+def _board_top(board: str, out, small: bool, node: int, topology: str, nic_mhz=None,
+               banks=None):
     """(build folder, start time, the board factory's (platform, top, params, links))."""
     if board not in BOARDS:
         raise KeyError(f"unknown board {board!r}; known: {', '.join(BOARDS)}")
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    return out, time.time(), BOARDS[board](out, small, node, topology, nic_mhz)
+    return out, time.time(), BOARDS[board](out, small, node, topology, nic_mhz, banks)
 
 
 def build(board: str, out: Path, *, small: bool = False, seed: int = 1,
           allow_negative_slack: bool = False, nextpnr_opts: str = "", node: int = 0,
-          topology: str = "ring:4", nic_mhz=None) -> dict:
+          topology: str = "ring:4", nic_mhz=None, banks=None) -> dict:
     """Build one board's bitstream into *out*; returns the report (also written as
     ``report.json``/``report.md``).  Raises :class:`synth.SlackError` on negative slack
     (after the reports) unless *allow_negative_slack*.  *nic_mhz*: the board's NIC clock
-    plan (None: its default)."""
+    plan (None: its default); *banks*: the NIC buffer's bank count (None: the default)."""
     out, t0, (plat, top, params, links) = _board_top(board, out, small, node, topology,
-                                                     nic_mhz)
+                                                     nic_mhz, banks)
     synth.build_platform(plat, top, "top", out, synth._tool_env(), seed, nextpnr_opts,
                          pnr_files=PNR_FILES)
     pnr = synth.parse_nextpnr_log((out / "top.tim").read_text())
@@ -149,14 +154,14 @@ def _timing_md(out: Path, targets: dict) -> dict:
 
 
 def area(board: str, out: Path, *, node: int = 0, topology: str = "ring:4",
-         nic_mhz=None) -> dict:
+         nic_mhz=None, banks=None) -> dict:
     """Yosys ``synth_ecp5`` of one board's top (the same build plan as :func:`build`, no
     place and route): cell counts against the device (``area.json`` in *out*).
 
     ``lut4_equivalents`` counts a CCU2C carry cell as 2 LUT4 and a TRELLIS_DPR16X4 LUT RAM
     as 2, how they occupy a slice; it is an estimate before packing."""
     out, t0, (plat, top, params, links) = _board_top(board, out, False, node, topology,
-                                                     nic_mhz)
+                                                     nic_mhz, banks)
     env = synth._tool_env()
     plan = plat.prepare(top, name="top")
     plan.extract(str(out))
@@ -213,6 +218,10 @@ def main(argv=None) -> int:
                     help="exit 0 even when a clock misses its constraint")
     ap.add_argument("--nic-mhz", type=float, default=None,
                     help="ecpix5: the NIC clock's PLL plan, 125 (default), 100 or 62.5")
+    ap.add_argument("--banks", type=int, default=None,
+                    help="ecpix5: the NIC buffer's bank count (a power of two, at least the "
+                         "lanes; default 16 for the 4-port core): fewer banks, a smaller "
+                         "crossbar, more bank conflicts")
     ap.add_argument("--nextpnr-opts", default="")
     ap.add_argument("--area-only", action="store_true",
                     help="Yosys synthesis only: cell counts against the device, no bitstream")
@@ -230,17 +239,22 @@ def main(argv=None) -> int:
         if args.nic_mhz not in CLOCK_PLANS:
             ap.error(f"--nic-mhz {args.nic_mhz:g}: no PLL plan; known: "
                      f"{', '.join(map(str, CLOCK_PLANS))}")
+    if args.banks is not None:
+        if args.board != "ecpix5":
+            ap.error(f"--banks: the {args.board} top's NIC has one buffer layout")
+        if args.banks < 2 or args.banks & (args.banks - 1):
+            ap.error(f"--banks {args.banks}: a power of two, at least 2")
     out = args.out or Path("build/bitstream") / args.board
     if args.area_only:
         rep = area(args.board, Path(str(out) + "-area"), node=args.node, topology=args.topology,
-                   nic_mhz=args.nic_mhz)
+                   nic_mhz=args.nic_mhz, banks=args.banks)
         print(json.dumps(rep, default=str))
         return 0
     try:
         rep = build(args.board, out, small=args.small, seed=args.seed,
                     allow_negative_slack=args.allow_negative_slack,
                     nextpnr_opts=args.nextpnr_opts, node=args.node,
-                    topology=args.topology, nic_mhz=args.nic_mhz)
+                    topology=args.topology, nic_mhz=args.nic_mhz, banks=args.banks)
     except synth.SlackError as e:
         print(f"[bitstream] error: {e} (reports in {out})", file=sys.stderr)
         return 1

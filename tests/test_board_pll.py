@@ -60,6 +60,11 @@ def test_bitstream_refuses_an_unknown_nic_clock(capsys):
         with pytest.raises(SystemExit) as e:
             bitstream.main(argv)
         assert e.value.code == 2 and "--nic-mhz" in capsys.readouterr().err
+    for argv in (["--board", "ecpix5", "--banks", "3"], ["--board", "ecpix5", "--banks", "1"],
+                 ["--board", "colorlight", "--banks", "4"]):
+        with pytest.raises(SystemExit) as e:
+            bitstream.main(argv)
+        assert e.value.code == 2 and "--banks" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("board", ["colorlight", "ecpix5"])
