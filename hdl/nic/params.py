@@ -141,7 +141,10 @@ class NicParams:
     each beat once every source port has written that beat back (:mod:`.tx`); arbiter:
     the gradient buffer's reader priority order (:data:`.buffer.ARBITERS`): "fixed" --
     host, RX ports, TX ports, in index order -- "rotating" or "age" (a reader refused
-    in the previous cycle goes before those that were not); see :mod:`.buffer`.
+    in the previous cycle goes before those that were not); see :mod:`.buffer`;
+    shared_ports: the TX units share one buffer reader, the RX units another and one
+    writer (:mod:`.share`): a crossbar of 3 readers and 2 writers instead of 2·ports + 1
+    and ports + 1, for boards whose links carry far less than a flit a cycle.
     """
     ports: int = 4
     width: int = 64
@@ -156,6 +159,7 @@ class NicParams:
     banks: int | None = None
     forward: str = STORE
     arbiter: str = "fixed"
+    shared_ports: bool = False
 
     def __post_init__(self):
         if self.banks is None:
@@ -177,6 +181,8 @@ class NicParams:
             raise ValueError(f"forward must be one of {FORWARD_MODES}, not {self.forward!r}")
         if self.arbiter not in ARBITERS:
             raise ValueError(f"arbiter must be one of {ARBITERS}, not {self.arbiter!r}")
+        if not isinstance(self.shared_ports, bool):
+            raise TypeError(f"shared_ports must be a bool, not {self.shared_ports!r}")
 
     @property
     def cut_through(self) -> bool:
