@@ -9,6 +9,7 @@ from amaranth.lib import data, fifo, memory
 from ..link.flit import FlitType, Op
 from ..sparse.scatter import ScatterAccumulate
 from .sparse_engine import ROW, HostKind
+from .sparse_place_rows import build_placer, count_drops
 from .sparse_select import build_selection
 from treenic.schedule.sparse_table import SparseOp
 
@@ -47,9 +48,13 @@ def build_engine(e) -> Module:
     c.sel_busy = Signal()         # a top-k unit holds a selection (driven by the selection side)
     if e.codec:
         _codec(m, c)
+    c.placer = None
+    if e.hash_elements:
+        build_placer(m, c)
     _links(m, c)
     _sequencer(m, c)
     build_selection(m, c)       # drives the adder only in cycles the sequencer does not
+    count_drops(m, c)
     return m
 
 
