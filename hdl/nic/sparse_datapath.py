@@ -24,7 +24,9 @@ def build_engine(e) -> Module:
     m = Module()
     c = _Ctx()
     c.e = e
-    m.submodules.scatter = c.scatter = ScatterAccumulate(depth=e.depth)
+    # the hash placer's sweep writes distinct positions out of order (see sparse_place_rows)
+    m.submodules.scatter = c.scatter = ScatterAccumulate(depth=e.depth,
+                                                         distinct_port=bool(e.hash_elements))
     m.submodules.program = prog = memory.Memory(shape=ROW, depth=e.rows, init=[])
     c.prog_w, c.prog_r, c.prog_r2 = prog.write_port(), prog.read_port(), prog.read_port()
     m.submodules.finals = fin = memory.Memory(shape=64, depth=e.chunks * e.slot, init=[])

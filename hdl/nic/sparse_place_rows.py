@@ -14,6 +14,8 @@ from amaranth import Cat, Mux, Signal
 from amaranth.lib import data
 
 from .sparse_engine import ROW, HostKind
+from ..sparse.hash import LATENCY
+from ..sparse.scatter import LATENCY as SCATTER_LATENCY
 from .sparse_place import PLACING_OPS, HashPlacer
 
 
@@ -22,6 +24,8 @@ def build_placer(m, c):
     PROG word), ``region`` (the accumulator base the GRAD addresses start at) and the seed."""
     e = c.e
     m.submodules.placer = c.placer = HashPlacer(flows=e.chunks, elements=e.hash_elements)
+    # a sweep's first word reaches the adder after every earlier write has left it
+    assert LATENCY > SCATTER_LATENCY
     c.hash_on, c.region, c.hash_seed = Signal(), Signal(24), Signal(32)
     m.d.comb += c.placer.seed.eq(c.hash_seed)
 
@@ -36,13 +40,20 @@ def loads_done(c):
 
 def drain(m, c):
     """Placed words into the scatter adder (``part[region + position] += g``). Called last
-    in the states that may hold them, so it wins over the state's own (idle) drive."""
+    in the states that may hold them, so it wins over the state's own (idle) drive.
+
+    The positions of a sweep are not ascending (they alternate between flows), which the
+    scatter unit's read-after-write rule would treat as a message boundary each time (a
+    pipeline drain, about 9 cycles); they are distinct, though (each position once a
+    sweep), and a sweep's first word comes through the hash pipeline, longer than the
+    adder's, after any earlier write. So they go in as ``distinct``: one word a cycle."""
     if c.placer is None:
         return
     o = c.placer.o
     with m.If(o.valid):
         m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(c.region + o.payload.position),
-                     c.sc_value.eq(o.payload.value), o.ready.eq(c.scatter.i.ready)]
+                     c.sc_value.eq(o.payload.value), o.ready.eq(c.scatter.i.ready),
+                     c.scatter.distinct.eq(1)]
 
 
 def restart_sweep(m, c):
