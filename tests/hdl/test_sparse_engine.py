@@ -28,23 +28,31 @@ def _run(rows, grads, flits=(), clear=False, codec=False):
     got = {}
 
     async def host(ctx):
-        await send_words(ctx, eng.host_i, load_words(prog, 0, grads) + [start_word()])
-        await ctx.tick().until(eng.busy == 1)
-        await ctx.tick().until(eng.busy == 0)
-        await send_words(ctx, eng.host_i, ([clear_word(N)] if clear else []) + [dump_word(N)])
-        ctx.set(eng.host_o.ready, 1)
-        words = []
-        while True:
-            _, _, v, w = await ctx.tick().sample(eng.host_o.valid, eng.host_o.payload.as_value())
-            if v and w >> 65 & 1:
-                break
-            if v:
-                words.append(w)
-        got["words"], got["bad"] = words, ctx.get(eng.malformed)
+        got["words"], got["bad"] = await _run_and_dump(
+            ctx, eng, load_words(prog, 0, grads), ([clear_word(N)] if clear else []) +
+            [dump_word(N)])
 
     run_with_link(eng, host, flits)
     resid, out = decode_dump(got["words"], N)
     return resid, out, got["bad"]
+
+
+async def _run_and_dump(ctx, eng, load, dump):
+    """Host words ``load``, START, wait for the run, then ``dump`` (ending with a DUMP):
+    (the dump's words, ``malformed``)."""
+    await send_words(ctx, eng.host_i, load + [start_word()])
+    await ctx.tick().until(eng.busy == 1)
+    await ctx.tick().until(eng.busy == 0)
+    await send_words(ctx, eng.host_i, dump)
+    ctx.set(eng.host_o.ready, 1)
+    words = []
+    while True:
+        _, _, v, w = await ctx.tick().sample(eng.host_o.valid, eng.host_o.payload.as_value())
+        if v and w >> 65 & 1:
+            break
+        if v:
+            words.append(w)
+    return words, ctx.get(eng.malformed)
 
 
 def _grads(seed):
@@ -171,19 +179,7 @@ def _hash_run(words):
     got = {}
 
     async def host(ctx):
-        await send_words(ctx, eng.host_i, words + [start_word()])
-        await ctx.tick().until(eng.busy == 1)
-        await ctx.tick().until(eng.busy == 0)
-        await send_words(ctx, eng.host_i, [dump_word(HASH_N)])
-        ctx.set(eng.host_o.ready, 1)
-        out = []
-        while True:
-            _, _, v, w = await ctx.tick().sample(eng.host_o.valid, eng.host_o.payload.as_value())
-            if v and w >> 65 & 1:
-                break
-            if v:
-                out.append(w)
-        got["words"], got["bad"] = out, ctx.get(eng.malformed)
+        got["words"], got["bad"] = await _run_and_dump(ctx, eng, words, [dump_word(HASH_N)])
 
     run_with_link(eng, host, ())
     return got["words"], got["bad"]
