@@ -150,7 +150,9 @@ class SparseFabricSim:
         sim["start"] = 0
         sim.step(16)
         waited = 0
-        while sim["busy"]:
+        # every engine has run (``cycles`` restarts at 0 with START and counts while busy):
+        # a hash-flow engine starts only once its placer has put every gradient in
+        while sim["busy"] or not all(sim[f"cycles__{u}"] for u in range(P)):
             sim.step(64)
             waited += 64
             if waited > max_cycles:
