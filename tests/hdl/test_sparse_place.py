@@ -156,3 +156,14 @@ def test_bad_parameters():
     with pytest.raises(ValueError, match="elements must be"):
         HashPlacer(flows=2, elements=1 << 24)
     gc.collect()             # the refused objects' unused-elaboratable warnings land here
+
+
+def test_engine_load_costs_the_hash_latency_only():
+    """The load of a hash-flow engine (the bench section ``hash_load`` at a small size):
+    the hash pipeline's latency plus the HASH word and the output register over the
+    contiguous load, not a scatter-adder drain at every flow switch."""
+    from treenic.hdl.nic.sparse_place_bench import load_cycles
+    from treenic.hdl.sparse.hash import LATENCY
+    plain = load_cycles("ring:4", 256, 0.05, "contiguous")
+    hashed = load_cycles("ring:4", 256, 0.05, "hash")
+    assert hashed - plain == LATENCY + 2, (plain, hashed)
