@@ -33,7 +33,7 @@ Register map (host bus, 32-bit words; word address = region << (AW-2) | offset):
                            depacketiser), 7 RX_BAD (fragments rejected by the NIC checks)
       0xE0 SP_MODE     RW  (sparse builds, ``NicParams.sparse``) bit0 SPARSE: the links
                            belong to the sparse engine, START starts it; a change is
-                           refused while either side runs or a link has flits in flight
+                           refused while either side runs or a link is not drained
                            (ERR HOST_RANGE, SP_STATUS MODE_REFUSED)
       0xE1 SP_STATUS   RO  :class:`SparseStatus` bits, [15:8] HOST_IN FIFO level,
                            [23:16] HOST_OUT FIFO level
@@ -131,7 +131,7 @@ class SparseStatus(enum.IntFlag):
     RUNNING = 2          # a sparse START is queued or the engine runs it
     DONE = 4             # the last sparse run finished (cleared by START)
     BUSY = 8             # the engine's own busy
-    DRAINED = 16         # every flit this NIC sent was taken by its peer (credits home)
+    DRAINED = 16         # every flit this NIC sent or received was taken (credits home)
     MODE_REFUSED = 32    # sticky: an SP_MODE change was refused (CLEAR resets it)
     HOST_REFUSED = 64    # sticky: an SP_PUSH, or a START, was refused (CLEAR resets it)
     OUT_VALID = 128      # the HOST_OUT FIFO holds a word

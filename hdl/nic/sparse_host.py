@@ -17,10 +17,11 @@ START and it cannot change while the dense core runs, while a sparse run is queu
 or while any flit this NIC sent has not been taken by its peer (``drained``: per port, the
 flits sent minus the credits returned).  So a link never carries dense and sparse flits at
 once, and no credit of one owner can reach the other: each side's credit counter starts
-full after a switch, as it was left, and its peer's receive buffer is empty.  Two links
-meet at every NIC, so the host switches a fabric in two phases: first every NIC reports
-DRAINED (nothing in flight anywhere, since nothing new is sent once both sides are idle),
-then every NIC's SP_MODE is written.
+full after a switch, as it was left, and its peer's receive buffer is empty.  DRAINED
+is local (this NIC's sent flits all acknowledged, its received flits all taken); a flit
+still on the wire towards it shows in the peer's count.  So the host switches a fabric in
+two phases: first every NIC reports DRAINED (then nothing is in flight anywhere, since
+nothing new is sent once both sides are idle), then every NIC's SP_MODE is written.
 
 Register map: :mod:`.params` (``SP_*``).  Every sparse run starts through a START word
 pushed into the HOST_IN FIFO behind the words the host pushed before it, so a run never
@@ -38,7 +39,7 @@ from .params import (SPARSE_IN_WORDS, SPARSE_READ_REGS, NicParams, Reg, SparseOu
                      SparseStatus)
 from .sparse_engine import HOST_IN, HOST_OUT, HostKind
 
-__all__ = ["LinkShare", "SparseHost"]
+__all__ = ["LinkShare", "SparseHost", "link_share_golden"]
 
 REGISTERS = 0          # host-bus region of the registers (host_regs.REGISTERS)
 
@@ -68,7 +69,8 @@ class LinkShare(wiring.Component):
     sparse : ``In(1)``
         The engine owns every port (else the dense datapath).
     drained : ``Out(1)``
-        Every flit sent on every port has its credit back.
+        Every flit sent on every port has its credit back, and every flit received was
+        taken by its owner (its credit returned).
     """
 
     def __init__(self, *, fmt: FlitFormat, engine_fmt: FlitFormat, ports: int,
@@ -102,10 +104,14 @@ class LinkShare(wiring.Component):
                          drx.flit.eq(rx.flit), erx.flit.eq(rx.flit.as_value()),
                          drx.valid.eq(rx.valid & ~sp), erx.valid.eq(rx.valid & sp),
                          rx.credit.eq(Mux(sp, erx.credit, drx.credit))]
-            # flits in flight (sent, credit not yet back); a credit returns a flit taken
-            out = Signal(range(self.max_outstanding + 2), name=f"outstanding{p}")
-            m.d.sync += out.eq(out + tx.valid - tx.credit[0])
-            idle.append(out == 0)
+            # flits sent whose credit is not back (in flight or in the peer's receive
+            # buffer), and flits received the owner has not taken yet (its credit not
+            # returned): both zero = nothing of this NIC's on or at the link
+            sent = Signal(range(self.max_outstanding + 2), name=f"outstanding{p}")
+            held = Signal(range(self.max_outstanding + 2), name=f"held{p}")
+            m.d.sync += [sent.eq(sent + tx.valid - tx.credit[0]),
+                         held.eq(held + rx.valid - rx.credit[0])]
+            idle += [sent == 0, held == 0]
         m.d.comb += self.drained.eq(Cat(*idle).all())
         return m
 
@@ -249,12 +255,15 @@ class SparseHost(wiring.Component):
 
     def _status(self, m, refusals, in_q, out_q, pop_flags, latch):
         mode_refused, host_refused = Signal(), Signal()
+        # CLEAR first: like ErrorCollect's flags, a (registered) CLEAR drops the
+        # refusals of its own cycle and of the one before
         with m.If(self.clear):
             m.d.sync += [mode_refused.eq(0), host_refused.eq(0)]
-        with m.If(refusals[0]):
-            m.d.sync += mode_refused.eq(1)
-        with m.If(Cat(*refusals[1:]).any()):
-            m.d.sync += host_refused.eq(1)
+        with m.Else():
+            with m.If(refusals[0]):
+                m.d.sync += mode_refused.eq(1)
+            with m.If(Cat(*refusals[1:]).any()):
+                m.d.sync += host_refused.eq(1)
         bits = {SparseStatus.MODE: self.mode, SparseStatus.RUNNING: self.running,
                 SparseStatus.DONE: self.done, SparseStatus.BUSY: self.busy,
                 SparseStatus.DRAINED: self.drained, SparseStatus.MODE_REFUSED: mode_refused,
@@ -269,3 +278,31 @@ class SparseHost(wiring.Component):
                   Reg.SP_OUT_INDEX: latch[:32], Reg.SP_OUT_VALUE: latch[32:]}
         for k, r in enumerate(SPARSE_READ_REGS):
             m.d.comb += self.regs[k].eq(values[r])
+
+
+def link_share_golden(steps, ports: int) -> list[dict]:
+    """Golden model of :class:`LinkShare`, cycle by cycle.  ``steps``: per cycle a dict of
+    the inputs -- ``sparse`` and per port ``p`` the tuples ``dense_tx[p]``,
+    ``engine_tx[p]`` and ``rx[p]`` = (valid, flit bits), and the credit bits
+    ``tx_credit[p]``, ``dense_rx_credit[p]``, ``engine_rx_credit[p]``.  Returns per cycle
+    the outputs: ``tx[p]`` = (valid, flit), ``dense_tx_credit[p]``, ``engine_tx_credit[p]``,
+    ``dense_rx_valid[p]``, ``engine_rx_valid[p]``, ``rx_credit[p]``, ``drained``."""
+    sent, held = [0] * ports, [0] * ports
+    out = []
+    for s in steps:
+        sp = s["sparse"]
+        o = {"drained": all(x == 0 for x in sent + held)}
+        for p in range(ports):
+            tx = s["engine_tx"][p] if sp else s["dense_tx"][p]
+            cr, rx_cr = s["tx_credit"][p], (s["engine_rx_credit"] if sp else
+                                             s["dense_rx_credit"])[p]
+            o.setdefault("tx", []).append(tx)
+            o.setdefault("engine_tx_credit", []).append(cr if sp else 0)
+            o.setdefault("dense_tx_credit", []).append(0 if sp else cr)
+            o.setdefault("engine_rx_valid", []).append(s["rx"][p][0] if sp else 0)
+            o.setdefault("dense_rx_valid", []).append(0 if sp else s["rx"][p][0])
+            o.setdefault("rx_credit", []).append(rx_cr)
+            sent[p] += tx[0] - cr
+            held[p] += s["rx"][p][0] - rx_cr
+        out.append(o)
+    return out

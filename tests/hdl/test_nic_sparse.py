@@ -58,6 +58,12 @@ async def _pulse_start_and_wait(ctx, fab, during=None, max_cycles=20_000):
     raise TimeoutError("the fabric did not finish")
 
 
+async def _clear(ctx, fab, node):
+    """CTRL CLEAR, then a cycle: the registered CLEAR drops the events of its cycle."""
+    await _write_one(ctx, fab, node, Reg.CTRL, Ctrl.CLEAR)
+    await ctx.tick()
+
+
 async def _write_one(ctx, fab, node, addr, value):
     ctx.set(fab.hw.payload.node, node)
     ctx.set(fab.hw.payload.addr, addr)
@@ -104,9 +110,6 @@ def _run(spec, E, density, *, iterations=2, stall=64, seed=0, topk_units=1):
         mode = await _read_regs(ctx, fab, [Reg.SP_MODE])
         assert mode[Reg.SP_MODE] == [want] * P
 
-    async def clear(ctx, node):                  # drop a provoked error flag
-        await _write_one(ctx, fab, node, Reg.CTRL, Ctrl.CLEAR)
-
     async def sparse(ctx, it, probe):
         await sim_write_all(ctx, fab, [sparse_load_writes(params, prog, u, grads[it][u],
                                                           rows=it == 0) for u in range(P)])
@@ -119,12 +122,12 @@ def _run(spec, E, density, *, iterations=2, stall=64, seed=0, topk_units=1):
 
     async def tb(ctx):
         await dense(ctx, dense_bufs[0], True, lambda c: refuse_switch(c, 0, 1))
-        await clear(ctx, 0)
+        await _clear(ctx, fab, 0)
         await switch_all(ctx, 1)
         for it in range(iterations):
             await sparse(ctx, it, (lambda c: refuse_switch(c, 1, 0)) if it == 0 else None)
             if it == 0:
-                await clear(ctx, 1)
+                await _clear(ctx, fab, 1)
         await switch_all(ctx, 0)
         await dense(ctx, dense_bufs[1], False, None)
 
@@ -202,3 +205,151 @@ def test_bad_sparse_build_and_program_refused():
         sparse_load_writes(NicParams(), prog, 0, np.zeros(256, np.float32))
     with pytest.raises(ValueError, match="wider than 128 bits"):
         sparse_push_writes(1 << 128)
+
+
+def test_link_share_matches_golden_random_traffic():
+    """LinkShare against ``link_share_golden``: random flits both ways on every port,
+    random credits (only for flits outstanding), the owner toggled at random."""
+    from treenic.hdl.nic.params import SPARSE_ENGINE_FMT
+    from treenic.hdl.nic.sparse_host import LinkShare, link_share_golden
+    P, fmt = 2, NicParams(ports=2, max_nodes=4).fmt
+    dut = LinkShare(fmt=fmt, engine_fmt=SPARSE_ENGINE_FMT, ports=P, max_outstanding=8)
+    rng = np.random.default_rng(4)
+    steps, sent, held = [], [0] * P, [0] * P
+    sparse = 0
+    for _ in range(400):
+        if rng.random() < 0.05:
+            sparse ^= 1
+        s = {"sparse": sparse}
+        for name in ("dense_tx", "engine_tx", "rx"):
+            s[name] = [(int(rng.random() < 0.4),
+                        int.from_bytes(rng.bytes(16), "little") % (1 << fmt.flit.size))
+                       for _ in range(P)]
+        s["tx_credit"] = [int(sent[p] > 0 and rng.random() < 0.4) for p in range(P)]
+        rx_cr = [int(held[p] > 0 and rng.random() < 0.4) for p in range(P)]
+        s["dense_rx_credit"] = [c if not sparse else int(rng.random() < 0.5) for c in rx_cr]
+        s["engine_rx_credit"] = [c if sparse else int(rng.random() < 0.5) for c in rx_cr]
+        for p in range(P):
+            sent[p] += (s["engine_tx"] if sparse else s["dense_tx"])[p][0] - s["tx_credit"][p]
+            held[p] += s["rx"][p][0] - rx_cr[p]
+        steps.append(s)
+    want = link_share_golden(steps, P)
+    got = []
+
+    async def tb(ctx):
+        for s in steps:
+            ctx.set(dut.sparse, s["sparse"])
+            for p in range(P):
+                for name in ("dense_tx", "engine_tx", "rx"):
+                    port = getattr(dut, name)[p]
+                    ctx.set(port.valid, s[name][p][0])
+                    ctx.set(port.flit.as_value(), s[name][p][1])
+                ctx.set(dut.tx[p].credit, s["tx_credit"][p])
+                ctx.set(dut.dense_rx[p].credit, s["dense_rx_credit"][p])
+                ctx.set(dut.engine_rx[p].credit, s["engine_rx_credit"][p])
+            await ctx.delay(1e-9)
+            o = {"drained": ctx.get(dut.drained)}
+            for p in range(P):
+                for key, val in (("tx", (ctx.get(dut.tx[p].valid),
+                                         ctx.get(dut.tx[p].flit.as_value()))),
+                                 ("engine_tx_credit", ctx.get(dut.engine_tx[p].credit)),
+                                 ("dense_tx_credit", ctx.get(dut.dense_tx[p].credit)),
+                                 ("engine_rx_valid", ctx.get(dut.engine_rx[p].valid)),
+                                 ("dense_rx_valid", ctx.get(dut.dense_rx[p].valid)),
+                                 ("rx_credit", ctx.get(dut.rx[p].credit))):
+                    o.setdefault(key, []).append(val)
+            got.append(o)
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(tb)
+    sim.run()
+    assert got == want
+    assert any(not o["drained"] for o in got) and any(o["drained"] for o in got[1:])
+
+
+def test_refusals_while_a_sparse_run_is_stuck():
+    """ring:2, sparse mode: only node 0 starts, so its run sends to node 1's idle engine
+    (the flits wait in node 1's receive FIFO) and then waits for node 1 forever.  While
+    it is stuck: a mode change is refused on node 0 (running) and node 1 (its received
+    flits not taken), a second START and a pushed START word are refused, the HOST_IN FIFO
+    takes ``host_fifo`` words and refuses the next; CTRL START did not start the dense
+    core; an empty HOST_OUT pop reads not VALID.  Node 1 started, both finish, drain, and
+    switch back."""
+    from treenic.hdl.nic.sparse_engine import HostKind
+    prog = compile_sparse(MultiTreeSparse(2, 64, 0.25, seed=1, topology="ring:2"))
+    sparse = SparseParams.for_program(prog, lanes=2, topk_units=1, host_fifo=4)
+    params = NicParams(ports=prog.ports, depth=64, max_nodes=4, max_entries=16, max_steps=8,
+                       sub_words=4, credits=6, sparse=sparse)
+    fab = Fabric("ring:2", params, latency=2, stall=32, seed=5)
+    grads = _grads(np.random.default_rng(2), 2, 64, 1)[0]
+    out = {}
+    grad_word = sparse_push_writes(HostKind.GRAD | 5 << 3 | 0x3F800000 << 27)
+
+    async def regs(ctx, names):
+        return await _read_regs(ctx, fab, names)
+
+    async def tb(ctx):
+        await sim_write_all(ctx, fab, [[(int(Reg.SP_MODE), 1)]] * 2)
+        out["empty_pop"] = (await regs(ctx, [Reg.SP_OUT_POP]))[Reg.SP_OUT_POP]
+        await sim_write_all(ctx, fab, [sparse_load_writes(params, prog, 0, grads[0]), []])
+        await _write_one(ctx, fab, 0, Reg.CTRL, Ctrl.START)
+        for _ in range(400):
+            await ctx.tick()
+        out["stuck"] = await regs(ctx, [Reg.STATUS, Reg.SP_STATUS, Reg.SP_FLITS])
+        await _write_one(ctx, fab, 0, Reg.SP_MODE, 0)
+        await _write_one(ctx, fab, 1, Reg.SP_MODE, 0)
+        out["mode"] = await regs(ctx, [Reg.SP_MODE, Reg.SP_STATUS, Reg.ERR_FLAGS])
+        await _clear(ctx, fab, 1)
+        await _clear(ctx, fab, 0)
+        await _write_one(ctx, fab, 0, Reg.CTRL, Ctrl.START)
+        out["restart"] = await regs(ctx, [Reg.SP_STATUS, Reg.ERR_FLAGS])
+        await _clear(ctx, fab, 0)
+        for a, v in sparse_push_writes(HostKind.START):
+            await _write_one(ctx, fab, 0, a, v)
+        out["start_word"] = await regs(ctx, [Reg.SP_STATUS])
+        await _clear(ctx, fab, 0)
+        for _ in range(sparse.host_fifo):
+            for a, v in grad_word:
+                await _write_one(ctx, fab, 0, a, v)
+        out["full"] = await regs(ctx, [Reg.SP_STATUS])
+        for a, v in grad_word:
+            await _write_one(ctx, fab, 0, a, v)
+        out["overflow"] = await regs(ctx, [Reg.SP_STATUS, Reg.ERR_FLAGS])
+        await _clear(ctx, fab, 0)
+        await sim_write_all(ctx, fab, [[], sparse_load_writes(params, prog, 1, grads[1])])
+        await _write_one(ctx, fab, 1, Reg.CTRL, Ctrl.START)
+        for _ in range(5000):
+            await ctx.tick()
+            if ctx.get(fab.done):
+                break
+        out["end"] = await regs(ctx, [Reg.SP_STATUS, Reg.ERR_FLAGS])
+        await sim_write_all(ctx, fab, [[(int(Reg.SP_MODE), 0)]] * 2)
+        out["back"] = await regs(ctx, [Reg.SP_MODE])
+
+    sim = Simulator(fab)
+    sim.add_clock(1e-8)
+    sim.add_testbench(tb)
+    sim.run()
+    S, HR = SparseStatus, 1 << ErrBit.HOST_RANGE
+    assert out["empty_pop"] == [0, 0]
+    st = out["stuck"]
+    assert st[Reg.STATUS] == [0, 0]                      # the dense core never started
+    assert st[Reg.SP_FLITS][0] > 0 and st[Reg.SP_FLITS][1] == 0
+    s0, s1 = st[Reg.SP_STATUS]
+    assert s0 & (S.RUNNING | S.BUSY) == S.RUNNING | S.BUSY and not s0 & S.DRAINED
+    assert not s1 & (S.RUNNING | S.DRAINED)              # node 0's flits wait at node 1
+    assert out["mode"][Reg.SP_MODE] == [1, 1]
+    assert all(s & S.MODE_REFUSED for s in out["mode"][Reg.SP_STATUS])
+    assert out["mode"][Reg.ERR_FLAGS] == [HR, HR]
+    for key in ("restart", "start_word"):
+        assert out[key][Reg.SP_STATUS][0] & S.HOST_REFUSED, key
+    assert out["restart"][Reg.ERR_FLAGS][0] == HR
+    full = out["full"][Reg.SP_STATUS][0]
+    assert not full & S.HOST_REFUSED and (full >> 8) & 0xFF == sparse.host_fifo
+    assert out["overflow"][Reg.SP_STATUS][0] & S.HOST_REFUSED
+    assert out["overflow"][Reg.ERR_FLAGS][0] == HR
+    for s in out["end"][Reg.SP_STATUS]:
+        assert s & S.DONE and s & S.DRAINED and not s & (S.RUNNING | S.MODE_REFUSED)
+    assert out["back"][Reg.SP_MODE] == [0, 0]
