@@ -18,6 +18,10 @@ a :class:`~treenic.hdl.link.inject.FaultInjector` after each appender, driven th
 ``fault_at`` (clock when the first fault fired or a NIC was reset), ``error_at`` (clock
 when the first NIC error or link CRC failure appeared; 0 = none).
 
+With ``params.sparse`` every NIC holds the sparse engine (``NicParams.sparse``,
+:mod:`.sparse_host`): the same links carry a dense all-reduce or, with SP_MODE set on every
+NIC, a sparse one; ``start``, ``done`` and ``cycles`` then concern the sparse run.
+
 Host access is streams so a testbench or the C++ stream pump of
 :mod:`treenic.hdl.cosim` can load images and buffers at one write per cycle:
 ``hw`` (node, addr, data) writes, ``hr`` (node, addr) read requests answered in order
