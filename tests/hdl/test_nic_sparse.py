@@ -353,3 +353,18 @@ def test_refusals_while_a_sparse_run_is_stuck():
     for s in out["end"][Reg.SP_STATUS]:
         assert s & S.DONE and s & S.DRAINED and not s & (S.RUNNING | S.MODE_REFUSED)
     assert out["back"][Reg.SP_MODE] == [0, 0]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("shutil").which("verilator") is None or
+                    __import__("os").environ.get("TREENIC_RTL_TESTS") != "1",
+                    reason="Verilated fabric: needs verilator and TREENIC_RTL_TESTS=1")
+def test_verilated_combined_fabric_dense_sparse_dense():
+    """The same sequence on the Verilated fabric of combined NICs (``sparse_nic_sim``):
+    ring:2, 512 elements, 5 %, link stalls; about a minute to build."""
+    from treenic.hdl.nic.sparse_nic_sim import ENGINE, combined_report
+    r = combined_report("ring:2", 512, 0.05, iterations=2, lanes=2, topk_units=1, stall=32)
+    assert r["bit_exact"] and r["dense_bit_exact"] and r["engine"] == ENGINE
+    assert r["sparse_bit_exact_per_iteration"] == [True, True] and r["malformed"] == 0
+    assert all(c > e for c, e in zip(r["cycles_per_iteration"],
+                                     r["engine_cycles_per_iteration"]))
