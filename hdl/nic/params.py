@@ -206,6 +206,9 @@ class SparseParams:
     topk_units: int = 2
     codec: bool = False
     host_fifo: int = 16
+    #: any further ``SparseEngine`` parameter ``engine_sizes`` gives, as (name, value)
+    #: pairs, passed through unchanged
+    engine_extra: tuple = ()
 
     def __post_init__(self):
         if not isinstance(self.host_fifo, int) or not 2 <= self.host_fifo <= 255:
@@ -216,10 +219,14 @@ class SparseParams:
                     topk_units: int = 2, **extra) -> "SparseParams":
         """The engine build the sparse fabric uses for ``program``
         (:func:`~treenic.hdl.nic.sparse_fabric.engine_sizes`)."""
+        from dataclasses import fields
         from .sparse_fabric import engine_sizes
         sizes = engine_sizes(program, lanes, scan_bins, topk_units)
         sizes.pop("ports")
-        return cls(**sizes, **extra)
+        named = {f.name for f in fields(cls)}
+        rest = tuple(sorted((k, v) for k, v in sizes.items() if k not in named))
+        return cls(**{k: v for k, v in sizes.items() if k in named}, engine_extra=rest,
+                   **extra)
 
     def engine_kwargs(self, ports: int) -> dict:
         """``SparseEngine`` keyword arguments for a NIC of ``ports`` ports (link format
@@ -227,6 +234,7 @@ class SparseParams:
         from dataclasses import asdict
         kw = asdict(self)
         kw.pop("host_fifo")
+        kw.update(kw.pop("engine_extra"))
         return dict(kw, ports=ports, fmt=SPARSE_ENGINE_FMT)
 
 
