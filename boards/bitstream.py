@@ -41,14 +41,16 @@ DEVICE_CAPACITY = {"ecpix5": {"luts": 83640, "ffs": 83640, "brams": 208},
                    "colorlight": {"luts": 24288, "ffs": 24288, "brams": 56}}
 
 
-def _ecpix5(out: Path, small: bool, node: int, topology: str, nic_mhz, banks=None):
+def _ecpix5(out: Path, small: bool, node: int, topology: str, nic_mhz, banks=None,
+            shared_ports=False):
     from treenic.hdl.host.liteeth import core_config, generate
     from treenic.hdl.nic import NicParams
     from .colorlight import board_addresses
     from .ecpix5 import DEFAULT_NIC_MHZ, ECPIX5Top, ecpix5_platform, eth_clock_hz
 
     params = NicParams(**(synth.NIC_SMALL_PARAMS if small else synth.NIC_CORE_PARAMS),
-                       **({} if banks is None else {"banks": banks}))   # checks banks
+                       **({} if banks is None else {"banks": banks}),   # checks banks
+                       shared_ports=shared_ports)
     a = board_addresses(node)
     nic_mhz = DEFAULT_NIC_MHZ if nic_mhz is None else nic_mhz
     verilog = generate(out / "liteeth", core_config(ip=a["host_ip"], mac=a["host_mac"],
@@ -56,10 +58,12 @@ def _ecpix5(out: Path, small: bool, node: int, topology: str, nic_mhz, banks=Non
     top = ECPIX5Top(params=params, verilog=verilog, nic_mhz=nic_mhz)     # checks nic_mhz
     return (ecpix5_platform(nic_mhz), top, params,
             f"{LINKS}: PMOD serial link PHY per NIC port (topology set by the cables); "
-            f"NIC clock {nic_mhz:g} MHz, {params.banks} buffer banks")
+            f"NIC clock {nic_mhz:g} MHz, {params.banks} buffer banks"
+            + (", shared buffer ports" if shared_ports else ""))
 
 
-def _colorlight(out: Path, small: bool, node: int, topology: str, nic_mhz, banks=None):
+def _colorlight(out: Path, small: bool, node: int, topology: str, nic_mhz, banks=None,
+                shared_ports=False):
     from treenic.hdl.host.liteeth import core_config, generate
     from treenic.hdl.nic import NicParams
     from .colorlight import (COLORLIGHT_NIC, ETH_CLOCK_HZ, ColorlightTop, board_addresses,
@@ -69,6 +73,8 @@ def _colorlight(out: Path, small: bool, node: int, topology: str, nic_mhz, banks
         raise ValueError("--nic-mhz: the Colorlight top has one clock plan (NIC 62.5 MHz)")
     if banks is not None:
         raise ValueError("--banks: the Colorlight top's NIC has one buffer layout")
+    if shared_ports:
+        raise ValueError("--shared-ports: the Colorlight top's NIC has one buffer layout")
     params = NicParams(**COLORLIGHT_NIC)
     a = board_addresses(node)
     dev = "LFE5U-25F-6BG256C"
@@ -84,31 +90,34 @@ def _colorlight(out: Path, small: bool, node: int, topology: str, nic_mhz, banks
             f"peers {peers})")
 
 
-#: board name -> factory(out_dir, small, node, topology, nic_mhz, banks) -> (platform, top,
+#: board name -> factory(out_dir, small, node, topology, nic_mhz, banks, shared_ports) ->
+#: (platform, top,
 #: NicParams, links description); nic_mhz / banks None: the board's default clock plan /
 #: the NIC's default bank count
 BOARDS = {"ecpix5": _ecpix5, "colorlight": _colorlight}
 
 
 def _board_top(board: str, out, small: bool, node: int, topology: str, nic_mhz=None,
-               banks=None):
+               banks=None, shared_ports=False):
     """(build folder, start time, the board factory's (platform, top, params, links))."""
     if board not in BOARDS:
         raise KeyError(f"unknown board {board!r}; known: {', '.join(BOARDS)}")
     out = Path(out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    return out, time.time(), BOARDS[board](out, small, node, topology, nic_mhz, banks)
+    return out, time.time(), BOARDS[board](out, small, node, topology, nic_mhz, banks,
+                                           shared_ports)
 
 
 def build(board: str, out: Path, *, small: bool = False, seed: int = 1,
           allow_negative_slack: bool = False, nextpnr_opts: str = "", node: int = 0,
-          topology: str = "ring:4", nic_mhz=None, banks=None) -> dict:
+          topology: str = "ring:4", nic_mhz=None, banks=None, shared_ports=False) -> dict:
     """Build one board's bitstream into *out*; returns the report (also written as
     ``report.json``/``report.md``).  Raises :class:`synth.SlackError` on negative slack
     (after the reports) unless *allow_negative_slack*.  *nic_mhz*: the board's NIC clock
-    plan (None: its default); *banks*: the NIC buffer's bank count (None: the default)."""
+    plan (None: its default); *banks*: the NIC buffer's bank count (None: the default);
+    *shared_ports*: ``NicParams.shared_ports``."""
     out, t0, (plat, top, params, links) = _board_top(board, out, small, node, topology,
-                                                     nic_mhz, banks)
+                                                     nic_mhz, banks, shared_ports)
     synth.build_platform(plat, top, "top", out, synth._tool_env(), seed, nextpnr_opts,
                          pnr_files=PNR_FILES)
     pnr = synth.parse_nextpnr_log((out / "top.tim").read_text())
@@ -222,6 +231,10 @@ def main(argv=None) -> int:
                     help="ecpix5: the NIC buffer's bank count (a power of two, at least the "
                          "lanes; default 16 for the 4-port core): fewer banks, a smaller "
                          "crossbar, more bank conflicts")
+    ap.add_argument("--shared-ports", action="store_true",
+                    help="ecpix5: the NIC's TX units share one buffer reader, its RX units "
+                         "another (a 3-reader crossbar; the PMOD links carry a flit in 17 "
+                         "cycles)")
     ap.add_argument("--nextpnr-opts", default="")
     ap.add_argument("--area-only", action="store_true",
                     help="Yosys synthesis only: cell counts against the device, no bitstream")
@@ -254,7 +267,8 @@ def main(argv=None) -> int:
         rep = build(args.board, out, small=args.small, seed=args.seed,
                     allow_negative_slack=args.allow_negative_slack,
                     nextpnr_opts=args.nextpnr_opts, node=args.node,
-                    topology=args.topology, nic_mhz=args.nic_mhz, banks=args.banks)
+                    topology=args.topology, nic_mhz=args.nic_mhz, banks=args.banks,
+                    shared_ports=args.shared_ports)
     except synth.SlackError as e:
         print(f"[bitstream] error: {e} (reports in {out})", file=sys.stderr)
         return 1

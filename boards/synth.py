@@ -227,6 +227,16 @@ register_top("sparse_engine_t1", lambda: _sparse_engine(1))
 register_top("sparse_engine_t2", lambda: _sparse_engine(2))
 
 
+def _hash_placer():
+    """The hash placer of a hash-flow engine (``hdl/nic/sparse_place.py``) sized for
+    torus:4x4, 64 KiB per node: 16 flows, an inverse map of 16384 words."""
+    from treenic.hdl.nic.sparse_place import HashPlacer
+    return HashPlacer(flows=16, elements=16384)
+
+
+register_top("sparse_place_t4x4", _hash_placer)
+
+
 def _engine_unit_tops():
     """What the engine replicates per top-k unit (``hdl/nic/sparse_select.py``), as the
     torus:4x4 64 KiB engine builds it: the top-k unit (flows <= 1024, 16 scan bins) and the

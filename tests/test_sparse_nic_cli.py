@@ -76,7 +76,7 @@ def test_rtl_engine_run_sparse_is_the_golden():
         assert np.array_equal(got.result.view(np.uint32), want.result.view(np.uint32))
         assert np.array_equal(got.residuals.view(np.uint32), want.residuals.view(np.uint32))
         assert got.info["engine"].startswith("Verilated sparse")
-    # hash flows (Zen's h0, seed 3): the host lays the buffer out in flow order
+    # hash flows (Zen's h0, seed 3): element order on the host, the engines place it
     accs = rng.standard_normal((4, 4096)).astype(np.float32)
     got = eng.run_sparse("multitree-sparse", accs, 0.01, 3, {"flow_assignment": "hash"})
     want = MultiTreeSparse(4, 4096, 0.01, seed=3, topology="ring:4",

@@ -28,6 +28,8 @@ semantics are those of the golden model :mod:`treenic.hdl.nic.model`.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
@@ -41,12 +43,23 @@ from .issue import Issue
 from .params import NicParams, PortCounter
 from .rx import RxUnit
 from .scan import TableScan
+from .share import ReadShare, WriteMerge
 from .sparse_engine import SparseEngine
 from .sparse_host import LinkShare, SparseHost
 from .tx import TxUnit, buffer_abits
 from .watchdog import Watchdog
 
 __all__ = ["Nic", "HostSignature", "HOST_READ_LATENCY"]
+
+
+@dataclass(frozen=True)
+class BufferPorts:
+    """The buffer ports the NIC's units connect to (``rd``, ``wr``, as
+    :class:`.buffer.BankedBuffer` numbers them), shared or not, and the buffer's
+    ``conflict`` (with a shared writer's)."""
+    rd: list
+    wr: list
+    conflict: object
 
 
 class Nic(wiring.Component):
@@ -123,10 +136,7 @@ class Nic(wiring.Component):
         # RUNNING).  Every RX beat writes back a fixed time after its grant, so the RX
         # readers reserve write slots; a GATHER beat reads nothing (write_only) and leaves
         # the banks' read ports to the TX streams
-        m.submodules.buf = buf = BankedBuffer(depth=p.depth, banks=p.banks, lanes=p.lanes,
-                                              readers=2 * P + 1, writers=P + 1,
-                                              write_back=range(1, P + 1),
-                                              arbiter=p.arbiter)
+        buf = self._buffer(m)
         wiring.connect(m, wiring.flipped(self.host), regs.host)
         wiring.connect(m, wiring.flipped(self.dma), regs.dma)
         wiring.connect(m, regs.buf_read, buf.rd[0])
@@ -173,6 +183,33 @@ class Nic(wiring.Component):
         self._errors(m, errors, regs, issue, scan, rx_units, buf, sparse_refused)
         self._fault_detection(m, errors, regs, issue, flows, tx_units)
         return m
+
+    def _buffer(self, m):
+        """The gradient buffer, and the ports the units see (``BufferPorts``): the
+        buffer's own readers and writers, or with ``shared_ports`` one reader for the RX
+        units, one for the TX units and one writer for the RX write-backs (:mod:`.share`)."""
+        p = self.p
+        P = p.ports
+        if not p.shared_ports:
+            m.submodules.buf = buf = BankedBuffer(
+                depth=p.depth, banks=p.banks, lanes=p.lanes, readers=2 * P + 1,
+                writers=P + 1, write_back=range(1, P + 1), arbiter=p.arbiter)
+            return BufferPorts(rd=list(buf.rd), wr=list(buf.wr), conflict=buf.conflict)
+        m.submodules.buf = buf = BankedBuffer(
+            depth=p.depth, banks=p.banks, lanes=p.lanes, readers=3, writers=2,
+            write_back=[1], arbiter=p.arbiter)
+        abits, L = buf.abits, p.lanes
+        m.submodules.rx_share = rx_share = ReadShare(abits=abits, lanes=L, clients=P)
+        m.submodules.tx_share = tx_share = ReadShare(abits=abits, lanes=L, clients=P)
+        m.submodules.rx_merge = rx_merge = WriteMerge(abits=abits, lanes=L, clients=P)
+        wiring.connect(m, rx_share.port, buf.rd[1])
+        wiring.connect(m, tx_share.port, buf.rd[2])
+        wiring.connect(m, rx_merge.port, buf.wr[0])
+        # the units' view, indexed as the unshared buffer's: rd[0] host, rd[1..P] RX,
+        # rd[P+1..2P] TX; wr[0..P-1] RX write-backs, wr[P] host
+        return BufferPorts(rd=[buf.rd[0], *rx_share.clients, *tx_share.clients],
+                           wr=[*rx_merge.clients, buf.wr[1]],
+                           conflict=buf.conflict | rx_merge.conflict)
 
     def _memories(self, m, regs, issue):
         """The schedule table (host writes a 32-bit word of a row, the issue logic reads

@@ -253,7 +253,10 @@ class NicParams:
     each beat once every source port has written that beat back (:mod:`.tx`); arbiter:
     the gradient buffer's reader priority order (:data:`.buffer.ARBITERS`): "fixed" --
     host, RX ports, TX ports, in index order -- "rotating" or "age" (a reader refused
-    in the previous cycle goes before those that were not); see :mod:`.buffer`; sparse:
+    in the previous cycle goes before those that were not); see :mod:`.buffer`;
+    shared_ports: the TX units share one buffer reader, the RX units another and one
+    writer (:mod:`.share`): a crossbar of 3 readers and 2 writers instead of 2·ports + 1
+    and ports + 1, for boards whose links carry far less than a flit a cycle; sparse:
     None, or the :class:`SparseParams` of a sparse engine built into the NIC (its links
     shared with the dense datapath under SP_MODE, its host streams on the register bus;
     ``docs/sparse-nic.md``).
@@ -271,6 +274,7 @@ class NicParams:
     banks: int | None = None
     forward: str = STORE
     arbiter: str = "fixed"
+    shared_ports: bool = False
     sparse: SparseParams | None = None
 
     def __post_init__(self):
@@ -293,6 +297,8 @@ class NicParams:
             raise ValueError(f"forward must be one of {FORWARD_MODES}, not {self.forward!r}")
         if self.arbiter not in ARBITERS:
             raise ValueError(f"arbiter must be one of {ARBITERS}, not {self.arbiter!r}")
+        if not isinstance(self.shared_ports, bool):
+            raise TypeError(f"shared_ports must be a bool, not {self.shared_ports!r}")
         if self.sparse is not None:
             if not isinstance(self.sparse, SparseParams):
                 raise TypeError(f"sparse must be SparseParams or None, not "

@@ -9,6 +9,7 @@ from amaranth.lib import data, fifo, memory
 from ..link.flit import FlitType, Op
 from ..sparse.scatter import ScatterAccumulate
 from .sparse_engine import ROW, HostKind
+from .sparse_place_rows import build_placer, count_drops
 from .sparse_select import build_selection
 from treenic.schedule.sparse_table import SparseOp
 
@@ -23,7 +24,9 @@ def build_engine(e) -> Module:
     m = Module()
     c = _Ctx()
     c.e = e
-    m.submodules.scatter = c.scatter = ScatterAccumulate(depth=e.depth)
+    # the hash placer's sweep writes distinct positions out of order (see sparse_place_rows)
+    m.submodules.scatter = c.scatter = ScatterAccumulate(depth=e.depth,
+                                                         distinct_port=bool(e.hash_elements))
     m.submodules.program = prog = memory.Memory(shape=ROW, depth=e.rows, init=[])
     c.prog_w, c.prog_r, c.prog_r2 = prog.write_port(), prog.read_port(), prog.read_port()
     m.submodules.finals = fin = memory.Memory(shape=64, depth=e.chunks * e.slot, init=[])
@@ -47,9 +50,13 @@ def build_engine(e) -> Module:
     c.sel_busy = Signal()         # a top-k unit holds a selection (driven by the selection side)
     if e.codec:
         _codec(m, c)
+    c.placer = None
+    if e.hash_elements:
+        build_placer(m, c)
     _links(m, c)
     _sequencer(m, c)
     build_selection(m, c)       # drives the adder only in cycles the sequencer does not
+    count_drops(m, c)
     return m
 
 

@@ -65,6 +65,8 @@ class HostKind:
     START = 2    # run the program
     DUMP = 3     # data = elements: stream part[0:elements], every final pair, an end word
     CLEAR = 4    # data = elements: part[0:elements] = +0 (adds each word's negation: exact)
+    HASH = 5     # hash-flow engines: addr = the accumulator base, data[0:32] = hash seed; the
+    #              GRAD words that follow are an element-order sweep the placer places
 
 
 HOST_IN = data.StructLayout({"kind": 3, "addr": 24, "data": 96})
@@ -104,6 +106,12 @@ class SparseEngine(wiring.Component):
         ``*_BM`` rows: messages as a header word and pairs or the flow's bitmap + values,
         whichever is smaller, two 32-bit words a flit. Without it those rows are counted
         in ``malformed`` and skipped.
+    hash_elements : int
+        0: no hash placer (contiguous flows; the netlist of an engine without it). Else the
+        elements of a hash-flow program (Zen's h0): the engine holds a
+        :class:`~.sparse_place.HashPlacer` over ``chunks`` flows, so after a ``HASH`` host
+        word the host sends the gradients in element order and the DUMP labels every word
+        with its element index (see :mod:`.sparse_place` and the host words below).
 
     Members
     -------
@@ -121,12 +129,22 @@ class SparseEngine(wiring.Component):
     cycles : Out(32)
         Cycles of the last run (START to END).
     malformed : Out(16)
-        Malformed sparse messages / pairs dropped (sticky over runs).
+        Malformed sparse messages / pairs dropped (sticky over runs); with the hash placer
+        also GRAD words it drops (out of sweep order, past the end, or their flow full).
+
+    Host words (``host_i``, :class:`HostKind`): ``PROG`` rows (a hash-flow engine also
+    takes each flow's buffer range from its SEND / ROOT row, and a PROG word turns the
+    placer off), ``GRAD`` (``part[addr] += g``; after ``HASH``: ``addr`` = accumulator base +
+    element index, in ascending order from 0 after every ``HASH`` or START), ``START``,
+    ``DUMP``, ``CLEAR``, ``HASH``. DUMP words (``host_o``): ``index`` is the buffer word
+    (residual region) or pair index (final pairs), with the placer on the element index
+    ``inv[position]`` instead, in buffer order.
     """
 
     def __init__(self, *, ports: int, depth: int, lanes: int, max_flow: int, chunks: int,
                  slot: int, rows: int, rx_depth: int, scan_bins: int = 16,
-                 topk_units: int = 2, fmt: FlitFormat | None = None, codec: bool = False):
+                 topk_units: int = 2, fmt: FlitFormat | None = None, codec: bool = False,
+                 hash_elements: int = 0):
         for name, v, lo in (("ports", ports, 1), ("depth", depth, 2), ("max_flow", max_flow, 1),
                             ("chunks", chunks, 1), ("slot", slot, 1), ("rows", rows, 1),
                             ("rx_depth", rx_depth, 2), ("topk_units", topk_units, 1)):
@@ -134,6 +152,9 @@ class SparseEngine(wiring.Component):
                 raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
         if topk_units > 8:
             raise ValueError(f"topk_units must be at most 8, got {topk_units}")
+        if not isinstance(hash_elements, int) or not 0 <= hash_elements <= depth:
+            raise ValueError(f"hash_elements must be an int in 0..depth ({depth}), "
+                             f"got {hash_elements!r}")
         if depth & (depth - 1) or slot & (slot - 1):
             raise ValueError("depth and slot must be powers of two")
         self.fmt = fmt = fmt or FlitFormat()
@@ -145,6 +166,7 @@ class SparseEngine(wiring.Component):
         self.rows, self.rx_depth, self.scan_bins = rows, rx_depth, scan_bins
         self.topk_units = topk_units
         self.codec = bool(codec)
+        self.hash_elements = hash_elements
         super().__init__({
             "host_i": In(stream.Signature(HOST_IN)), "host_o": Out(stream.Signature(HOST_OUT)),
             "tx": Out(LinkSignature(fmt)).array(ports), "rx": In(LinkSignature(fmt)).array(ports),

@@ -1,7 +1,8 @@
 """A fabric of sparse engines (:class:`~.sparse_engine.SparseEngine`) wired like the dense
 fabric (:func:`~.fabric.wiring_plan`) through :class:`~treenic.hdl.link.link.LinkChannel`
 links with latency and random stalls, plus the drivers that run MultiTree-Sparse on it:
-:func:`load_words` / :func:`decode_dump` (one host protocol for every simulator) and
+:func:`load_words` / :func:`decode_dump` (one host protocol for every simulator; element
+order for every program, the engine's hash placer maps hash flows) and
 :func:`run_amaranth` (the Amaranth simulator; the Verilated run is in :mod:`.sparse_sim`).
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from ..link.flit import FlitFormat
 from ..link.link import LinkChannel
 from .fabric import wiring_plan
 from .sparse_engine import HOST_IN, HOST_OUT, HostKind, SparseEngine
+from .sparse_place import flow_table
 
 __all__ = ["SparseFabric", "engine_sizes", "load_words", "decode_dump", "dump_request",
            "decode_program_dump"]
@@ -33,7 +35,8 @@ def engine_sizes(prog: SparseProgram, lanes: int, scan_bins: int = 16,
                 scan_bins=scan_bins, topk_units=topk_units,
                 max_flow=prog.max_flow, chunks=prog.chunks, slot=_pow2(prog.max_k),
                 rows=max(len(r) for r in prog.rows), rx_depth=_pow2(prog.rx_flits + 1),
-                codec=prog.codec)
+                codec=prog.codec,
+                hash_elements=prog.elements if prog.hash_seed is not None else 0)
 
 
 class SparseFabric(wiring.Component):
@@ -103,14 +106,20 @@ class SparseFabric(wiring.Component):
 
 
 def load_words(prog: SparseProgram, node: int, grads: np.ndarray) -> list[int]:
-    """Host words that load node's program and add its gradient (``HOST_IN`` packed)."""
+    """Host words that load node's program and add its gradient (``HOST_IN`` packed), in
+    element order for every program: a hash-flow program (``prog.hash_seed``) adds a
+    ``HASH`` word (the accumulator base and the seed) before the gradients, and the
+    engine's placer puts element i where the golden's buffer order has it. The placer
+    learns each flow's range from the PROG rows (:func:`~.sparse_place.flow_table`,
+    checked here so a program it cannot place is refused before a word is sent)."""
     def word(kind, addr, value):
         return kind | (addr << 3) | (value << 27)
     g = np.asarray(grads, np.float32).view(np.uint32)
-    if prog.perm is not None:
-        g = g[np.asarray(prog.perm)]          # hash flows: the buffer is in flow order
     out = [word(HostKind.PROG, a, r) for a, r in enumerate(prog.rows[node])]
     base = prog.residual_base          # global residual: the accumulator is part[N:2N]
+    if prog.hash_seed is not None:
+        flow_table(prog.rows[node])
+        out.append(word(HostKind.HASH, base, int(prog.hash_seed) & 0xFFFFFFFF))
     out += [word(HostKind.GRAD, base + i, int(v)) for i, v in enumerate(g)]
     return out
 
@@ -133,21 +142,24 @@ def dump_request(prog: SparseProgram) -> int:
 
 
 def decode_program_dump(words, prog: SparseProgram) -> tuple[np.ndarray, np.ndarray]:
-    """:func:`decode_dump` of a DUMP sent as :func:`dump_request` (``prog``)."""
+    """:func:`decode_dump` of a DUMP sent as :func:`dump_request` (``prog``); a hash-flow
+    program's words carry element indices (the engine's placer labels them)."""
     words = list(words)
     if prog.residual_base:             # the residual region first, the final pairs as before
         words = (words[prog.residual_base:prog.residual_base + prog.elements] +
                  words[prog.dump_words:])
-    return decode_dump(words, prog.elements, prog.perm, prog.result_base)
+    return decode_dump(words, prog.elements, prog.result_base,
+                       labelled=prog.hash_seed is not None)
 
 
-def decode_dump(words, elements: int, perm=None,
-                result_base: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def decode_dump(words, elements: int, result_base: int | None = None, *,
+                labelled: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """(residual, result) float32 vectors from a node's dump words (``HOST_OUT`` packed):
-    the first ``elements`` words are part[0:elements], the rest the final pairs; ``perm``
-    maps buffer positions back to element indices (hash flows). With ``result_base``
-    (TopkA), the result is the dumped region part[result_base : result_base + elements]
-    and the final pairs (every node's selection) are not part of it."""
+    the first ``elements`` words are the residual region, the rest the final pairs. Words
+    are placed by position, or with ``labelled`` (a hash-flow engine) by the element index
+    each word carries -- the residual words must then name every element once. With
+    ``result_base`` (TopkA), the result is the dumped region part[result_base : result_base +
+    elements] and the final pairs (every node's selection) are not part of it."""
     w = [int(x) for x in words]
     res = np.array([x >> 32 & 0xFFFFFFFF for x in w[:elements]], np.uint32)
     if result_base is not None:
@@ -157,11 +169,13 @@ def decode_dump(words, elements: int, perm=None,
     pos = np.array([x & 0xFFFFFFFF for x in w[elements:]], np.int64)
     val = np.array([x >> 32 & 0xFFFFFFFF for x in w[elements:]], np.uint32)
     out = np.zeros(elements, np.uint32)
-    if perm is not None:
-        p = np.asarray(perm)
-        res_p, res = res, np.empty_like(res)
-        res[p] = res_p
-        pos = p[pos]
+    if labelled:
+        label = np.array([x & 0xFFFFFFFF for x in w[:elements]], np.int64)
+        if not np.array_equal(np.sort(label), np.arange(elements)) or np.any(pos >= elements):
+            raise ValueError("sparse dump: the element indices of the words are not a "
+                             "permutation of the elements (hash placer or dump fault)")
+        res_by_position, res = res, np.empty_like(res)
+        res[label] = res_by_position
     out[pos] = val
     return res.view(np.float32), out.view(np.float32)
 

@@ -5,6 +5,8 @@ from amaranth import Cat, Mux, Signal
 
 from ..link.flit import FlitType, Op
 from .sparse_engine import HostKind
+from .sparse_place_rows import (drain, final_label, idle_words, loads_done, residual_label,
+                                restart_sweep)
 from treenic.schedule.sparse_table import SparseOp
 
 SIGN = 1 << 31
@@ -36,10 +38,12 @@ def sequencer(m, c, head):
         with m.State("IDLE"):
             _idle(m, c, h, pc, j, chunk, dump_n)
         with m.State("WAIT"):
-            with m.If(c.pending == 0):
+            with m.If(loads_done(c)):
                 m.d.sync += e.busy.eq(1)
                 m.d.comb += c.sel_start.eq(1)
+                restart_sweep(m, c)
                 m.next = "FETCH"
+            drain(m, c)
         with m.State("FETCH"):
             m.next = "LOAD"
         with m.State("LOAD"):
@@ -98,15 +102,17 @@ def sequencer(m, c, head):
             m.d.sync += pc.eq(pc + 1)
             m.next = "FETCH"
         with m.State("CLEAR_WAIT"):
-            with m.If(c.pending == 0):
+            with m.If(loads_done(c)):
                 m.next = "CLEAR_ADDR"
+            drain(m, c)
         with m.State("CLEAR_ADDR"):
             m.next = "CLEAR"
         with m.State("CLEAR"):
             _clear(m, c, j, dump_n)
         with m.State("DUMP_WAIT"):
-            with m.If(c.pending == 0):
+            with m.If(loads_done(c)):
                 m.next = "DUMP_ADDR"
+            drain(m, c)
         with m.State("DUMP_ADDR"):
             m.next = "DUMP_RES"
         with m.State("DUMP_RES"):
@@ -125,18 +131,32 @@ def sequencer(m, c, head):
         if e.codec:
             from .sparse_codec_rows import codec_states
             codec_states(m, c, j, fin_fire, n_pairs, seen, bad, slot_base)
-        with m.State("DUMP_SLOT_ADDR"):
+        _dump_finals(m, c, j, chunk, fin_fire)
+
+
+def _dump_finals(m, c, j, chunk, fin_fire):
+    """Every final pair of the current slot (``row.chunk``), then the next slot; with the
+    hash placer a lookup cycle before each word (its element index from the inverse map)."""
+    e, row = c.e, c.row
+    fin_word = "DUMP_FIN_INV" if c.placer is not None else "DUMP_FIN"
+    with m.State("DUMP_SLOT_ADDR"):
+        m.next = fin_word
+    if c.placer is not None:
+        with m.State("DUMP_FIN_INV"):
+            final_label(m, c)
             m.next = "DUMP_FIN"
-        with m.State("DUMP_FIN"):
-            with m.If(j == c.counts[row.chunk]):
-                m.d.sync += chunk.eq(chunk + 1)
-                m.next = "DUMP_CHUNK"
-            with m.Else():
-                m.d.comb += [e.host_o.valid.eq(1), e.host_o.payload.index.eq(c.fin_r.data[:32]),
-                             e.host_o.payload.value.eq(c.fin_r.data[32:]),
-                             e.host_o.payload.final.eq(1), fin_fire.eq(e.host_o.ready)]
-                with m.If(e.host_o.ready):
-                    m.d.sync += j.eq(j + 1)
+    with m.State("DUMP_FIN"):
+        with m.If(j == c.counts[row.chunk]):
+            m.d.sync += chunk.eq(chunk + 1)
+            m.next = "DUMP_CHUNK"
+        with m.Else():
+            m.d.comb += [e.host_o.valid.eq(1), e.host_o.payload.index.eq(final_label(m, c)),
+                         e.host_o.payload.value.eq(c.fin_r.data[32:]),
+                         e.host_o.payload.final.eq(1), fin_fire.eq(e.host_o.ready)]
+            with m.If(e.host_o.ready):
+                m.d.sync += j.eq(j + 1)
+                if c.placer is not None:
+                    m.next = "DUMP_FIN_INV"
 
 
 def _head_ok(c, rx, row):
@@ -174,6 +194,7 @@ def _idle(m, c, h, pc, j, chunk, dump_n):
             with m.If(h.valid):
                 m.d.sync += [j.eq(0), dump_n.eq(h.payload.data[:24])]
                 m.next = "CLEAR_WAIT"
+    idle_words(m, c, h)
 
 
 def _if(cond, *ops):
@@ -237,7 +258,8 @@ def _dump_residual(m, c, j, chunk, dump_n):
         m.d.sync += [chunk.eq(0), j.eq(0)]
         m.next = "DUMP_CHUNK"
     with m.Else():
-        m.d.comb += [e.host_o.valid.eq(1), e.host_o.payload.index.eq(j),
+        label = residual_label(m, c, Mux(fire, j + 1, j), j)
+        m.d.comb += [e.host_o.valid.eq(1), e.host_o.payload.index.eq(label),
                      e.host_o.payload.value.eq(c.dump_r.data)]
         with m.If(fire):
             m.d.sync += j.eq(j + 1)

@@ -6,7 +6,7 @@ golden model every iteration.
 model (:func:`treenic.schedule.sparse_table.compile_sparse`, or ``compile_topka`` for
 ``algorithm="topka"``) into the configuration image set
 (:func:`treenic.firmware.image.sparse_images`, version 3) and loads the engines from the
-serialized images (:func:`program_from_image_bytes`: PROG rows, buffer order and regions
+serialized images (:func:`program_from_image_bytes`: PROG rows, regions and the hash seed
 decoded from the bytes), builds (cached under
 ``build/cosim``) the fabric sized for it, and :meth:`run` performs one error-feedback
 iteration: host words (program once, then the gradients) through every node's host stream
@@ -74,7 +74,8 @@ class SparseFabricSim:
         stall, latency, seed: link channels (stall probability /256), golden seed (also
             the hash seed of ``flow_assignment="hash"``).
         flow_assignment: ``"contiguous"`` or ``"hash"`` (Zen's h0 from the golden's
-            ``partition_of``, applied by the host as the buffer order).
+            ``partition_of``; the host sends element order and the engines' hash placers,
+            :mod:`.sparse_place`, compute the buffer order).
         size_density: build the buffers for this (larger) density, so that one Verilated
             build serves a density sweep (default: ``density``).
         opt: C++ optimisation of the Verilated model (default ``-O2``, ``-O1`` above 8
@@ -92,7 +93,7 @@ class SparseFabricSim:
                  codec: bool = False):
         kw = dict(seed=seed, flow_assignment=flow_assignment, residual=residual, codec=codec)
         #: golden model; the configuration image set the engines are loaded from (version
-        #: 3); the program the host sequence sends (PROG rows, buffer order, regions),
+        #: 3); the program the host sequence sends (PROG rows, regions, hash seed),
         #: decoded from the serialized images
         golden, images, program = imaged_model(algorithm, topology, elements, density, **kw)
         sizing = program if size_density is None else imaged_model(
@@ -149,7 +150,9 @@ class SparseFabricSim:
         sim["start"] = 0
         sim.step(16)
         waited = 0
-        while sim["busy"]:
+        # every engine has run (``cycles`` restarts at 0 with START and counts while busy):
+        # a hash-flow engine starts only once its placer has put every gradient in
+        while sim["busy"] or not all(sim[f"cycles__{u}"] for u in range(P)):
             sim.step(64)
             waited += 64
             if waited > max_cycles:

@@ -40,6 +40,8 @@ class ScatterAccumulate(wiring.Component):
         Buffer words (power of two, 2..2**20).
     init : sequence of int
         Initial buffer contents (binary32 bit patterns): the local values.
+    distinct_port : bool
+        Build the ``distinct`` input (default off: the unit as before, bit for bit).
 
     Members
     -------
@@ -54,9 +56,14 @@ class ScatterAccumulate(wiring.Component):
         operand is replaced by +0, so the write is ``fl32(+0 + value)`` = ``value`` for every
         value but -0, which becomes +0). The sparse engine zeroes and copies regions with it
         through the one write path, in stream order with the additions.
+    distinct : In(1)
+        Only with ``distinct_port=True``. With the pair on ``i``: the caller guarantees its
+        index is in no write still in flight, so it issues without the boundary wait (the
+        sparse engine's hash placer: one sweep writes every position once, in an order that
+        is not ascending).
     """
 
-    def __init__(self, *, depth: int = 1024, init=()):
+    def __init__(self, *, depth: int = 1024, init=(), distinct_port: bool = False):
         if not isinstance(depth, int) or not 2 <= depth <= 1 << 20 or depth & (depth - 1):
             raise ValueError(f"depth must be a power of two in 2..2**20, got {depth!r}")
         if len(init) > depth:
@@ -64,8 +71,12 @@ class ScatterAccumulate(wiring.Component):
         self.depth, self.addr_bits = depth, depth.bit_length() - 1
         self.buffer = memory.Memory(shape=32, depth=depth, init=list(init))
         pair = data.StructLayout({"index": 32, "value": 32})
-        super().__init__({"i": In(stream.Signature(pair)), "o": Out(stream.Signature(pair)),
-                          "range_error": Out(1), "set": In(1)})
+        self.distinct_port = bool(distinct_port)
+        members = {"i": In(stream.Signature(pair)), "o": Out(stream.Signature(pair)),
+                   "range_error": Out(1), "set": In(1)}
+        if self.distinct_port:
+            members["distinct"] = In(1)
+        super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
@@ -84,6 +95,8 @@ class ScatterAccumulate(wiring.Component):
         b_valid, b_index, b_value, b_set = Signal(), Signal(AB), Signal(32), Signal()
         advance_b = ~b_valid | adder.i.ready
         boundary = started & (idx[:AB] <= last_index)
+        if self.distinct_port:
+            boundary = boundary & ~self.distinct
         may_issue = advance_b & (~boundary | (in_flight == 0))
         m.d.comb += self.i.ready.eq(may_issue | ~in_range)
         issue = self.i.valid & may_issue & in_range

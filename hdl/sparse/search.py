@@ -61,6 +61,12 @@ class SearchReplay:
         self.passes = Signal(5)
         self.converged = Signal()
         self.threshold = Signal(31)                  # accepted threshold, else thr(lo)
+        # ``threshold`` is status only: it is written a cycle after the event that sets it,
+        # from one-bit pulses and the unit's hi/lo registers, which hold the value by then,
+        # so that neither the decision nor the threshold port's handshake sits in front of
+        # its 31 enables and resets (-0.25 ns at W = 16, 125 MHz)
+        self.threshold_pulse = {src: Signal(name=f"threshold_from_{src}")
+                                for src in ("zero", "hi", "lo")}
         self.load = Signal(range(self.points + 1))
         self.j_lo, self.j_hi = Signal(H + 1), Signal(H + 1)
         self.j_mid, self.j_span = Signal(H + 1), Signal(H + 1)   # (lo + hi) / 2, hi - lo
@@ -79,8 +85,26 @@ class SearchReplay:
     def start(self, m, depth, strict):
         m.d.sync += [self.lo.eq(0), self.hi.eq(_pow2(depth)), self.strict.eq(strict),
                      self.band.eq(0), self.any_key.eq(0),
-                     self.passes.eq(0), self.converged.eq(0), self.threshold.eq(0)]
+                     self.passes.eq(0), self.converged.eq(0)]
+        self.set_threshold(m, "zero")
         self._set_span(m, depth)
+
+    def set_threshold(self, m, source):
+        """``threshold`` = 0 (``"zero"``), or the unit's ``hi`` / ``lo`` as they are in
+        the next cycle (``"hi"``, ``"lo"``: the caller loads them in this one)."""
+        m.d.sync += self.threshold_pulse[source].eq(1)
+
+    def threshold_update(self, m, st):
+        """The one-cycle-late write of ``threshold`` (see ``threshold_pulse``); before
+        any ``set_threshold`` in the module (the pulses' default is 0)."""
+        pulse = self.threshold_pulse
+        m.d.sync += [p.eq(0) for p in pulse.values()]
+        with m.If(pulse["zero"]):
+            m.d.sync += self.threshold.eq(0)
+        with m.Elif(pulse["hi"]):
+            m.d.sync += self.threshold.eq(st.hi)
+        with m.Elif(pulse["lo"]):
+            m.d.sync += self.threshold.eq(st.lo)
 
     def _set_span(self, m, span_log):
         """span_log = log2(hi - lo) with its levels = min(H, span_log) and step exponent
@@ -163,7 +187,8 @@ class SearchReplay:
         # enabled by ``accepted`` they sat behind the table mux (+0.10 ns at 125 MHz)
         m.d.sync += [st.hi.eq(thr), st.lo.eq(thr)]
         with m.If(accepted):
-            m.d.sync += [self.converged.eq(1), self.threshold.eq(thr)]
+            m.d.sync += self.converged.eq(1)
+            self.set_threshold(m, "hi")             # st.hi = thr, loaded above
         with m.Elif(stepping & below):
             m.d.sync += [self.j_hi.eq(j_mid), self.j_mid.eq(j_mid - quarter),
                          self.j_span.eq(self.j_span >> 1)]

@@ -318,6 +318,7 @@ class TopKUnit(wiring.Component):
         # before the controller: its clear of the counts at a new count pass overrides this
         st.search.count_pipeline(m, rkeys, (st.phase == _Phase.SEARCH_COUNT) & accepted)
         st.search.decision_flags(m, st.k_total)
+        st.search.threshold_update(m, st)
         self._control(m, st, keys, accepted, hist_sum, scanning_bin, hist_ready)
         self._emit(m, st, rkeys, beat, accepted)
         return m
@@ -471,8 +472,9 @@ class TopKUnit(wiring.Component):
             with m.If(sr.take_threshold(m, self.thr)):
                 with m.If(sr.band):                 # thr(lo) stored, thr(hi) arriving
                     m.d.sync += [st.phase.eq(_Phase.COUNT), st.lo.eq(sr.table[0]),
-                                 st.hi.eq(self.thr.payload), sr.threshold.eq(sr.table[0]),
+                                 st.hi.eq(self.thr.payload),
                                  st.acc.eq(0), st.room.eq(self.max_chunk)]
+                    sr.set_threshold(m, "lo")       # st.lo = table[0], loaded here
                 with m.Else():
                     m.d.sync += st.phase.eq(_Phase.SEARCH_COUNT)
         with m.Case(_Phase.SEARCH_COUNT):
@@ -597,6 +599,20 @@ class TopKUnit(wiring.Component):
         with m.Else():
             m.d.sync += st.need.eq(st.need - s_cum[0])
 
+    def _ties_cap_next(self, m, st, taken):
+        """min(ties_left - taken, W) for a beat that takes ``taken`` <= min(ties_left, W)
+        band lanes, on a narrow subtraction: ``ties_big`` (registered: ties_left >= 3W a
+        cycle ago) means ties_left >= 2W now (a beat takes at most W, and the phases that
+        set ties_left do so at least 3 cycles before the first beat reaches S), so the
+        result is W; otherwise ties_left < 3W fits in log2(W) + 2 bits. The full-width
+        subtract and saturation missed 125 MHz by 0.04 ns at W = 16."""
+        W = self.lanes
+        narrow = min(len(st.ties_left), (W - 1).bit_length() + 2)
+        ties_big = Signal(name="ties_big")
+        m.d.sync += ties_big.eq(st.ties_left >= 3 * W)
+        small = (st.ties_left[:narrow] - taken)[:narrow]
+        return Mux(ties_big, W, _saturate(small, W))
+
     def _emit(self, m, st, rkeys, beat, accepted):
         """Emit pass: a pipeline of EMIT_STAGES registers (key, flags, prefix counts, lane
         selection) into an output FIFO. No stage stalls (a stall-together pipeline put
@@ -691,11 +707,12 @@ class TopKUnit(wiring.Component):
         # the first beat reaches S), and are updated with them beat by beat
         m.d.sync += [st.ties_cap.eq(_saturate(st.ties_left, W)),
                      st.room_cap.eq(_saturate(st.room, W))]
+        ties_cap_next = self._ties_cap_next(m, st, cap(band_total, t))
         with m.If(p_valid):
             ties_next = st.ties_left - cap(band_total, t)
             room_next = st.room - cap(cand_total, r)
             m.d.sync += [st.ties_left.eq(ties_next), st.room.eq(room_next),
-                         st.ties_cap.eq(_saturate(ties_next, W)),
+                         st.ties_cap.eq(ties_cap_next),
                          st.room_cap.eq(_saturate(room_next, W))]
         with m.If((st.phase == _Phase.EMIT_FLUSH) & s_valid & s_last):
             m.d.sync += st.phase.eq(_Phase.IDLE)       # the last beat enters the FIFO now

@@ -36,6 +36,7 @@ SECTIONS = {
     "boards": ("treenic.boards.bench", "Boards: host link over UDP, bitstreams"),
     "faults": ("treenic.faults", "Fault campaign: link CRC, watchdog (Verilated RTL)"),
     "sparse_fabric": ("treenic.hdl.nic.sparse_bench", "MultiTree-Sparse on the NIC fabric vs dense (Verilated RTL)"),
+    "hash_load": ("treenic.hdl.nic.sparse_place_bench", "Hash flows placed by the sparse engine: load cycles (Amaranth sim)"),
 }
 
 

@@ -21,12 +21,12 @@ from treenic.schedule.execute import execute
 
 
 def _run(spec, alg, E, forward, *, stall=0, seed=3, bufs=None, sub_words=4,
-         arbiter="fixed"):
+         arbiter="fixed", **nic):
     sched = build(alg, spec)
     images = compile_images(None, sched, E)
     params = params_for_images(images, depth=64, max_nodes=4, max_entries=16, max_steps=8,
                                sub_words=sub_words, credits=6, forward=forward,
-                               arbiter=arbiter)
+                               arbiter=arbiter, **nic)
     fab = Fabric(spec, params, latency=2, stall=stall, seed=seed)
     if bufs is None:
         bufs = np.random.default_rng(5).standard_normal((sched.n, E)).astype(np.float32)

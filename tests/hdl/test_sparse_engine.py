@@ -28,23 +28,31 @@ def _run(rows, grads, flits=(), clear=False, codec=False):
     got = {}
 
     async def host(ctx):
-        await send_words(ctx, eng.host_i, load_words(prog, 0, grads) + [start_word()])
-        await ctx.tick().until(eng.busy == 1)
-        await ctx.tick().until(eng.busy == 0)
-        await send_words(ctx, eng.host_i, ([clear_word(N)] if clear else []) + [dump_word(N)])
-        ctx.set(eng.host_o.ready, 1)
-        words = []
-        while True:
-            _, _, v, w = await ctx.tick().sample(eng.host_o.valid, eng.host_o.payload.as_value())
-            if v and w >> 65 & 1:
-                break
-            if v:
-                words.append(w)
-        got["words"], got["bad"] = words, ctx.get(eng.malformed)
+        got["words"], got["bad"] = await _run_and_dump(
+            ctx, eng, load_words(prog, 0, grads), ([clear_word(N)] if clear else []) +
+            [dump_word(N)])
 
     run_with_link(eng, host, flits)
     resid, out = decode_dump(got["words"], N)
     return resid, out, got["bad"]
+
+
+async def _run_and_dump(ctx, eng, load, dump):
+    """Host words ``load``, START, wait for the run, then ``dump`` (ending with a DUMP):
+    (the dump's words, ``malformed``)."""
+    await send_words(ctx, eng.host_i, load + [start_word()])
+    await ctx.tick().until(eng.busy == 1)
+    await ctx.tick().until(eng.busy == 0)
+    await send_words(ctx, eng.host_i, dump)
+    ctx.set(eng.host_o.ready, 1)
+    words = []
+    while True:
+        _, _, v, w = await ctx.tick().sample(eng.host_o.valid, eng.host_o.payload.as_value())
+        if v and w >> 65 & 1:
+            break
+        if v:
+            words.append(w)
+    return words, ctx.get(eng.malformed)
 
 
 def _grads(seed):
@@ -144,3 +152,77 @@ def test_codec_recv_bitmap_and_pairs_and_a_truncated_message():
         want[i] = np.float32(want[i] + np.float32(v))
     assert np.array_equal(resid.view(np.uint32), want.view(np.uint32))
     assert bad == 1
+
+
+# ---- the hash placer in the engine (flow_assignment="hash") -------------------------------
+
+HASH_N, HASH_FLOWS, HASH_SEED = 48, 3, 21
+
+
+def _hash_program():
+    """One node rooting three hash flows (a non-power-of-two flow count: the hash unit's
+    modulo path), top-2 of each."""
+    from treenic.sparse.multitree_sparse import hash_flows
+    perm, off = hash_flows(HASH_N, HASH_FLOWS, HASH_SEED)
+    rows = [pack_row(op=SparseOp.ROOT, chunk=c, lo=int(off[c]), n=int(off[c + 1] - off[c]), k=2)
+            for c in range(HASH_FLOWS)] + [pack_row(op=SparseOp.END)]
+    return SparseProgram("ring:2", HASH_N, [rows], HASH_FLOWS, int(np.diff(off).max()), 2, 8, 1,
+                         perm=perm.tolist(), hash_seed=HASH_SEED), perm, off
+
+
+def _hash_run(words):
+    """Host words (program, HASH, GRADs) into a hash-flow engine, START, DUMP: (dump
+    words, malformed)."""
+    prog, _, _ = _hash_program()
+    eng = SparseEngine(ports=1, depth=64, lanes=2, max_flow=prog.max_flow, chunks=HASH_FLOWS,
+                       slot=2, rows=8, rx_depth=8, fmt=FMT, hash_elements=HASH_N)
+    got = {}
+
+    async def host(ctx):
+        got["words"], got["bad"] = await _run_and_dump(ctx, eng, words, [dump_word(HASH_N)])
+
+    run_with_link(eng, host, ())
+    return got["words"], got["bad"]
+
+
+def test_hash_engine_places_element_order_and_labels_the_dump():
+    """The host sends element order (no permutation); every flow's top-2 is the golden's
+    selection in the permuted space, and the dump's words carry element indices."""
+    from treenic.hdl.nic.sparse_fabric import decode_program_dump
+    prog, perm, off = _hash_program()
+    g = np.random.default_rng(4).standard_normal(HASH_N).astype(np.float32)
+    words = load_words(prog, 0, g)
+    assert [w >> 3 & 0xFFFFFF for w in words[-HASH_N:]] == list(range(HASH_N))
+    dump, bad = _hash_run(words)
+    assert bad == 0
+    resid, out = decode_program_dump(dump, prog)
+    part = g[perm]
+    want_out, want_res = np.zeros(HASH_N, np.float32), g.copy()
+    for c in range(HASH_FLOWS):
+        idx = perm[topk(part[off[c]:off[c + 1]], 2) + off[c]]
+        want_out[idx], want_res[idx] = g[idx], 0
+    assert np.array_equal(out.view(np.uint32), want_out.view(np.uint32))
+    assert np.array_equal(resid.view(np.uint32), want_res.view(np.uint32))
+    labels = [w & 0xFFFFFFFF for w in dump[:HASH_N]]
+    assert labels == perm.tolist()          # buffer order, each word naming its element
+
+
+def test_hash_engine_counts_every_dropped_grad_word():
+    """A sweep out of order (two words swapped) and a HASH word with the wrong seed: every
+    word the placer drops is counted in ``malformed``, as many as its golden drops."""
+    from treenic.hdl.nic.sparse_engine import HostKind
+    from treenic.hdl.nic.sparse_place import place_golden
+    prog, _, off = _hash_program()
+    g = np.random.default_rng(5).standard_normal(HASH_N).astype(np.float32)
+    words = load_words(prog, 0, g)
+    head, grads = words[:-HASH_N], words[-HASH_N:]
+    swapped = grads[:10] + [grads[11], grads[10]] + grads[12:]
+    pairs = [(w >> 3 & 0xFFFFFF, 0) for w in swapped]
+    table = (off[:-1], np.diff(off))
+    want = place_golden(pairs, elements=HASH_N, flows=HASH_FLOWS, seed=HASH_SEED)[2]
+    assert want == HASH_N - 11 and _hash_run(head + swapped)[1] == want
+    wrong = [w if w & 7 != HostKind.HASH else w ^ (1 << 27) for w in head]   # seed 21 -> 20
+    pairs = [(i, 0) for i in range(HASH_N)]
+    want = place_golden(pairs, elements=HASH_N, flows=HASH_FLOWS, seed=HASH_SEED ^ 1,
+                        table=table)[2]
+    assert want > 0 and _hash_run(wrong + grads)[1] == want

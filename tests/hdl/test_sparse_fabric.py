@@ -128,3 +128,36 @@ def test_timing_model_prices_topka_and_global_rows():
     _, prog = sparse_model("multitree-sparse", "ring:4", 256, 0.25, codec=True)
     with pytest.raises(ValueError, match="codec-message rows"):
         predict(prog)
+
+
+def _hash_fabric_runs(program, grads, **kw):
+    """run_amaranth on a fabric built and loaded from ``program`` with the host's copy of
+    the golden's permutation removed: the host sends and receives element order only."""
+    import dataclasses
+    host_program = dataclasses.replace(program, perm=None)
+    return run_amaranth(SparseFabric(host_program, lanes=2, seed=1, **kw), grads)
+
+
+def test_ring2_hash_flows_placed_by_the_engine():
+    """Zen's hash flows with the hash unit in the engine (issue 17): ring:2, 1000 elements,
+    two error-feedback iterations with link stalls, results and residuals bit-exact vs the
+    golden model, and the host never touches ``perm``. Mutation check: the same run with a
+    wrong seed in the HASH word is caught: the placer drops the words of flows that
+    overflow, so the dump's element labels are no permutation and the host refuses it."""
+    import dataclasses
+    from treenic.hdl.nic.sparse_sim import imaged_model
+    P, N = 2, 1000
+    golden, _, prog = imaged_model("multitree-sparse", "ring:2", N, 0.02,
+                                   flow_assignment="hash", seed=12)
+    assert prog.hash_seed == 12 and prog.perm is not None
+    grads = _grads(np.random.default_rng(12), P, N, 2)
+    runs = _hash_fabric_runs(prog, grads, stall=64)
+    for it, (g, (res, resid, cycles, flits, bad)) in enumerate(zip(grads, runs)):
+        want = golden.step(g)
+        assert bad == 0 and flits == prog.link_flits
+        np.testing.assert_array_equal(res.view(np.uint32), want.result.view(np.uint32),
+                                      err_msg=f"iteration {it}: results")
+        np.testing.assert_array_equal(resid.view(np.uint32), want.residuals.view(np.uint32),
+                                      err_msg=f"iteration {it}: residuals")
+    with pytest.raises(ValueError, match="not a permutation of the elements"):
+        _hash_fabric_runs(dataclasses.replace(prog, hash_seed=13), grads[:1])

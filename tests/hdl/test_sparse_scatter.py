@@ -66,3 +66,24 @@ def test_golden_rejects_bad_messages():
         scatter_accumulate(np.zeros(4, np.float32), [([4], [1.0])])
     with pytest.raises(SparseError, match="ascending"):
         scatter_accumulate(np.zeros(4, np.float32), [([2, 1], [1.0, 2.0])])
+
+
+def test_distinct_pairs_in_any_order_one_a_cycle():
+    """``distinct_port``: pairs the caller guarantees distinct (the hash placer's sweep: a
+    permutation of the buffer) issue one a cycle in any order, each write the golden's
+    (every pair its own one-pair message); without the port the unit drains at every
+    descent."""
+    rng = np.random.default_rng(3)
+    dense = _values(rng, DEPTH)
+    order = rng.permutation(DEPTH)
+    val = _values(rng, DEPTH)
+    msgs = [(np.array([i]), val[n:n + 1]) for n, i in enumerate(order)]
+    _, writes = scatter_accumulate(dense, msgs)
+    gold = [(i, int(np.float32(v).view(np.uint32))) for i, v in writes]
+    words = [int(i) | (int(v) << 32) for i, v in zip(order, val.view(np.uint32))]
+    dut = ScatterAccumulate(depth=DEPTH, init=dense.view(np.uint32).tolist(), distinct_port=True)
+    out, cycles = run_stream_unit(dut, words, setup=lambda ctx: ctx.set(dut.distinct, 1))
+    assert [(w & 0xFFFFFFFF, w >> 32) for w in out] == gold
+    assert cycles <= DEPTH + LATENCY + 1, cycles
+    _, slow = run_scatter(dense, msgs)
+    assert slow > 2 * DEPTH

@@ -92,6 +92,16 @@ def test_exact_k_one_and_k_at_least_nonzeros():
         check_exact(x, k, 4)
 
 
+def test_long_tie_quota_at_sixteen_lanes():
+    """The tie quota (``ties_left``) across its narrow/saturated switch at 3W (the unit
+    keeps min(ties_left, W) on a narrow subtraction below 3W): all-equal magnitudes, W = 16,
+    k around 3W and far above it, with stalls."""
+    x = np.where(np.arange(256) % 5 == 0, np.float32(-2.0), np.float32(2.0)).astype(np.float32)
+    x[7] = np.float32(4.0)                      # one key above the tie band
+    for k in (1, 17, 47, 48, 49, 50, 100, 200, 256):
+        check_exact(x, k, 16, p_valid=0.8, p_ready=0.6, seed=k)
+
+
 def test_exact_cycles_independent_of_k():
     """...and equal to the documented contract ``exact_cycles`` (the network model's)."""
     rng = np.random.default_rng(5)

@@ -271,7 +271,8 @@ class RTLEngine:
     SPARSE_SCHEMES: tuple = RTL_SPARSE
     #: Values of each sparse option (:data:`SPARSE_OPTIONS`) :meth:`run_sparse` runs on the
     #: fabric; a request with another value is an error on this engine, never a golden run.
-    #: Hash flows: the host lays the buffer out in the hash's flow order (SparseFabricSim).
+    #: Hash flows: the host sends element order; the engines' hash placers lay the buffer
+    #: out in the hash's flow order (SparseFabricSim, treenic.hdl.nic.sparse_place).
     SPARSE_OPTION_VALUES: dict = {"residual": ("local", "global"),
                                   "flow_assignment": ("contiguous", "hash")}
 

@@ -134,7 +134,8 @@ class SparseProgram:
     ports: int
     kb: list[int] = field(default_factory=list)
     link_pairs: int = 0    # pair flits every link carries together at full budgets
-    perm: list[int] | None = None   # hash flows: buffer position -> element index
+    perm: list[int] | None = None   # hash flows: buffer position -> element index (the
+    #                                 golden/model side; the host path sends element order)
     ideal_cycles: int = 0  # sum over steps of the most-loaded directed link's flits at
     #                        full budgets (head + kb pairs + tail per message)
     algorithm: str = "multitree-sparse"
@@ -169,7 +170,9 @@ def _port_map(topology) -> dict[tuple[int, int], tuple[int, int]]:
 def compile_sparse(model, *, codec: bool = False) -> SparseProgram:
     """The sparse program of a built ``MultiTreeSparse`` model. Hash flows (Zen's h0) are
     the golden's own permuted space: buffer position j holds element ``perm[j]``, so every
-    flow is contiguous in the buffer and ascending positions are ascending indices."""
+    flow is contiguous in the buffer and ascending positions are ascending indices (the
+    engine's hash placer, ``treenic.hdl.nic.sparse_place``, puts them there from the rows'
+    flow ranges and the program's ``hash_seed``)."""
     plan, sched = model.plan, model.schedule
     residual = model.options["residual"]
     topo = sched.topology
