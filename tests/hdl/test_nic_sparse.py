@@ -8,7 +8,6 @@ protocol goes through the register bus (SP_IN / SP_PUSH, SP_OUT_*).  With the op
 the NIC's ports are unchanged (and so are they with it on)."""
 import numpy as np
 import pytest
-from amaranth.sim import Simulator
 
 from treenic.algorithms import build
 from treenic.firmware.image import compile_images
@@ -23,6 +22,8 @@ from treenic.hdl.nic.sparse_fabric import decode_program_dump
 from treenic.schedule.execute import execute
 from treenic.schedule.sparse_table import compile_sparse
 from treenic.sparse.multitree_sparse import MultiTreeSparse
+
+from nic_unit_helpers import simulate
 
 
 def _grads(rng, P, N, iterations):
@@ -131,10 +132,7 @@ def _run(spec, E, density, *, iterations=2, stall=64, seed=0, topk_units=1):
         await switch_all(ctx, 0)
         await dense(ctx, dense_bufs[1], False, None)
 
-    sim = Simulator(fab)
-    sim.add_clock(1e-8)
-    sim.add_testbench(tb)
-    sim.run()
+    simulate(fab, tb)
     return out, sched, dense_bufs, golden, grads, prog
 
 
@@ -261,10 +259,7 @@ def test_link_share_matches_golden_random_traffic():
             got.append(o)
             await ctx.tick()
 
-    sim = Simulator(dut)
-    sim.add_clock(1e-8)
-    sim.add_testbench(tb)
-    sim.run()
+    simulate(dut, tb)
     assert got == want
     assert any(not o["drained"] for o in got) and any(o["drained"] for o in got[1:])
 
@@ -328,10 +323,7 @@ def test_refusals_while_a_sparse_run_is_stuck():
         await sim_write_all(ctx, fab, [[(int(Reg.SP_MODE), 0)]] * 2)
         out["back"] = await regs(ctx, [Reg.SP_MODE])
 
-    sim = Simulator(fab)
-    sim.add_clock(1e-8)
-    sim.add_testbench(tb)
-    sim.run()
+    simulate(fab, tb)
     S, HR = SparseStatus, 1 << ErrBit.HOST_RANGE
     assert out["empty_pop"] == [0, 0]
     st = out["stuck"]
