@@ -191,6 +191,14 @@ def _sparse_tops():     # the sparse units (docs/sparse-units.md) at W = 2 and t
             "sparse_decoder": lambda: SparseDecoder(max_chunk=4096)}
 
 
+def _sparse_program_64k():
+    """The sparse program the 64 KiB builds are sized for: MultiTree-Sparse on torus:4x4,
+    16 Ki binary32 per node, density 10 % (the ``sparse_fabric`` bench's largest)."""
+    from treenic.schedule.sparse_table import compile_sparse
+    from treenic.sparse.multitree_sparse import MultiTreeSparse
+    return compile_sparse(MultiTreeSparse(16, 16384, 0.10, seed=0, topology="torus:4x4"))
+
+
 def _sparse_engine(units: int):
     """The NIC's sparse engine sized for torus:4x4, 64 KiB per node, densities up to 10 %
     (the ``sparse_fabric`` bench's build), W = 16, ``units`` top-k units. Its area run
@@ -199,10 +207,20 @@ def _sparse_engine(units: int):
     banked buffer."""
     from treenic.hdl.nic.sparse_engine import SparseEngine
     from treenic.hdl.nic.sparse_fabric import engine_sizes
-    from treenic.schedule.sparse_table import compile_sparse
-    from treenic.sparse.multitree_sparse import MultiTreeSparse
-    prog = compile_sparse(MultiTreeSparse(16, 16384, 0.10, seed=0, topology="torus:4x4"))
-    return SparseEngine(**engine_sizes(prog, 16, 16, units))
+    return SparseEngine(**engine_sizes(_sparse_program_64k(), 16, 16, units))
+
+
+def _nic_core_sparse():
+    """nic_core with the sparse engine built in (``NicParams.sparse``, docs/sparse-nic.md):
+    the engine at the 64 KiB sizes but W = 2 lanes and one top-k unit (its buffer then
+    has 4 read ports: 2 feeder lanes, the adder, the dump)."""
+    from treenic.hdl.nic import Nic, NicParams
+    from treenic.hdl.nic.params import SparseParams
+    sparse = SparseParams.for_program(_sparse_program_64k(), lanes=2, topk_units=1)
+    return Nic(NicParams(**NIC_CORE_PARAMS, sparse=sparse))
+
+
+register_top("nic_core_sparse", _nic_core_sparse)
 
 
 register_top("sparse_engine_t1", lambda: _sparse_engine(1))

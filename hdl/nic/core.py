@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from amaranth.hdl import Cat, Module, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -44,6 +44,8 @@ from .params import NicParams, PortCounter
 from .rx import RxUnit
 from .scan import TableScan
 from .share import ReadShare, WriteMerge
+from .sparse_engine import SparseEngine
+from .sparse_host import LinkShare, SparseHost
 from .tx import TxUnit, buffer_abits
 from .watchdog import Watchdog
 
@@ -70,6 +72,14 @@ class Nic(wiring.Component):
     link_crc : bool
         The NIC's links have a CRC checker (:mod:`treenic.hdl.link.crc`): adds the
         ``link_crc`` input (counted in LINK_CRC[p], flagged ERR LINK_CRC).
+
+    With ``params.sparse`` set the NIC also holds a
+    :class:`~treenic.hdl.nic.sparse_engine.SparseEngine` (submodule ``sparse``): its links
+    are the NIC's, shared with the dense datapath under SP_MODE
+    (:class:`~treenic.hdl.nic.sparse_host.LinkShare`), its host streams are the ``SP_*``
+    registers (:class:`~treenic.hdl.nic.sparse_host.SparseHost`); the ports below are the
+    same.  In sparse mode START (CTRL or ``start``) queues a sparse run, and ``done`` /
+    ``running`` are the sparse run's.
 
     Members
     -------
@@ -98,6 +108,9 @@ class Nic(wiring.Component):
         self.p = p = params or NicParams()
         self.fmt = p.fmt
         self.has_link_crc = link_crc
+        # the engine is built here so a bad sparse build fails at construction
+        self.sparse_engine = None if p.sparse is None else \
+            SparseEngine(**p.sparse.engine_kwargs(p.ports))
         members = {
             "host": Out(HostSignature(p.addr_bits)), "start": In(1),
             "dma": Out(DmaSignature(buffer_abits(p), p.lanes)),
@@ -130,9 +143,11 @@ class Nic(wiring.Component):
         wiring.connect(m, regs.buf_write, buf.wr[P])
         self._memories(m, regs, issue)
         clear = regs.clear
-        m.d.comb += [issue.start.eq(self.start | regs.ctrl_start), issue.clear.eq(clear),
-                     issue.entries.eq(regs.entries), issue.lockstep.eq(regs.lockstep),
-                     self.done.eq(issue.done), self.running.eq(issue.running)]
+        m.d.comb += [issue.clear.eq(clear),
+                     issue.entries.eq(regs.entries), issue.lockstep.eq(regs.lockstep)]
+        if p.sparse is None:
+            m.d.comb += [issue.start.eq(self.start | regs.ctrl_start),
+                         self.done.eq(issue.done), self.running.eq(issue.running)]
         # table scan -> flow tables
         m.d.comb += [scan.reset.eq(issue.scan_reset), scan.active.eq(issue.scan_active),
                      scan.row.eq(issue.row), scan.entries.eq(regs.entries),
@@ -145,8 +160,15 @@ class Nic(wiring.Component):
                      flows.order_addr.eq(regs.order_addr),
                      flows.order_data.eq(regs.order_data), flows.clear.eq(clear)]
         wiring.connect(m, flows.tables, issue.tables)
-        tx_units = self._tx_units(m, regs, issue, buf)
-        rx_units = self._rx_units(m, regs, issue, flows, buf)
+        sparse_refused = None
+        if p.sparse is None:
+            tx_links = [wiring.flipped(t) for t in self.tx]
+            rx_links = [wiring.flipped(r) for r in self.rx]
+        else:
+            share, sparse_refused = self._sparse(m, regs, issue)
+            tx_links, rx_links = share.dense_tx, share.dense_rx
+        tx_units = self._tx_units(m, regs, issue, buf, tx_links)
+        rx_units = self._rx_units(m, regs, issue, flows, buf, rx_links)
         if p.cut_through:
             self._pace_sources(m, tx_units, rx_units)
         for i, (tx, rx) in enumerate(zip(tx_units, rx_units)):
@@ -158,7 +180,7 @@ class Nic(wiring.Component):
                      regs.scan_failed.eq(issue.scan_failed), regs.cycles.eq(issue.cycles),
                      regs.timestep.eq(issue.timestep), regs.head.eq(issue.head),
                      regs.err_flags.eq(errors.err_flags), regs.err_count.eq(errors.err_count)]
-        self._errors(m, errors, regs, issue, scan, rx_units, buf)
+        self._errors(m, errors, regs, issue, scan, rx_units, buf, sparse_refused)
         self._fault_detection(m, errors, regs, issue, flows, tx_units)
         return m
 
@@ -208,13 +230,50 @@ class Nic(wiring.Component):
                      s_wr.en.eq(issue.steplog_en),
                      s_rd.addr.eq(regs.steplog_addr), regs.steplog_data.eq(s_rd.data)]
 
-    def _tx_units(self, m, regs, issue, buf) -> list[TxUnit]:
+    def _sparse(self, m, regs, issue):
+        """The sparse engine, its host registers and the link sharing (sparse builds):
+        START, ``done`` and ``running`` follow SP_MODE; a refused sparse host write is
+        flagged ERR HOST_RANGE with the dense core's."""
+        p = self.p
+        m.submodules.sparse = eng = self.sparse_engine
+        m.submodules.sparse_host = sh = SparseHost(params=p)
+        m.submodules.link_share = share = LinkShare(
+            fmt=self.fmt, engine_fmt=eng.fmt, ports=p.ports,
+            max_outstanding=max(p.credits, p.sparse.rx_depth))
+        for i in range(p.ports):
+            wiring.connect(m, share.tx[i], wiring.flipped(self.tx[i]))
+            wiring.connect(m, wiring.flipped(self.rx[i]), share.rx[i])
+            wiring.connect(m, eng.tx[i], share.engine_tx[i])
+            wiring.connect(m, share.engine_rx[i], eng.rx[i])
+        wiring.connect(m, sh.host_i, eng.host_i)
+        wiring.connect(m, eng.host_o, sh.host_o)
+        start = self.start | regs.ctrl_start
+        # the dense core is busy from its START (registered in Issue), through INIT,
+        # SCAN and FINISH (a cycle after the scan), to the end of RUN: no mode change
+        start_q, scan_q = Signal(), Signal()
+        m.d.sync += [start_q.eq(start & ~sh.mode), scan_q.eq(issue.scan_active)]
+        dense_busy = start_q | issue.scan_reset | issue.scan_active | scan_q | issue.running
+        m.d.comb += [sh.addr.eq(self.host.addr), sh.wdata.eq(self.host.wdata),
+                     sh.we.eq(self.host.we), sh.re.eq(self.host.re), sh.start.eq(start),
+                     sh.clear.eq(regs.clear), sh.dense_running.eq(dense_busy),
+                     sh.drained.eq(share.drained), share.sparse.eq(sh.mode),
+                     sh.busy.eq(eng.busy), sh.cycles.eq(eng.cycles), sh.flits.eq(eng.flits),
+                     sh.malformed.eq(eng.malformed), sh.finals.eq(eng.finals),
+                     eng.start.eq(0),            # runs start through the HOST_IN FIFO
+                     issue.start.eq(start & ~sh.mode),
+                     self.done.eq(Mux(sh.mode, sh.done, issue.done)),
+                     self.running.eq(Mux(sh.mode, sh.running, issue.running))]
+        for k in range(len(sh.regs)):
+            m.d.comb += regs.sparse_regs[k].eq(sh.regs[k])
+        return share, sh.refused
+
+    def _tx_units(self, m, regs, issue, buf, links) -> list[TxUnit]:
         p = self.p
         units = []
         idle = []
         for i in range(p.ports):
             m.submodules[f"tx{i}"] = tx = TxUnit(params=p, port=i)
-            wiring.connect(m, tx.link, wiring.flipped(self.tx[i]))
+            wiring.connect(m, tx.link, links[i])
             wiring.connect(m, tx.read, buf.rd[1 + p.ports + i])
             m.d.comb += [tx.go.eq(issue.tx_go[i]), tx.desc.eq(issue.tx_desc),
                          tx.peer.eq(regs.peer[i]), tx.node_id.eq(regs.node_id),
@@ -231,14 +290,14 @@ class Nic(wiring.Component):
             for q, rx in enumerate(rx_units):
                 wiring.connect(m, rx.state, tx.sources[q])
 
-    def _rx_units(self, m, regs, issue, flows, buf) -> list[RxUnit]:
+    def _rx_units(self, m, regs, issue, flows, buf, links) -> list[RxUnit]:
         p = self.p
         F = p.max_nodes
         flow_enable = Cat(*[f < regs.flows for f in range(F)])
         units = []
         for i in range(p.ports):
             m.submodules[f"rx{i}"] = rx = RxUnit(params=p, port=i)
-            wiring.connect(m, wiring.flipped(self.rx[i]), rx.link)
+            wiring.connect(m, links[i], rx.link)
             wiring.connect(m, rx.read, buf.rd[1 + i])
             wiring.connect(m, rx.write, buf.wr[i])
             wiring.connect(m, flows.tables, rx.tables)
@@ -253,10 +312,13 @@ class Nic(wiring.Component):
             wiring.connect(m, rx.state, *[other.peers[rx.port] for other in units])
         return units
 
-    def _errors(self, m, errors, regs, issue, scan, rx_units, buf):
+    def _errors(self, m, errors, regs, issue, scan, rx_units, buf, sparse_refused=None):
         ev = errors.events
+        host_range = regs.ev_host_range
+        if sparse_refused is not None:     # a refused sparse host write (sparse builds)
+            host_range = host_range | sparse_refused
         m.d.comb += [ev.table_index.eq(issue.ev_table_index | regs.ev_table_index),
-                     ev.host_range.eq(regs.ev_host_range), ev.bad_op.eq(scan.ev_bad_op),
+                     ev.host_range.eq(host_range), ev.bad_op.eq(scan.ev_bad_op),
                      ev.entry_range.eq(scan.ev_entry_range),
                      ev.frag_range.eq(Cat(*[rx.ev_range for rx in rx_units])),
                      ev.unexpected.eq(Cat(*[rx.ev_unexpected for rx in rx_units])),

@@ -18,6 +18,10 @@ a :class:`~treenic.hdl.link.inject.FaultInjector` after each appender, driven th
 ``fault_at`` (clock when the first fault fired or a NIC was reset), ``error_at`` (clock
 when the first NIC error or link CRC failure appeared; 0 = none).
 
+With ``params.sparse`` every NIC holds the sparse engine (``NicParams.sparse``,
+:mod:`.sparse_host`): the same links carry a dense all-reduce or, with SP_MODE set on every
+NIC, a sparse one; ``start``, ``done`` and ``cycles`` then concern the sparse run.
+
 Host access is streams so a testbench or the C++ stream pump of
 :mod:`treenic.hdl.cosim` can load images and buffers at one write per cycle:
 ``hw`` (node, addr, data) writes, ``hr`` (node, addr) read requests answered in order
@@ -45,7 +49,7 @@ from .core import HOST_READ_LATENCY, Nic
 from .tx import buffer_abits
 from .params import NicParams
 
-__all__ = ["Fabric", "wiring_plan", "link_seed", "nic_verilog", "fabric_verilog"]
+__all__ = ["Fabric", "link_depth", "wiring_plan", "link_seed", "nic_verilog", "fabric_verilog"]
 
 
 def link_seed(seed: int, u: int, port: int, ports: int) -> int:
@@ -69,6 +73,16 @@ def wiring_plan(topology: Topology) -> list[tuple[int, int, int, int]]:
                 raise ValueError(f"{topology.spec}: no unique reverse port for {u}->{v}")
             out.append((u, pu.index, v, match[0].index))
     return out
+
+
+def link_depth(params: NicParams) -> int:
+    """Flits a fabric link buffers: at least the receive buffer behind it (the dense
+    RX's ``credits``; with a sparse engine built in, also its receive FIFO, which its
+    sender's credits cover), so no flit is lost while the link stalls."""
+    depth = max(8, params.credits)
+    if params.sparse is not None:
+        depth = max(depth, params.sparse.rx_depth)
+    return depth
 
 
 class Fabric(wiring.Component):
@@ -144,7 +158,7 @@ class Fabric(wiring.Component):
         for k, (u, i, v, j) in enumerate(self.plan):
             lk = LinkChannel(p.fmt, latency=self.latency, stall=self.stall,
                            seed=link_seed(self.seed, u, i, p.ports),
-                           depth=max(8, p.credits),
+                           depth=link_depth(p),
                            crc_width=LINK_CRC.crc_width if self.crc else 0)
             m.submodules[f"link_{u}_{i}"] = lk
             if not self.crc:
@@ -291,6 +305,8 @@ class _NicPorts:
         self.has_link_crc = link_crc
         proto = Nic(p, link_crc=link_crc)
         proto._MustUse__silence = True          # only its signature is used
+        if proto.sparse_engine is not None:
+            proto.sparse_engine._MustUse__silence = True
         self.sig = wiring.Signature(proto.signature.members).create(path=(f"n{u}",))
         for name in ("host", "dma", "start", "done", "running", "error", "tx", "rx") + \
                 (("link_crc",) if link_crc else ()):

@@ -19,11 +19,13 @@ import numpy as np
 
 from treenic.firmware.image import ConfigImage, ImageSet, NO_PEER
 
-from .params import NicParams, Reg, Ctrl
+from .params import SPARSE_IN_WORDS, NicParams, Reg, Ctrl, SparseOut
 
 __all__ = ["host_writes", "params_for_images", "image_writes", "order_writes",
            "buffer_writes", "NicImageError", "decode_image", "decode_images",
-           "sim_read_buffers", "sim_read_word", "sim_run_fabric"]
+           "sim_read_buffers", "sim_read_word", "sim_run_fabric", "check_sparse_fits",
+           "sparse_push_writes", "sparse_load_writes", "sparse_dump_writes",
+           "sim_write_all", "sim_read_all", "sim_sparse_dump"]
 
 
 class NicImageError(ValueError):
@@ -211,3 +213,139 @@ def sim_run_fabric(fabric, params: NicParams, writes, nodes: int, elements: int,
     sim.add_testbench(tb)
     sim.run()
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# the sparse engine inside the NIC (NicParams.sparse): its HOST_IN words as register writes
+
+#: sparse rows that put a head flit on a link (their fields travel in the head)
+_MESSAGE_OPS = ("SEND", "RECV", "GSEND", "GRECV", "SEND_BM", "RECV_BM", "GSEND_BM",
+                "GRECV_BM")
+
+
+def check_sparse_fits(params: NicParams, program) -> None:
+    """Raise :class:`NicImageError` unless the NIC's sparse build runs ``program`` (a
+    :class:`~treenic.schedule.sparse_table.SparseProgram`): the engine's sizes, and every
+    message row's flow, step, offset and budget within the NIC's head-flit fields."""
+    from treenic.schedule.sparse_table import unpack_row
+    from .params import SPARSE_ENGINE_FMT, SparseParams
+    sp = params.sparse
+    if sp is None:
+        raise NicImageError("this NIC has no sparse engine (NicParams.sparse is None)")
+    need = SparseParams.for_program(program, lanes=sp.lanes)
+    checks = [(program.ports <= params.ports, f"{program.ports} ports > {params.ports}"),
+              (program.codec == sp.codec, f"codec={program.codec}, the engine codec={sp.codec}")]
+    for name in ("depth", "max_flow", "chunks", "slot", "rows", "rx_depth"):
+        checks.append((getattr(need, name) <= getattr(sp, name),
+                       f"{name} {getattr(need, name)} > the engine's {getattr(sp, name)}"))
+    fmt = SPARSE_ENGINE_FMT                  # the engine's head layout
+    limits = {"chunk": fmt.flow_bits, "step": fmt.step_bits, "lo": fmt.offset_bits,
+              "k": fmt.length_bits}
+    for u, rows in enumerate(program.rows):
+        for r in map(unpack_row, rows):
+            if r["op"].name not in _MESSAGE_OPS:
+                continue
+            for field, bits in limits.items():
+                checks.append((r[field] < 1 << bits, f"node {u}: {r['op'].name} row "
+                               f"{field}={r[field]} does not fit the head's {bits} bits"))
+    for ok, msg in checks:
+        if not ok:
+            raise NicImageError(f"sparse program: {msg}")
+
+
+def sparse_push_writes(word: int) -> list[tuple[int, int]]:
+    """The register writes that push one packed ``HOST_IN`` word: its non-zero low words
+    into SP_IN[k] (SP_PUSH clears them), its top word with SP_PUSH."""
+    if not 0 <= word < 1 << (32 * (SPARSE_IN_WORDS + 1)):
+        raise ValueError(f"HOST_IN word {word:#x} is wider than "
+                         f"{32 * (SPARSE_IN_WORDS + 1)} bits")
+    parts = [(word >> (32 * k)) & 0xFFFFFFFF for k in range(SPARSE_IN_WORDS + 1)]
+    out = [(int(Reg.SP_IN) + k, v) for k, v in enumerate(parts[:-1]) if v]
+    return out + [(int(Reg.SP_PUSH), parts[-1])]
+
+
+def sparse_load_writes(params: NicParams, program, node: int, grads,
+                       *, rows: bool = True) -> list[tuple[int, int]]:
+    """Register writes that load ``node``'s program rows (``rows=False``: only the
+    gradients, as later error-feedback iterations do) and add its gradient, through the
+    engine's host protocol (:func:`~treenic.hdl.nic.sparse_fabric.load_words`)."""
+    from .sparse_fabric import load_words
+    check_sparse_fits(params, program)
+    words = load_words(program, node, grads)
+    if not rows:
+        words = words[len(program.rows[node]):]
+    return [w for word in words for w in sparse_push_writes(word)]
+
+
+def sparse_dump_writes(program) -> list[tuple[int, int]]:
+    """Register writes that request the engine's DUMP of ``program``'s run."""
+    from .sparse_fabric import dump_request
+    return sparse_push_writes(dump_request(program))
+
+
+async def sim_write_all(ctx, fabric, per_node) -> None:
+    """Amaranth-simulator testbench helper: per node a list of (address, value) writes,
+    through the fabric's all-node write stream ``hwa`` (every NIC's next write in the
+    same cycle)."""
+    for i in range(max(map(len, per_node), default=0)):
+        en = 0
+        for u, w in enumerate(per_node):
+            if i < len(w):
+                en |= 1 << u
+                ctx.set(fabric.hwa.payload.addr[u], w[i][0])
+                ctx.set(fabric.hwa.payload.data[u], w[i][1])
+        ctx.set(fabric.hwa.payload.en, en)
+        ctx.set(fabric.hwa.valid, 1)
+        await ctx.tick()
+    ctx.set(fabric.hwa.valid, 0)
+
+
+async def sim_read_all(ctx, fabric, addrs) -> list[list[int]]:
+    """Amaranth-simulator testbench helper: all-node reads (``hra`` -> ``hrda``),
+    pipelined; ``addrs``: one address per read (every NIC reads it).  Returns per read
+    the words of every NIC."""
+    nodes = len(fabric.hrda.payload)
+    got, issued = [], 0
+    ctx.set(fabric.hrda.ready, 1)
+    ctx.set(fabric.hra.payload.en, (1 << nodes) - 1)
+    while len(got) < len(addrs):
+        if issued < len(addrs):
+            for u in range(nodes):
+                ctx.set(fabric.hra.payload.addr[u], addrs[issued])
+        ctx.set(fabric.hra.valid, issued < len(addrs))
+        _, _, ready, valid, data = await ctx.tick().sample(
+            fabric.hra.ready, fabric.hrda.valid, fabric.hrda.payload)
+        if issued < len(addrs) and ready:
+            issued += 1
+        if valid:
+            got.append([int(data[u]) for u in range(nodes)])
+    ctx.set(fabric.hra.valid, 0)
+    return got
+
+
+async def sim_sparse_dump(ctx, fabric, *, batch: int = 16,
+                          max_reads: int = 1_000_000) -> list[list[int]]:
+    """Amaranth-simulator testbench helper: every NIC's sparse engine output words up to
+    its END word (the engine's ``HOST_OUT`` packed: index, value << 32, final << 64),
+    read as SP_OUT_POP, SP_OUT_INDEX, SP_OUT_VALUE triples on every NIC at once."""
+    nodes = len(fabric.hrda.payload)
+    words: list[list[int]] = [[] for _ in range(nodes)]
+    ended = [False] * nodes
+    reads = 0
+    while not all(ended):
+        triples = await sim_read_all(ctx, fabric, [int(Reg.SP_OUT_POP), int(Reg.SP_OUT_INDEX),
+                                                   int(Reg.SP_OUT_VALUE)] * batch)
+        for t in range(batch):
+            flags, index, value = triples[3 * t:3 * t + 3]
+            for u in range(nodes):
+                if ended[u] or not flags[u] & SparseOut.VALID:
+                    continue
+                if flags[u] & SparseOut.END:
+                    ended[u] = True
+                else:
+                    final = 1 if flags[u] & SparseOut.FINAL else 0
+                    words[u].append(index[u] | value[u] << 32 | final << 64)
+        reads += 3 * batch
+        if reads > max_reads:
+            raise TimeoutError(f"sparse dump: no END word after {reads} reads")
+    return words

@@ -24,7 +24,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import ceil_log2
 
 from .buffer import READ_LATENCY, BufferReadSignature, BufferWriteSignature
-from .params import ID_VALUE, ErrBit, NicParams, PortCounter, Reg
+from .params import ID_VALUE, SPARSE_READ_REGS, ErrBit, NicParams, PortCounter, Reg
 from .tx import buffer_abits
 
 __all__ = ["HostRegs", "HostSignature", "DmaSignature", "HOST_READ_LATENCY"]
@@ -97,6 +97,9 @@ class HostRegs(wiring.Component):
         What the watchdog waited for (WD_INFO, :func:`~.watchdog.decode_info`).
     link_crc : ``In(32).array(ports)``
         Per port: sub-packets its link CRC checker failed (LINK_CRC[p]).
+    sparse_regs : ``In(32).array(len(SPARSE_READ_REGS))``, only in sparse builds
+        The sparse engine's readable registers (:class:`~.sparse_host.SparseHost`, which
+        also decodes their writes and the SP_OUT_POP side effect).
     """
 
     def __init__(self, *, params: NicParams):
@@ -104,6 +107,8 @@ class HostRegs(wiring.Component):
             raise TypeError(f"params must be NicParams, not {type(params).__name__}")
         self.params = p = params
         BA, W, E = buffer_abits(p), p.lanes, range(p.max_entries + 1)
+        sparse = {} if p.sparse is None else {
+            "sparse_regs": In(32).array(len(SPARSE_READ_REGS))}
         super().__init__({
             "host": Out(HostSignature(p.addr_bits)), "dma": Out(DmaSignature(BA, W)),
             "ctrl_start": Out(1), "clear": Out(1),
@@ -121,7 +126,8 @@ class HostRegs(wiring.Component):
             "err_flags": In(len(ErrBit)), "err_count": In(32), "cycles": In(32),
             "timestep": In(p.step_bits), "head": In(E),
             "counters": In(32).array(p.ports, len(PortCounter)),
-            "watchdog": Out(32), "wd_info": In(32), "link_crc": In(32).array(p.ports)})
+            "watchdog": Out(32), "wd_info": In(32), "link_crc": In(32).array(p.ports),
+            **sparse})
 
     def elaborate(self, platform):
         m = Module()
@@ -230,6 +236,8 @@ class HostRegs(wiring.Component):
             groups.append({**{p.port_counter_addr(i, k): self.counters[i][k]
                               for k in PortCounter},
                            Reg.LINK_CRC + i: self.link_crc[i]})
+        if p.sparse is not None:
+            groups.append(dict(zip(SPARSE_READ_REGS, self.sparse_regs)))
         return groups
 
     def _reads(self, m, region, off, read_req, read_addr):

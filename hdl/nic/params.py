@@ -5,8 +5,9 @@ Register map (host bus, 32-bit words; word address = region << (AW-2) | offset):
 
     region 0  registers
       0x00 ID          RO  0x544E4943 ("TNIC")
-      0x01 CTRL        WO  bit0 START (scan the table, then run), bit1 CLEAR (errors,
-                           counters, run state; table/buffer kept)
+      0x01 CTRL        WO  bit0 START (scan the table, then run; with SP_MODE SPARSE:
+                           queue a sparse run), bit1 CLEAR (errors, counters, run state;
+                           table/buffer kept)
       0x02 STATUS      RO  bit0 RUNNING, bit1 DONE, bit2 ERROR (any ERR_FLAGS bit),
                            bit3 SCAN_FAILED (table rejected, nothing ran), [15:8] fsm state
       0x03 NODE        RW  node id (packet-mode src)
@@ -30,6 +31,22 @@ Register map (host bus, 32-bit words; word address = region << (AW-2) | offset):
                            4 RX_WORDS (payload words written), 5 RX_LINK_ERRS (depacketiser
                            error count, all causes), 6 RX_DROPPED (flits dropped by the
                            depacketiser), 7 RX_BAD (fragments rejected by the NIC checks)
+      0xE0 SP_MODE     RW  (sparse builds, ``NicParams.sparse``) bit0 SPARSE: the links
+                           belong to the sparse engine, START starts it; a change is
+                           refused while either side runs or a link is not drained
+                           (ERR HOST_RANGE, SP_STATUS MODE_REFUSED)
+      0xE1 SP_STATUS   RO  :class:`SparseStatus` bits, [15:8] HOST_IN FIFO level,
+                           [23:16] HOST_OUT FIFO level
+      0xE2 SP_CYCLES   RO  the engine's cycles of its last run
+      0xE3 SP_FLITS    RO  flits the engine sent since reset
+      0xE4 SP_MALFORMED RO malformed sparse messages / pairs the engine dropped
+      0xE5 SP_FINALS   RO  final pairs the engine holds
+      0xE8+k SP_IN[k]  WO  k < 3: word k (bits 32k..32k+31) of the next HOST_IN word
+      0xEB SP_PUSH     WO  its bits 96..127, and push the word into the HOST_IN FIFO
+                           (SP_IN cleared); a full FIFO or a START word is refused
+      0xEC SP_OUT_POP  RO  take the head of the HOST_OUT FIFO into the out latch; reads
+                           bit0 VALID (there was one), bit1 FINAL, bit2 END
+      0xED SP_OUT_INDEX RO the out latch's index;  0xEE SP_OUT_VALUE RO  its value
       0xF0+p LINK_CRC[p] RO sub-packets port p's link CRC checker failed (fabrics built
                            with link CRC; else 0)
     region 1  schedule table: row i, word k at i * row_stride + k (write only)
@@ -86,7 +103,45 @@ class Reg(enum.IntEnum):
     WD_INFO = 0x0F
     PEER = 0x10
     PORT = 0x20
+    SP_MODE = 0xE0
+    SP_STATUS = 0xE1
+    SP_CYCLES = 0xE2
+    SP_FLITS = 0xE3
+    SP_MALFORMED = 0xE4
+    SP_FINALS = 0xE5
+    SP_IN = 0xE8
+    SP_PUSH = 0xEB
+    SP_OUT_POP = 0xEC
+    SP_OUT_INDEX = 0xED
+    SP_OUT_VALUE = 0xEE
     LINK_CRC = 0xF0
+
+
+#: the sparse engine's readable registers, in the order of ``HostRegs.sparse_regs``
+SPARSE_READ_REGS = (Reg.SP_MODE, Reg.SP_STATUS, Reg.SP_CYCLES, Reg.SP_FLITS,
+                    Reg.SP_MALFORMED, Reg.SP_FINALS, Reg.SP_OUT_POP, Reg.SP_OUT_INDEX,
+                    Reg.SP_OUT_VALUE)
+#: SP_IN words before SP_PUSH (the HOST_IN word is 4 x 32 bits wide)
+SPARSE_IN_WORDS = 3
+
+
+class SparseStatus(enum.IntFlag):
+    """SP_STATUS bits (sparse builds)."""
+    MODE = 1             # the links belong to the sparse engine
+    RUNNING = 2          # a sparse START is queued or the engine runs it
+    DONE = 4             # the last sparse run finished (cleared by START)
+    BUSY = 8             # the engine's own busy
+    DRAINED = 16         # every flit this NIC sent or received was taken (credits home)
+    MODE_REFUSED = 32    # sticky: an SP_MODE change was refused (CLEAR resets it)
+    HOST_REFUSED = 64    # sticky: an SP_PUSH, or a START, was refused (CLEAR resets it)
+    OUT_VALID = 128      # the HOST_OUT FIFO holds a word
+
+
+class SparseOut(enum.IntFlag):
+    """SP_OUT_POP bits."""
+    VALID = 1
+    FINAL = 2
+    END = 4
 
 
 class PortCounter(enum.IntEnum):
@@ -126,6 +181,63 @@ class Status(enum.IntEnum):
     SCAN_FAILED = 8
 
 
+#: The link format of the sparse engine inside a NIC: the sparse fabric's head layout (the
+#: engine reads its SUB_HEAD as a 64-bit head), one VC as on the NIC's links.  Its flit
+#: layout (64 data bits, type, vc) is the NIC's, so sparse flits cross the NIC's links bit
+#: for bit; only engines read their heads (the links carry one owner's flits at a time).
+SPARSE_ENGINE_FMT = FlitFormat(vcs=1)
+
+
+@dataclass(frozen=True)
+class SparseParams:
+    """Build of the sparse engine inside a NIC (``NicParams.sparse``): the
+    :class:`~treenic.hdl.nic.sparse_engine.SparseEngine` parameters but its ports and
+    link format (the NIC's), plus the depth of the HOST_IN / HOST_OUT FIFOs between the
+    host bus and the engine (``host_fifo``).  :meth:`for_program` sizes it for a compiled
+    sparse program."""
+    depth: int
+    lanes: int
+    max_flow: int
+    chunks: int
+    slot: int
+    rows: int
+    rx_depth: int
+    scan_bins: int = 16
+    topk_units: int = 2
+    codec: bool = False
+    host_fifo: int = 16
+    #: any further ``SparseEngine`` parameter ``engine_sizes`` gives, as (name, value)
+    #: pairs, passed through unchanged
+    engine_extra: tuple = ()
+
+    def __post_init__(self):
+        if not isinstance(self.host_fifo, int) or not 2 <= self.host_fifo <= 255:
+            raise ValueError(f"host_fifo must be an int in 2..255, got {self.host_fifo!r}")
+
+    @classmethod
+    def for_program(cls, program, *, lanes: int = 2, scan_bins: int = 16,
+                    topk_units: int = 2, **extra) -> "SparseParams":
+        """The engine build the sparse fabric uses for ``program``
+        (:func:`~treenic.hdl.nic.sparse_fabric.engine_sizes`)."""
+        from dataclasses import fields
+        from .sparse_fabric import engine_sizes
+        sizes = engine_sizes(program, lanes, scan_bins, topk_units)
+        sizes.pop("ports")
+        named = {f.name for f in fields(cls)}
+        rest = tuple(sorted((k, v) for k, v in sizes.items() if k not in named))
+        return cls(**{k: v for k, v in sizes.items() if k in named}, engine_extra=rest,
+                   **extra)
+
+    def engine_kwargs(self, ports: int) -> dict:
+        """``SparseEngine`` keyword arguments for a NIC of ``ports`` ports (link format
+        :data:`SPARSE_ENGINE_FMT`)."""
+        from dataclasses import asdict
+        kw = asdict(self)
+        kw.pop("host_fifo")
+        kw.update(kw.pop("engine_extra"))
+        return dict(kw, ports=ports, fmt=SPARSE_ENGINE_FMT)
+
+
 @dataclass(frozen=True)
 class NicParams:
     """Build-time parameters of one NIC.
@@ -144,7 +256,10 @@ class NicParams:
     in the previous cycle goes before those that were not); see :mod:`.buffer`;
     shared_ports: the TX units share one buffer reader, the RX units another and one
     writer (:mod:`.share`): a crossbar of 3 readers and 2 writers instead of 2·ports + 1
-    and ports + 1, for boards whose links carry far less than a flit a cycle.
+    and ports + 1, for boards whose links carry far less than a flit a cycle; sparse:
+    None, or the :class:`SparseParams` of a sparse engine built into the NIC (its links
+    shared with the dense datapath under SP_MODE, its host streams on the register bus;
+    ``docs/sparse-nic.md``).
     """
     ports: int = 4
     width: int = 64
@@ -160,6 +275,7 @@ class NicParams:
     forward: str = STORE
     arbiter: str = "fixed"
     shared_ports: bool = False
+    sparse: SparseParams | None = None
 
     def __post_init__(self):
         if self.banks is None:
@@ -183,6 +299,15 @@ class NicParams:
             raise ValueError(f"arbiter must be one of {ARBITERS}, not {self.arbiter!r}")
         if not isinstance(self.shared_ports, bool):
             raise TypeError(f"shared_ports must be a bool, not {self.shared_ports!r}")
+        if self.sparse is not None:
+            if not isinstance(self.sparse, SparseParams):
+                raise TypeError(f"sparse must be SparseParams or None, not "
+                                f"{type(self.sparse).__name__}")
+            if self.width != 64 or self.fmt.flit.size != SPARSE_ENGINE_FMT.flit.size:
+                raise ValueError(f"a sparse engine needs 64-bit flits (pair flits), not "
+                                 f"width={self.width}")
+            if self.ports > 16:
+                raise ValueError(f"a sparse build has at most 16 ports, not {self.ports}")
 
     @property
     def cut_through(self) -> bool:

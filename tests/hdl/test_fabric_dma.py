@@ -11,7 +11,7 @@ from treenic.algorithms import build
 from treenic.firmware.image import build_images
 from treenic.hdl.nic import NicParams
 from treenic.hdl.nic.fabric import Fabric
-from treenic.hdl.nic.host import host_writes
+from treenic.hdl.nic.host import host_writes, sim_write_all
 from treenic.hdl.nic.host_regs import HostRegs
 from treenic.hdl.nic.params import Reg
 from treenic.schedule.execute import execute
@@ -48,17 +48,7 @@ def test_dma_streams_load_and_read_back_allreduce_bit_exact():
     out = {}
 
     async def tb(ctx):
-        for i in range(max(len(c) for c in config)):          # configuration: hwa
-            en = 0
-            for u, c in enumerate(config):
-                if i < len(c):
-                    en |= 1 << u
-                    ctx.set(fab.hwa.payload.addr[u], c[i][0])
-                    ctx.set(fab.hwa.payload.data[u], c[i][1])
-            ctx.set(fab.hwa.payload.en, en)
-            ctx.set(fab.hwa.valid, 1)
-            await ctx.tick()
-        ctx.set(fab.hwa.valid, 0)
+        await sim_write_all(ctx, fab, config)                   # configuration: hwa
         for lo, mask in beats:                                  # buffers: dwa
             for u in range(n):
                 lanes = [int(words[u, lo + k]) if mask >> k & 1 else 0xDEADBEEF

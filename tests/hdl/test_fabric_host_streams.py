@@ -9,7 +9,7 @@ from treenic.algorithms import build
 from treenic.firmware.image import build_images
 from treenic.hdl.nic import NicParams
 from treenic.hdl.nic.fabric import Fabric
-from treenic.hdl.nic.host import host_writes
+from treenic.hdl.nic.host import host_writes, sim_write_all
 from treenic.schedule.execute import execute
 
 
@@ -25,20 +25,6 @@ def test_all_node_streams_allreduce_bit_exact_with_backpressure():
     config = host_writes(params, imgs)          # the one loading path (no buffers yet)
     base = params.buf_addr(0)
     out = {}
-
-    async def wide_write(ctx, per_node):
-        rows = max(len(w) for w in per_node)
-        for i in range(rows):
-            en = 0
-            for u, w in enumerate(per_node):
-                if i < len(w):
-                    en |= 1 << u
-                    ctx.set(fab.hwa.payload.addr[u], w[i][0])
-                    ctx.set(fab.hwa.payload.data[u], w[i][1])
-            ctx.set(fab.hwa.payload.en, en)
-            ctx.set(fab.hwa.valid, 1)
-            await ctx.tick()
-        ctx.set(fab.hwa.valid, 0)
 
     async def reads(ctx, requests):
         """requests: ("one", node, addr) or ("all", addr); random gaps and backpressure."""
@@ -75,7 +61,7 @@ def test_all_node_streams_allreduce_bit_exact_with_backpressure():
 
     async def tb(ctx):
         words = bufs.view(np.uint32)
-        await wide_write(ctx, [c + [(base + e, int(words[u, e])) for e in range(E)]
+        await sim_write_all(ctx, fab, [c + [(base + e, int(words[u, e])) for e in range(E)]
                                for u, c in enumerate(config)])
         ctx.set(fab.start, 1)
         await ctx.tick()
