@@ -163,14 +163,14 @@ def _timing_md(out: Path, targets: dict) -> dict:
 
 
 def area(board: str, out: Path, *, node: int = 0, topology: str = "ring:4",
-         nic_mhz=None, banks=None) -> dict:
+         nic_mhz=None, banks=None, shared_ports=False) -> dict:
     """Yosys ``synth_ecp5`` of one board's top (the same build plan as :func:`build`, no
     place and route): cell counts against the device (``area.json`` in *out*).
 
     ``lut4_equivalents`` counts a CCU2C carry cell as 2 LUT4 and a TRELLIS_DPR16X4 LUT RAM
     as 2, how they occupy a slice; it is an estimate before packing."""
     out, t0, (plat, top, params, links) = _board_top(board, out, False, node, topology,
-                                                     nic_mhz, banks)
+                                                     nic_mhz, banks, shared_ports)
     env = synth._tool_env()
     plan = plat.prepare(top, name="top")
     plan.extract(str(out))
@@ -210,6 +210,23 @@ def _markdown(rep: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _board_plan(args):
+    """Fill what the command line left open from the board's bitstream plan (ECPIX-5:
+    ``ecpix5.BITSTREAM_PLAN``, the build that routes here); say what was taken."""
+    plan = {}
+    if args.board == "ecpix5":
+        from .ecpix5 import BITSTREAM_PLAN
+        plan = BITSTREAM_PLAN
+    taken = {k: v for k, v in plan.items() if getattr(args, k) is None}
+    for k, v in taken.items():
+        setattr(args, k, v)
+    args.shared_ports = bool(args.shared_ports)
+    args.nextpnr_opts = args.nextpnr_opts or ""
+    if taken:
+        print(f"[bitstream] {args.board} plan: " +
+              ", ".join(f"{k}={v}" for k, v in taken.items()), file=sys.stderr)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m treenic.boards.bitstream",
                                  description=__doc__.split("\n")[0])
@@ -231,11 +248,11 @@ def main(argv=None) -> int:
                     help="ecpix5: the NIC buffer's bank count (a power of two, at least the "
                          "lanes; default 16 for the 4-port core): fewer banks, a smaller "
                          "crossbar, more bank conflicts")
-    ap.add_argument("--shared-ports", action="store_true",
+    ap.add_argument("--shared-ports", action=argparse.BooleanOptionalAction, default=None,
                     help="ecpix5: the NIC's TX units share one buffer reader, its RX units "
                          "another (a 3-reader crossbar; the PMOD links carry a flit in 17 "
                          "cycles)")
-    ap.add_argument("--nextpnr-opts", default="")
+    ap.add_argument("--nextpnr-opts", default=None)
     ap.add_argument("--area-only", action="store_true",
                     help="Yosys synthesis only: cell counts against the device, no bitstream")
     ap.add_argument("--list", action="store_true")
@@ -243,6 +260,7 @@ def main(argv=None) -> int:
     if args.list:
         print("\n".join(BOARDS))
         return 0
+    _board_plan(args)
     if args.board not in BOARDS:
         ap.error(f"unknown board {args.board!r}; known: {', '.join(BOARDS)}")
     if args.nic_mhz is not None:
@@ -252,6 +270,8 @@ def main(argv=None) -> int:
         if args.nic_mhz not in CLOCK_PLANS:
             ap.error(f"--nic-mhz {args.nic_mhz:g}: no PLL plan; known: "
                      f"{', '.join(map(str, CLOCK_PLANS))}")
+    if args.shared_ports and args.board != "ecpix5":
+        ap.error(f"--shared-ports: the {args.board} top's NIC has one buffer layout")
     if args.banks is not None:
         if args.board != "ecpix5":
             ap.error(f"--banks: the {args.board} top's NIC has one buffer layout")
@@ -260,7 +280,7 @@ def main(argv=None) -> int:
     out = args.out or Path("build/bitstream") / args.board
     if args.area_only:
         rep = area(args.board, Path(str(out) + "-area"), node=args.node, topology=args.topology,
-                   nic_mhz=args.nic_mhz, banks=args.banks)
+                   nic_mhz=args.nic_mhz, banks=args.banks, shared_ports=args.shared_ports)
         print(json.dumps(rep, default=str))
         return 0
     try:

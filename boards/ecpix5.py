@@ -45,7 +45,7 @@ from treenic.hdl.nic import NicParams
 
 from .core import LINKS, SERIAL_LANES, BoardCore, ecp5_pll, heartbeat
 
-__all__ = ["ECPIX5Top", "ecpix5_platform", "CLOCK_PLANS", "DEFAULT_NIC_MHZ", "NIC_CLOCK_HZ",
+__all__ = ["ECPIX5Top", "ecpix5_platform", "CLOCK_PLANS", "DEFAULT_NIC_MHZ", "BITSTREAM_PLAN", "NIC_CLOCK_HZ",
            "ETH_CLOCK_HZ", "PLL", "eth_clock_hz"]
 
 ETH_CLOCK_HZ = 75e6
@@ -66,8 +66,15 @@ CLOCK_PLANS = {
     62.5: dict(CLKI_DIV=8, CLKFB_DIV=5, CLKOP_DIV=8, CLKOS_DIV=8, CLKOS2_DIV=8,
                CLKOS2_CPHASE=9, CLKOS2_FPHASE=0),
 }
-#: the NIC clock ``make bitstream BOARD=ecpix5`` builds (``--nic-mhz`` picks another plan)
+#: the NIC clock of the board top (simulations); ``make bitstream BOARD=ecpix5`` builds
+#: :data:`BITSTREAM_PLAN` (``--nic-mhz`` picks another clock plan)
 DEFAULT_NIC_MHZ = 125
+#: what ``make bitstream BOARD=ecpix5`` builds unless told otherwise: the plan that routes
+#: here (docs/boards.md, "Eighth wave"): NIC and LiteEth at 62.5 MHz, the RX and TX units on
+#: shared buffer ports over 4 banks (the PMOD links carry a flit in 17 cycles, so this
+#: costs the board no bandwidth), nextpnr's router2 (router1 does not converge on it)
+BITSTREAM_PLAN = dict(nic_mhz=62.5, shared_ports=True, banks=4,
+                      nextpnr_opts="--router router2")
 NIC_CLOCK_HZ = DEFAULT_NIC_MHZ * 1e6
 PLL = CLOCK_PLANS[DEFAULT_NIC_MHZ]
 #: PMOD connectors carrying NIC ports 0..3
