@@ -153,6 +153,34 @@ def combined_report(topology: str, elements: int, density: float, *, iterations:
             "build_seconds": round(fs.build_seconds, 1)}
 
 
+#: the largest fabric this entry point builds (the NIC's default ``max_nodes``): a
+#: Verilated fabric of combined NICs takes minutes to build at 4 nodes
+MAX_FABRIC_NODES = 16
+
+
+def _check_args(a) -> None:
+    """Bounds before anything is built; a ValueError names the bad argument."""
+    from treenic.cli import CLIError, check_elements, check_seed, topology_arg
+    try:
+        topo = topology_arg(a.topology)
+        if topo.n > MAX_FABRIC_NODES:
+            raise CLIError(f"{a.topology}: {topo.n} nodes, at most {MAX_FABRIC_NODES} here")
+        check_elements(a.elements, topo.n)
+        check_seed(a.seed)
+    except CLIError as e:
+        raise ValueError(str(e)) from None
+    if a.elements < topo.n:
+        raise ValueError(f"--elements {a.elements}: need at least one per flow ({topo.n})")
+    if not 0 < a.density <= 1:
+        raise ValueError(f"--density must be in (0, 1], got {a.density}")
+    for name in ("iterations", "lanes", "topk_units"):
+        if not 1 <= getattr(a, name) <= 100:
+            raise ValueError(f"--{name.replace('_', '-')} must be in 1..100, "
+                             f"got {getattr(a, name)}")
+    if a.stall < 0:
+        raise ValueError(f"--stall must be >= 0, got {a.stall}")
+
+
 def main(argv=None) -> int:
     import argparse
     import json
@@ -169,6 +197,10 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
+    try:
+        _check_args(a)
+    except ValueError as e:
+        ap.error(str(e))
     rep = combined_report(a.topology, a.elements, a.density, iterations=a.iterations,
                           seed=a.seed, lanes=a.lanes, topk_units=a.topk_units,
                           stall=a.stall, algorithm=a.algorithm)

@@ -360,3 +360,19 @@ def test_verilated_combined_fabric_dense_sparse_dense():
     assert r["sparse_bit_exact_per_iteration"] == [True, True] and r["malformed"] == 0
     assert all(c > e for c, e in zip(r["cycles_per_iteration"],
                                      r["engine_cycles_per_iteration"]))
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["ring:4", "--elements", "-5"], "--elements must be >= 1"),
+    (["torus:5x5", "--elements", "100"], "at most 16 here"),
+    (["ring:4", "--elements", "100", "--density", "3"], "--density must be in (0, 1]"),
+    (["ring:4", "--elements", "2"], "need at least one per flow"),
+    (["ring:4", "--stall", "-1"], "--stall must be >= 0"),
+])
+def test_sparse_nic_sim_refuses_bad_arguments_in_one_line(argv, needle, capsys):
+    from treenic.hdl.nic.sparse_nic_sim import main
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert needle in err[-1], err
