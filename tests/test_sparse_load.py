@@ -225,54 +225,87 @@ def test_golden_engine_runs_the_program_parameters():
     assert got.info["program"] == "loaded image set"
 
 
-def test_rtl_engine_hands_the_loaded_program_to_the_fabric(monkeypatch):
-    """RTLEngine.run_sparse on a loaded set builds the Verilated fabric from the set's
-    decoded program (the object LOAD_CONFIG checked) and compiles nothing. The Verilator
-    build and run are stand-ins here (the real run: TREENIC_RTL_TESTS=1)."""
-    import treenic.hdl.nic.sparse_sim as ss
-    seen = {}
-    driver_helpers.stub_verilator(monkeypatch, seen)
+class _StandIn:
+    """Stand-in for the Verilated fabric of combined NICs
+    (:class:`treenic.hdl.nic.sparse_nic_sim.CombinedFabricSim`): records what it was built
+    from and what ran; a sparse run is the program's golden model (7 cycles), a dense run
+    the golden executor of the set's tables (5 cycles)."""
+    built: list = []
 
-    def run(self, grads):
-        seen.setdefault("runs", []).append(self.program)
-        return _golden_run(self, grads)
+    def __init__(self, images, program, **kw):
+        self.images, self.program, self.runs = images, program, []
+        _StandIn.built.append(self)
+
+    def run_fresh(self, accs, seed=0):
+        from treenic.schedule.sparse_table import program_golden
+        import treenic.hdl.nic.sparse_nic_sim as sn
+        self.runs.append(("sparse", self.program))
+        res = program_golden(self.program, seed).step(np.asarray(accs, np.float32))
+        res.info.update(engine=sn.ENGINE, cycles=7)
+        return res, 7
+
+    def dense(self, buffers):
+        from treenic.firmware.image import decode_schedule
+        from treenic.schedule.execute import execute
+        self.runs.append(("dense", self.images))
+        return execute(decode_schedule(self.images), buffers), 5
+
+
+def _stand_in(monkeypatch):
+    import treenic.hdl.nic.sparse_nic_sim as sn
+    driver_helpers.stub_verilator(monkeypatch, {})
+    _StandIn.built = []
+    monkeypatch.setattr(sn, "CombinedFabricSim", _StandIn)
+    return sn
+
+
+def test_rtl_engine_hands_the_loaded_program_to_the_fabric(monkeypatch):
+    """RTLEngine on a loaded sparse set builds ONE fabric of combined NICs from the set and
+    its decoded program (the object LOAD_CONFIG checked), compiles nothing, and runs the
+    set's sparse AND dense collectives on it; every result is labelled with that fabric.
+    The Verilated fabric is a stand-in here (the real run: TREENIC_RTL_TESTS=1)."""
+    import treenic.hdl.nic.sparse_sim as ss
+    sn = _stand_in(monkeypatch)
 
     def no_compile(*a, **kw):
         raise AssertionError("the loaded program was recompiled")
-    monkeypatch.setattr(ss.SparseFabricSim, "run", run)
     monkeypatch.setattr(ss, "imaged_model", no_compile)
+    monkeypatch.setattr(ss, "sparse_model", no_compile)
+    monkeypatch.setattr(F, "sparse_image_set", no_compile)
     data = sparse_set(0.05, flow_assignment="hash", seed=2).to_bytes()
     _, engine = F.loaded_engine("rtl", data, WORLD)
-    monkeypatch.setattr(ss, "sparse_model", no_compile)
     opts = {"residual": "local", "flow_assignment": "hash"}
     accs = np.random.default_rng(2).standard_normal((WORLD, N)).astype(np.float32)
     for _ in range(2):
         res = engine.run_sparse(MT, accs, 0.05, 2, opts)
-    assert seen["fabric"].program is engine.sparse_program
-    assert seen["runs"] == [engine.sparse_program] * 2
+    out, cycles = engine.run(accs)
+    [fab] = _StandIn.built
+    assert fab.program is engine.sparse_program and fab.images is engine.images
+    assert fab.runs == [("sparse", engine.sparse_program)] * 2 + [("dense", engine.images)]
     assert res.info["program"] == "loaded image set" and res.info["cycles"] == 7
-    assert res.info["engine"] == ss.ENGINE_NAME
+    assert res.info["engine"] == sn.ENGINE == F.RTL_SPARSE_DESCRIPTION
+    assert engine.description == engine.dense_description == engine.sparse_description \
+        == F.RTL_SPARSE_DESCRIPTION
+    assert cycles == 5 and out.shape == accs.shape      # the dense step: the same fabric
 
 
 def test_rtl_engine_without_a_loaded_set_compiles_the_request(monkeypatch):
-    """An engine no image set was loaded into (in-process) compiles the request's own
-    program; no refusal applies. Verilator build and run: stand-ins."""
-    import treenic.hdl.nic.sparse_sim as ss
-    driver_helpers.stub_verilator(monkeypatch, {})
-    monkeypatch.setattr(ss.SparseFabricSim, "run", _golden_run)
+    """An engine no image set was loaded into (in-process) builds the fabric of combined
+    NICs from the request's own image set (sparse_image_set), once per program; no refusal
+    applies. Verilator build and run: stand-ins."""
+    _stand_in(monkeypatch)
     engine = F.RTLEngine(algorithms.build("multitree", "ring:4"))
+    assert engine.sparse_description == F.RTL_SPARSE_DESCRIPTION
+    assert engine.dense_description.startswith("Verilated NIC fabric")
     accs = np.random.default_rng(4).standard_normal((WORLD, N)).astype(np.float32)
-    got = engine.run_sparse("topka", accs, 0.05, 0)
+    for _ in range(2):
+        got = engine.run_sparse("topka", accs, 0.05, 0)
     want = make("topka", workers=WORLD, elements=N, density=0.05, seed=0).step(accs)
     assert np.array_equal(bits(got.result), bits(want.result))
     assert "program" not in got.info and got.info["cycles"] == 7
-
-
-def _golden_run(sim, grads):
-    """Stand-in for the Verilated run: the sim's golden model (7 cycles)."""
-    import treenic.hdl.nic.sparse_sim as ss
-    want = sim.golden.step(np.asarray(grads, np.float32))
-    return ss.SparseRun(want.result, want.residuals, 7, 0, 8)
+    [fab] = _StandIn.built
+    assert fab.program == decode_sparse_program(F.sparse_image_set("ring:4", "topka", N,
+                                                                   0.05, 0))
 
 
 # ---- LOAD_CONFIG checks the sparse section -----------------------------------------------
@@ -311,18 +344,17 @@ def test_old_protocol_client_told_why(server):
 
 
 def test_train_probe_loads_the_set_the_server_will_run(monkeypatch):
-    """``treenic train --engine rtl``'s sparse probe builds the fabric from the rank's
-    sparse set through LOAD_CONFIG's checks (the build the server then finds cached)."""
-    import treenic.hdl.nic.sparse_sim as ss
+    """``treenic train --engine rtl``'s sparse probe builds the fabric of combined NICs from
+    the rank's sparse set through LOAD_CONFIG's checks (the build the server then finds
+    cached)."""
     from treenic import train
-    seen = {}
-    driver_helpers.stub_verilator(monkeypatch, seen)
-    monkeypatch.setattr(ss.SparseFabricSim, "run", _golden_run)
+    _stand_in(monkeypatch)
     cfg = train._config("rtl", density=0.05, scheme=MT, progress=False)
     notes = []
     train._probe_rtl_sparse(cfg, N, notes.append)
     opts = train._sparse_options(cfg)
     want = decode_sparse_program(F.sparse_image_set(cfg["topology"], MT, N, 0.05,
                                                     cfg["seed"], opts))
-    assert seen["fabric"].program == want
+    [fab] = _StandIn.built
+    assert fab.program == want
     assert "= 7 cycles" in notes[0]

@@ -18,7 +18,12 @@ BAD = ["allreduce ring:4 --algorithm gtopk --density 0.01 --engine rtl --element
        "allreduce ring:4 --algorithm multitree-sparse --density 0.1 --engine rtl --elements 2",
        "allreduce ring:4 --algorithm multitree-sparse --density 0.1 --engine rtl "
        "--elements 256 --iterations 0",
-       "allreduce ring:4 --algorithm multitree --engine rtl --elements 256"]
+       "allreduce ring:4 --algorithm multitree --engine rtl --elements 256",
+       "allreduce ring:4 --algorithm topka --engine rtl --elements 256",
+       "allreduce switch:4 --algorithm multitree-sparse --density 0.1 --engine rtl "
+       "--elements 256",
+       "allreduce torus:5x5 --algorithm multitree-sparse --density 0.1 --engine rtl "
+       "--elements 256"]
 
 
 @pytest.mark.parametrize("line", BAD)
@@ -42,10 +47,12 @@ needs_verilator = pytest.mark.skipif(
 def test_sparse_allreduce_rtl_check():
     rc, out, err = run_cli(CHECK)
     r = json.loads(out)
-    assert rc == 0 and r["bit_exact"] is True and r["engine"].startswith("Verilated sparse")
+    from treenic.hdl.nic.sparse_nic_sim import ENGINE
+    assert rc == 0 and r["bit_exact"] is True and r["engine"] == r["dense_engine"] == ENGINE
     assert r["bit_exact_per_iteration"] == [True] * 3 and r["malformed"] == 0
     assert r["dense_bit_exact"] is True and r["link_bytes"] < r["dense_link_bytes"]
-    assert r["ideal_cycles"] <= r["cycles"]
+    assert r["ideal_cycles"] <= r["cycles"] < r["dense_cycles"]
+    assert r["dense_cycles_after_sparse"] == r["dense_cycles"]
 
 
 @pytest.mark.slow

@@ -364,7 +364,11 @@ def test_verilated_combined_fabric_dense_sparse_dense():
 
 @pytest.mark.parametrize("argv,needle", [
     (["ring:4", "--elements", "-5"], "--elements must be >= 1"),
-    (["torus:5x5", "--elements", "100"], "at most 16 here"),
+    (["torus:5x5", "--elements", "100"], "at most 16 on the fabric of combined NICs"),
+    (["switch:4", "--elements", "100"], "has switches"),
+    (["ring:4", "--algorithm", "topka", "--residual", "global"], "only multitree-sparse"),
+    (["ring:4", "--algorithm", "topka", "--elements", "100", "--density", "0.001"],
+     "selects k = 0"),
     (["ring:4", "--elements", "100", "--density", "3"], "--density must be in (0, 1]"),
     (["ring:4", "--elements", "2"], "need at least one per flow"),
     (["ring:4", "--stall", "-1"], "--stall must be >= 0"),
