@@ -111,11 +111,15 @@ def test_contiguous_sets_do_not_depend_on_the_seed():
     assert a.to_bytes() == b.to_bytes() and h1.to_bytes() != h2.to_bytes()
 
 
-def test_dense_and_sparse_steps_each_load_their_set(server):
-    """A dense all-reduce after a sparse one loads the schedule's dense set back (the dense
-    part of a sparse set is the MultiTree schedule, not necessarily the communicator's),
-    and the sparse one after it its sparse set again -- each compiled once."""
-    sched = algorithms.build("multitree", "ring:4")
+@pytest.mark.parametrize("algorithm", ["multitree", "ring"])
+def test_dense_steps_keep_a_sparse_set_holding_their_tables(server, algorithm):
+    """After a sparse all-reduce, a dense one of the MultiTree schedule keeps the sparse set
+    loaded (its dense part is exactly the schedule's dense set: on the rtl engine the dense
+    and sparse steps then run on one fabric of combined NICs, no LOAD_CONFIG between); a
+    schedule whose tables differ (Ring) loads its dense set back, and the sparse one its
+    sparse set again -- each set compiled once. status() counts the dense collectives by
+    the set they ran from."""
+    sched = algorithms.build(algorithm, "ring:4")
     g = np.random.default_rng(3).standard_normal((WORLD, 64)).astype(np.float32)
 
     def rank(r):
@@ -127,18 +131,23 @@ def test_dense_and_sparse_steps_each_load_their_set(server):
                 t = g[r].copy()
                 c.allreduce(t)
                 ids.append(c.config_id)
-            return t, ids, len(c._impl._image_sets), c.status()["sparse_images"]
+            st = c.status()
+            return t, ids, len(c._impl._image_sets), st
     out, errs = driver_helpers.run_threads(rank, WORLD)
     assert errs == [None] * WORLD, errs
     from treenic.schedule.execute import execute
     want = execute(sched, g)
     dense_id = zlib.crc32(compile_images(None, sched, 64).to_bytes())
     sparse_id = zlib.crc32(F.sparse_image_set("ring:4", "topka", 64, 0.25, 0).to_bytes())
+    kept = algorithm == "multitree"
     for r in range(WORLD):
-        t, ids, compiled, used = out[r]
+        t, ids, compiled, st = out[r]
         assert np.array_equal(bits(t), bits(want[r]))
-        assert ids == [sparse_id, dense_id] * 2 and compiled == 2
-        assert [(u["config_id"], u["collectives"]) for u in used] == \
+        assert ids == ([sparse_id] * 4 if kept else [sparse_id, dense_id] * 2)
+        assert compiled == 2
+        assert st["dense_collectives_by_set"] == (
+            {"dense set": 0, "sparse set": 2} if kept else {"dense set": 2, "sparse set": 0})
+        assert [(u["config_id"], u["collectives"]) for u in st["sparse_images"]] == \
             [(f"{sparse_id:#010x}", 2)]
 
 

@@ -47,8 +47,9 @@ from ..schedule.sparse_table import SPARSE_ALGORITHMS
 from ..topology import Topology, parse
 from . import protocol as P
 from .errors import BadTensor, DriverError, FabricError
-from .fabric import (RTL_SPARSE_DESCRIPTION, GoldenEngine, LocalFabric, Request,
-                     check_sparse_request, link_bytes, make_engine, sparse_image_set)
+from .fabric import (RTL_DENSE_DESCRIPTION, RTL_SPARSE_DESCRIPTION, GoldenEngine,
+                     LocalFabric, Request, check_sparse_request, link_bytes, make_engine,
+                     sparse_image_set)
 from .torch_backend import TorchBackend as _TorchBackend
 
 BACKENDS = ("model", "torch", "rtl", "udp")
@@ -430,8 +431,12 @@ class _RTLBackend:
         self.schedule = schedule
         self._loaded_key = None
         self._image_sets: dict[tuple, bytes] = {}       # what the set is for -> its bytes
+        #: sparse set key -> whether its dense part is this schedule's dense set
+        self._dense_parts: dict[tuple, bool] = {}
         #: config id -> what the sparse collectives that ran from that image set asked for
         self._sparse_images: dict[int, dict] = {}
+        #: dense collectives run from the schedule's dense set / from a loaded sparse set
+        self._dense_from = {"dense set": 0, "sparse set": 0}
         return 0
 
     def _configure(self, elements: int, seq: int, sparse: tuple | None = None) -> None:
@@ -439,25 +444,40 @@ class _RTLBackend:
         the dense set of the schedule for ``elements``, or -- for ``sparse`` = (scheme,
         density, seed, options) of a scheme the image encodes -- the sparse set of that
         request (:func:`~treenic.driver.fabric.sparse_image_set`: the dense MultiTree
-        images + every node's sparse program), whose program the fabric runs. Each set is
-        compiled once (a job's buckets alternate between a few); the config id is the
-        CRC-32 of the bytes sent."""
+        images + every node's sparse program), whose program the fabric runs. A dense
+        collective keeps a loaded sparse set whose dense part is exactly the schedule's
+        dense set (its bytes without the sparse sections): the rtl engine then runs it on
+        the same fabric of combined NICs as the sparse steps, with no LOAD_CONFIG between.
+        Each set is compiled once (a job's buckets alternate between a few); the config id
+        is the CRC-32 of the bytes sent."""
         if sparse is None:
             key = ("dense", elements)
+            if self._loaded_key is not None and self._loaded_key[:2] == ("sparse", elements) \
+                    and self._dense_part_is_ours(self._loaded_key, elements, seq):
+                self._dense_from["sparse set"] += 1
+                return
         else:
             scheme, density, seed, options = sparse
             hashed = options.get("flow_assignment") == "hash"
             key = ("sparse", elements, scheme, density, seed if hashed else None,
                    tuple(sorted(options.items())))
+        if sparse is None:
+            self._dense_from["dense set"] += 1
         if self._loaded_key == key:
             return
+        image_set = self._image_set(key, elements, seq, sparse)
+        self.comm.config_id, _, _ = self.client.load_config(
+            image_set, what=f"collective #{seq} step LOAD_CONFIG")
+        self._loaded_key, self._loaded_bytes = key, image_set
+
+    def _image_set(self, key: tuple, elements: int, seq: int, sparse: tuple | None) -> bytes:
         image_set = self._image_sets.get(key)
         if image_set is None:
             from ..firmware.image import ImageError, compile_images
             try:
                 images = (compile_images(None, self.schedule, elements) if sparse is None else
-                          sparse_image_set(self.schedule.topology.spec, scheme, elements,
-                                           density, seed, options))
+                          sparse_image_set(self.schedule.topology.spec, sparse[0],
+                                           elements, *sparse[1:]))
             except ImageError as e:
                 raise DriverError(f"rank {self.comm.rank}: collective #{seq}: cannot compile "
                                   f"its image set: {e}") from None
@@ -465,9 +485,24 @@ class _RTLBackend:
             if len(self._image_sets) >= 16:                # bounded: oldest first
                 self._image_sets.pop(next(iter(self._image_sets)))
             self._image_sets[key] = image_set
-        self.comm.config_id, _, _ = self.client.load_config(
-            image_set, what=f"collective #{seq} step LOAD_CONFIG")
-        self._loaded_key = key
+        return image_set
+
+    def _dense_part_is_ours(self, key: tuple, elements: int, seq: int) -> bool:
+        """Whether the loaded sparse set (``key``) holds, without its sparse sections,
+        exactly the schedule's dense set for ``elements`` (the MultiTree schedule's does)."""
+        verdict = self._dense_parts.get(key)
+        if verdict is None:
+            import dataclasses
+            from ..firmware.image import ImageSet
+            loaded = ImageSet.from_bytes(self._loaded_bytes)
+            dense = ImageSet([dataclasses.replace(im, sparse=None) for im in loaded],
+                             loaded.topology)
+            verdict = dense.to_bytes() == self._image_set(("dense", elements), elements, seq,
+                                                          None)
+            if len(self._dense_parts) >= 16:
+                self._dense_parts.pop(next(iter(self._dense_parts)))
+            self._dense_parts[key] = verdict
+        return verdict
 
     def _account(self):
         c = self.comm.counters
@@ -525,11 +560,21 @@ class _RTLBackend:
 
     def status(self):
         # the server runs one engine for both kinds; the golden one's sparse side is the
-        # treenic.sparse models (the rtl engine refuses a sparse scheme it does not run)
+        # treenic.sparse models (the rtl engine refuses a sparse scheme it does not run).
+        # On the rtl engine a dense collective ran on the dense set's NIC fabric, or -- from
+        # a loaded sparse set -- on that set's fabric of combined NICs (_configure)
         golden = self.client.engine_id == P.ENGINE_IDS["golden"]
+        used = {GoldenEngine.dense_description if golden else RTL_DENSE_DESCRIPTION:
+                self._dense_from["dense set"]}
+        sparse_fabric = GoldenEngine.dense_description if golden else RTL_SPARSE_DESCRIPTION
+        used[sparse_fabric] = used.get(sparse_fabric, 0) + self._dense_from["sparse set"]
+        ran = {k: n for k, n in used.items() if n}
+        dense = (next(iter(ran)) if len(ran) == 1 else
+                 "; ".join(f"{k} ({n} collectives)" for k, n in ran.items()) if ran else
+                 (GoldenEngine.dense_description if golden else self.client.engine_description))
         return {"engine": self.client.engine_description,
-                "dense_engine": (GoldenEngine.dense_description if golden
-                                 else self.client.engine_description),
+                "dense_engine": dense,
+                "dense_collectives_by_set": dict(self._dense_from),
                 "sparse_engine": (GoldenEngine.sparse_description if golden
                                   else RTL_SPARSE_DESCRIPTION),
                 "last_cycles": self._last_cycles,

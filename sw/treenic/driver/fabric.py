@@ -53,6 +53,7 @@ from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailabl
 #: ``FabricSim(topology, schedule, elements)`` with ``run(buffers) -> (buffers, cycles)``
 #: (N Verilated NIC cores wired by link models, built with :mod:`treenic.hdl.cosim`).
 RTL_MODULE = "treenic.hdl.nic.fabric_sim"
+RTL_DENSE_DESCRIPTION = f"Verilated NIC fabric ({RTL_MODULE}.FabricSim)"
 
 #: The Verilated fabric of combined NICs (the sparse engine inside each NIC) the RTL engine
 #: runs sparse schemes on -- and the dense collectives of a loaded sparse image set, so the
@@ -317,8 +318,7 @@ class RTLEngine:
         self._sparse: dict[tuple, object] = {}
         #: a loaded sparse set: one fabric of combined NICs runs its dense and sparse steps
         self.combined = images is not None and sparse_program is not None
-        self.description = (RTL_SPARSE_DESCRIPTION if self.combined else
-                            f"Verilated NIC fabric ({RTL_MODULE}.FabricSim)")
+        self.description = RTL_SPARSE_DESCRIPTION if self.combined else RTL_DENSE_DESCRIPTION
         self.dense_description = self.description
         self.sparse_description = RTL_SPARSE_DESCRIPTION
 
