@@ -22,7 +22,7 @@ from treenic.driver import fabric as F
 from treenic.driver import open_nic
 from treenic.driver import protocol as P
 from treenic.driver.config import ConfigRejected, parse_image_set, parse_sparse_program
-from treenic.driver.errors import FabricError
+from treenic.driver.errors import DriverError, FabricError
 from treenic.firmware.image import ImageSet, compile_images, decode_sparse_program
 from treenic.sparse.base import make
 
@@ -149,6 +149,36 @@ def test_dense_steps_keep_a_sparse_set_holding_their_tables(server, algorithm):
             {"dense set": 0, "sparse set": 2} if kept else {"dense set": 2, "sparse set": 0})
         assert [(u["config_id"], u["collectives"]) for u in st["sparse_images"]] == \
             [(f"{sparse_id:#010x}", 2)]
+
+
+def test_planned_sparse_set_serves_the_dense_warm_up(server):
+    """``plan_sparse`` (the DDP hook's dense warm-up): the first dense all-reduce already
+    loads the planned sparse set, whose dense part is the MultiTree schedule's, and the
+    sparse step after it needs no LOAD_CONFIG; results as the dense set's. A plan is
+    validated like a request."""
+    sched = algorithms.build("multitree", "ring:4")
+    g = np.random.default_rng(4).standard_normal((WORLD, 64)).astype(np.float32)
+
+    def rank(r):
+        with open_nic("rtl", r, WORLD, algorithm=sched, **server.endpoint, timeout=10) as c:
+            with pytest.raises(DriverError, match="density must be in"):
+                c.plan_sparse("topka", 0.0)
+            c.plan_sparse("topka", 0.25)
+            t = g[r].copy()
+            c.allreduce(t)
+            ids = [c.config_id]
+            c.sparse_allreduce(np.ones(64, np.float32), 0.25, scheme="topka")
+            ids.append(c.config_id)
+            return t, ids, None, c.status()
+    out, errs = driver_helpers.run_threads(rank, WORLD)
+    assert errs == [None] * WORLD, errs
+    from treenic.schedule.execute import execute
+    want = execute(sched, g)
+    sparse_id = zlib.crc32(F.sparse_image_set("ring:4", "topka", 64, 0.25, 0).to_bytes())
+    for r in range(WORLD):
+        t, ids, _, st = out[r]
+        assert np.array_equal(bits(t), bits(want[r])) and ids == [sparse_id] * 2
+        assert st["dense_collectives_by_set"] == {"dense set": 0, "sparse set": 1}
 
 
 # ---- the server refuses what the loaded program is not -------------------------------------

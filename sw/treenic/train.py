@@ -151,6 +151,10 @@ def _engines(status: dict) -> dict:
     engine = status.get("engine")
     return {"engine_name": engine, "dense_engine": status.get("dense_engine", engine),
             "sparse_engine": status.get("sparse_engine", engine),
+            # the rtl backend: how many dense collectives ran from the schedule's dense set
+            # and how many from a loaded sparse set (on the rtl engine: its fabric of
+            # combined NICs, the one the sparse steps ran on)
+            "dense_collectives_by_set": status.get("dense_collectives_by_set"),
             # the rtl backend: the image sets (config ids) the sparse steps ran from
             "sparse_images": status.get("sparse_images")}
 
@@ -388,6 +392,7 @@ def _summarise(cfg, ranks, wall):
     if "bytes_sent" in r0:
         # "engine": what ran the sparse steps of a sparse run, the dense ones of a dense run
         s["dense_engine"], s["sparse_engine"] = r0["dense_engine"], r0["sparse_engine"]
+        s["dense_collectives_by_set"] = r0["dense_collectives_by_set"]
         s["engine"] = r0["sparse_engine"] if r0["sparse_calls"] else r0["dense_engine"]
         s["sparse_images"] = r0["sparse_images"]
         s["schedule"] = r0["schedule"]
