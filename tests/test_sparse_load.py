@@ -397,3 +397,12 @@ def test_train_probe_loads_the_set_the_server_will_run(monkeypatch):
     [fab] = _StandIn.built
     assert fab.program == want
     assert "= 7 cycles" in notes[0]
+    # a MultiTree run: the warm-up runs from the sparse set, so the probe times a dense
+    # all-reduce on the same fabric of combined NICs too
+    sched = algorithms.build("multitree", cfg["topology"])
+    assert train._dense_on_combined(cfg, sched)
+    assert not train._dense_on_combined(cfg, algorithms.build("ring", cfg["topology"]))
+    train._probe_rtl_sparse(cfg, N, notes.append, dense=True)
+    assert _StandIn.built[-1].runs[0][0] == "dense"
+    assert "dense all-reduce on the same fabric = 5 cycles" in notes[1]
+    assert notes[1].startswith(f"NOTICE: {F.RTL_SPARSE_DESCRIPTION}")
