@@ -33,6 +33,23 @@ def test_bad_sparse_allreduce(line):
     assert len(err.strip().splitlines()) == 1 and "error:" in err
 
 
+def test_program_the_combined_nic_cannot_hold_is_one_line(monkeypatch):
+    """A program whose rows do not fit the NIC's head flits (an offset beyond 20 bits) is
+    refused in one line naming the fabric and the field, before anything is built."""
+    import treenic.hdl.cosim as cosim
+    import treenic.hdl.nic.sparse_nic_sim as sn
+
+    def no_build(*a, **kw):
+        raise AssertionError("a fabric was built")
+    monkeypatch.setattr(cosim, "cosim_available", lambda: True)
+    monkeypatch.setattr(sn, "FabricSim", no_build)
+    rc, out, err = run_cli("allreduce ring:2 --algorithm multitree-sparse --density 0.0001 "
+                           "--engine rtl --elements 2097152 --iterations 1")
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "fabric of combined NICs cannot run this program" in err
+    assert "lo=1048576 does not fit the head's 20 bits" in err
+
+
 # the issue's Check size: one Verilated build shared by the tests below (cached)
 CHECK = "allreduce ring:4 --algorithm multitree-sparse --density 0.01 --engine rtl " \
         "--elements 4096 --iterations 3 --json"
