@@ -88,6 +88,7 @@ def test_rtl_engine_run_sparse_is_the_golden():
     between calls), equal to a fresh golden model on the same topology bit for bit."""
     import numpy as np
     from treenic import algorithms
+    from treenic.driver import fabric as F
     from treenic.driver.errors import FabricError
     from treenic.driver.fabric import RTLEngine
     from treenic.sparse.multitree_sparse import MultiTreeSparse
