@@ -95,12 +95,17 @@ def _dump(fs: FabricSim, program: SparseProgram, batch: int = 256) -> list[list[
     raise FabricError("sparse DUMP: no END word from every NIC")
 
 
+def _host_in_level(status: int) -> int:
+    """The HOST_IN FIFO level in an SP_STATUS word (bits 15..8, :mod:`.sparse_host`)."""
+    return (int(status) >> 8) & 0xFF
+
+
 def _wait_taken(fs: FabricSim, max_cycles: int = 10_000_000) -> None:
     """Until every NIC's engine has taken every word pushed into its HOST_IN FIFO."""
     waited = 0
     while True:
         status = fs.read_all([int(Reg.SP_STATUS)])[0]
-        if all((int(s) >> 8) & 0xFF == 0 for s in status):
+        if not any(map(_host_in_level, status)):
             return
         if waited > max_cycles:
             raise FabricError(f"sparse engines did not take their host words in {waited} "
