@@ -14,6 +14,7 @@ from __future__ import annotations
 from amaranth import Cat, Mux, Signal
 
 from ..link.flit import FlitType
+from .sparse_sequencer import malformed, pair_fits
 from treenic.schedule.sparse_table import SparseOp
 
 
@@ -101,22 +102,22 @@ def _decode_states(m, c, n_pairs, seen, bad, slot_base):
             m.d.comb += c.rx_pop.eq(1)
             m.d.sync += seen.eq(seen + 1)
             with m.If(~bad):
-                m.d.sync += c.e.malformed.eq(c.e.malformed + 1)
+                malformed(m, c)
         with m.Elif(c.rx_valid & (rx.type == FlitType.MSG_TAIL)):
             m.d.comb += c.rx_pop.eq(1)
             with m.If(rx.data[:32] != seen):
-                m.d.sync += e.malformed.eq(e.malformed + 1)
+                malformed(m, c)
             m.next = "RX_DEC_END"
         with m.Elif(c.rx_valid):
             m.d.comb += c.rx_pop.eq(1)
-            m.d.sync += e.malformed.eq(e.malformed + 1)
+            malformed(m, c)
     with m.State("RX_DEC_END"):
         m.d.comb += c.main_uses.eq(1)     # the message body: the units' pairs wait
         _decoded_pairs(m, c, n_pairs, slot_base, reduce, done)
         ended = done | bad | ~started | (left != 0) | dec.error
         with m.If(ended):
             with m.If(~done & ~bad):
-                m.d.sync += e.malformed.eq(e.malformed + 1)
+                malformed(m, c)
             with m.If(~reduce):
                 m.d.sync += c.counts[row.chunk].eq(n_pairs)
             m.d.comb += c.dec_reset.eq(~done)
@@ -128,19 +129,19 @@ def _decoded_pairs(m, c, n_pairs, slot_base, reduce, done):
     while such a row runs)."""
     row, o = c.row, c.dec.o
     index = (o.payload.index + row.lo)[:32]
-    fits = (o.payload.index < row.n) & (n_pairs < row.k) & ~o.payload.none
+    fits = (o.payload.index < row.n) & pair_fits(c, index, n_pairs) & ~o.payload.none
     with m.If(o.valid):
         with m.If(fits & reduce):
             m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(index), c.sc_value.eq(o.payload.value),
-                         o.ready.eq(c.scatter.i.ready)]
+                         c.sc_log.eq(1), o.ready.eq(c.scatter.i.ready)]
         with m.Else():
             m.d.comb += [o.ready.eq(1), c.fin_w.addr.eq(slot_base + n_pairs),
                          c.fin_w.data.eq(Cat(index, o.payload.value)),
                          c.fin_w.en.eq(fits & ~reduce)]
         with m.If(o.ready):
             with m.If(fits):
-                m.d.sync += n_pairs.eq(n_pairs + 1)
+                m.d.sync += [n_pairs.eq(n_pairs + 1), c.prev_index.eq(index)]
             with m.Elif(~o.payload.none):
-                m.d.sync += c.e.malformed.eq(c.e.malformed + 1)
+                malformed(m, c)
             with m.If(o.payload.last):
                 m.d.sync += done.eq(1)
