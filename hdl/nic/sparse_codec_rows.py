@@ -73,8 +73,10 @@ def _decode_states(m, c, n_pairs, seen, bad, slot_base):
     header word says how many follow, so a pad word is skipped) while the decoder's pairs
     go to the scatter adder (RECV_BM) or the final slot (GRECV_BM); after the tail,
     RX_DEC_END waits for the decoder's last pair. A message that ends early, a decoder
-    error, a pair outside the flow or beyond the budget, extra flits, or a tail count that
-    disagrees are counted in ``malformed`` (bad pairs dropped)."""
+    error, a pair outside the flow, beyond the budget or not ascending, extra flits, or a
+    tail count that disagrees are counted in ``malformed`` and drop the message whole (the
+    sequencer's undo log restores what its decoded pairs added; golden:
+    ``treenic.sparse.codec.receive_words``)."""
     e, row, dec, rx = c.e, c.row, c.dec, c.rx_flit
     half, started, done = Signal(), Signal(), Signal()
     left = Signal(range(2 * e.max_flow + 4))
