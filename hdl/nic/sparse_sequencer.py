@@ -288,7 +288,7 @@ def _dispatch(m, c):
 def _rx_body(m, c, rx, idx, val, fits, n_pairs, seen, bad, slot_base):
     """Body flits: pairs of the expected flow go to the scatter adder (RECV) or the final
     slot (GRECV); the tail's count closes the message."""
-    e, row = c.e, c.row
+    row = c.row
     reduce = c.op == SparseOp.RECV
     with m.If(c.rx_valid & (rx.type == FlitType.SUB_BODY)):
         take = fits & ~bad
