@@ -212,17 +212,10 @@ def _golden_receive(buf, pairs, sent, intact, lo, n, codec):
                            intact=intact)
 
 
-@pytest.mark.parametrize("codec,seed,stall", [(False, 1, 0.5), (False, 2, 0.0),
-                                              (True, 3, 0.5), (True, 4, 0.0)])
-def test_malformed_messages_leave_part_as_if_never_sent(codec, seed, stall):
-    """Malformed messages of every detected kind (a tail count that disagrees, a pair
-    outside the flow, a pair not above the one before, one pair over the budget, a stray
-    flit type, a wrong head; codec: cut short) between good ones, on a stalled link, then a
-    ROOT selection of the flow: the residual and the final pairs equal the golden receive
-    rule's (malformed messages contribute nothing) bit for bit, and ``malformed`` counts one
-    per message (a wrong head: its head and every pair, as before). The same messages
-    applied half (their fitting pairs kept) would give another residual: skipping the
-    rollback fails this test."""
+def _drop_case(codec, seed):
+    """One engine's program of 8 RECV(_BM) rows (one message each, kinds in random order)
+    and a ROOT selection of the flows: (rows, gradient, flits, golden part before the
+    ROOT, malformed counts, the part the old half-applying rule would give)."""
     rng = np.random.default_rng(seed)
     g = _grads(seed)
     kinds = rng.permutation(CODEC_KINDS if codec else PAIR_KINDS)
@@ -242,14 +235,87 @@ def test_malformed_messages_leave_part_as_if_never_sent(codec, seed, stall):
             kept = dict(kept[:len(sent) // 2 - 1] if kind == "cut" else kept)
             half = scatter_accumulate(half, [(list(kept), list(kept.values()))])[0]
     rows += [pack_row(op=SparseOp.ROOT, lo=0, n=N, k=4), pack_row(op=SparseOp.END)]
-    resid, out, bad = _run(rows, g, flits, codec=codec, stall=stall, seed=seed)
+    return rows, g, flits, want, bad_want, half
+
+
+def _check_drop(got, want, bad_want, half):
+    """The engine's (residual, final pairs, malformed) against the golden part after the
+    ROOT's top-4; the half-applied part differs (the check has teeth)."""
+    resid, out, bad = got
     sel = topk(want, 4)
     want_out = np.zeros(N, np.float32)
-    want_out[sel], want[sel] = want[sel], 0
+    want_out[sel] = want[sel]
+    assert not np.array_equal(half.view(np.uint32), want.view(np.uint32))
+    want = want.copy()
+    want[sel] = 0
     assert np.array_equal(out.view(np.uint32), want_out.view(np.uint32))
     assert np.array_equal(resid.view(np.uint32), want.view(np.uint32))
     assert bad == bad_want
-    assert not np.array_equal(half.view(np.uint32), (want + want_out).view(np.uint32))
+
+
+@pytest.mark.parametrize("codec,seed,stall", [(False, 1, 0.5), (False, 2, 0.0),
+                                              (True, 3, 0.5), (True, 4, 0.0)])
+def test_malformed_messages_leave_part_as_if_never_sent(codec, seed, stall):
+    """Malformed messages of every detected kind (a tail count that disagrees, a pair
+    outside the flow, a pair not above the one before, one pair over the budget, a stray
+    flit type, a wrong head; codec: cut short) between good ones, on a stalled link, then a
+    ROOT selection of the flow: the residual and the final pairs equal the golden receive
+    rule's (malformed messages contribute nothing) bit for bit, and ``malformed`` counts one
+    per message (a wrong head: its head and every pair, as before). The same messages
+    applied half (their fitting pairs kept) would give another residual: skipping the
+    rollback fails this test."""
+    rows, g, flits, want, bad_want, half = _drop_case(codec, seed)
+    _check_drop(_run(rows, g, flits, codec=codec, stall=stall, seed=seed), want, bad_want, half)
+
+
+def _run_verilated(rows, grads, flits, *, codec, stall, seed):
+    """:func:`_run` on the Verilated engine (``treenic.hdl.cosim``), one cycle a call."""
+    import random
+    from treenic.hdl.cosim import build_cosim
+    depth = max(32, len(flits))
+    eng = _engine(codec, 1, max(8, len(rows)), depth)
+    prog = SparseProgram("ring:2", N, [rows], 1, N, 8, depth, 1)
+    sim = build_cosim(eng, name="sparse_engine_codec" if codec else "sparse_engine").new()
+    sim.reset()
+    rng, host, flits = random.Random(seed), load_words(prog, 0, grads) + [start_word()], list(flits)
+    ran = False
+    for _ in range(20_000):
+        if not (host or flits or not ran or sim["busy"]):
+            break
+        send = bool(flits) and rng.random() >= stall
+        sim.set(host_i__valid=int(bool(host)), host_i__payload=host[0] if host else 0,
+                rx__0__valid=int(send), rx__0__flit=flits[0] if send else 0)
+        sim.eval()
+        took = bool(host) and sim["host_i__ready"]
+        sim.step()
+        host, flits = host[took:], flits[send:]
+        ran = ran or bool(sim["busy"])
+    sim.set(rx__0__valid=0, host_i__valid=1, host_i__payload=dump_word(N), host_o__ready=1)
+    sim.step()
+    sim["host_i__valid"] = 0
+    words = []
+    for _ in range(20_000):
+        sim.eval()
+        valid, word = sim["host_o__valid"], sim["host_o__payload"]
+        sim.step()
+        if valid and word >> 65 & 1:
+            break
+        if valid:
+            words.append(word)
+    resid, out = decode_dump(words, N)
+    return resid, out, sim["malformed"]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not __import__("treenic.hdl.cosim", fromlist=["x"]).cosim_available(),
+                    reason="needs verilator and a C++ compiler")
+@pytest.mark.parametrize("codec,seed", [(False, 5), (True, 6)])
+def test_verilated_engine_drops_malformed_messages(codec, seed):
+    """The same check on the Verilated engine (one small build each, cached under
+    build/cosim), link stalled half the cycles."""
+    rows, g, flits, want, bad_want, half = _drop_case(codec, seed)
+    got = _run_verilated(rows, g, flits, codec=codec, stall=0.5, seed=seed)
+    _check_drop(got, want, bad_want, half)
 
 
 def test_malformed_grecv_leaves_its_final_slot_empty():
