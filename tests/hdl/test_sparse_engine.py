@@ -269,13 +269,14 @@ def test_malformed_messages_leave_part_as_if_never_sent(codec, seed, stall):
 
 
 def _run_verilated(rows, grads, flits, *, codec, stall, seed):
-    """:func:`_run` on the Verilated engine (``treenic.hdl.cosim``), one cycle a call."""
+    """:func:`_run` on the Verilated engine (``treenic.hdl.cosim``), one cycle a call; one
+    build (with the codec, 16 rows, 128 flits a port) serves pair and codec programs."""
     import random
     from treenic.hdl.cosim import build_cosim
-    depth = max(32, len(flits))
-    eng = _engine(codec, 1, max(8, len(rows)), depth)
-    prog = SparseProgram("ring:2", N, [rows], 1, N, 8, depth, 1)
-    sim = build_cosim(eng, name="sparse_engine_codec" if codec else "sparse_engine").new()
+    assert len(rows) <= 16 and len(flits) <= 128
+    eng = _engine(True, 1, 16, 128)
+    prog = SparseProgram("ring:2", N, [rows], 1, N, 8, 128, 1)
+    sim = build_cosim(eng, name="sparse_engine_drop").new()
     sim.reset()
     rng, host, flits = random.Random(seed), load_words(prog, 0, grads) + [start_word()], list(flits)
     ran = False
@@ -311,7 +312,7 @@ def _run_verilated(rows, grads, flits, *, codec, stall, seed):
                     reason="needs verilator and a C++ compiler")
 @pytest.mark.parametrize("codec,seed", [(False, 5), (True, 6)])
 def test_verilated_engine_drops_malformed_messages(codec, seed):
-    """The same check on the Verilated engine (one small build each, cached under
+    """The same check on the Verilated engine (one small build for both, cached under
     build/cosim), link stalled half the cycles."""
     rows, g, flits, want, bad_want, half = _drop_case(codec, seed)
     got = _run_verilated(rows, g, flits, codec=codec, stall=0.5, seed=seed)
