@@ -137,3 +137,24 @@ def test_old_port_reports_every_logged_operand_in_order():
     sim.add_testbench(monitor)
     sim.run()
     assert got == want and len(want) > 10
+
+
+def test_golden_receive_rule_drops_malformed_messages_whole():
+    """``receive_message`` / ``receive_words`` (the engine's receive rule): a well-formed
+    message is scatter-accumulated; a pair outside the flow, not ascending, over the
+    budget, broken framing or words that do not decode leave the buffer as it was."""
+    from treenic.sparse.base import receive_message
+    from treenic.sparse.codec import encode_message, receive_words
+    dense = np.arange(8, dtype=np.float32)
+    kw = dict(lo=2, n=4, k=3)
+    ok, taken = receive_message(dense, [2, 5], [1.0, 2.0], **kw)
+    assert taken and ok.tolist() == [0, 1, 3, 3, 4, 7, 6, 7]
+    for idx, extra in (([1, 3], {}), ([2, 6], {}), ([3, 3], {}), ([4, 2], {}),
+                       ([2, 3, 4, 5], {}), ([2, 3], {"intact": False})):
+        got, taken = receive_message(dense, idx, np.ones(len(idx), np.float32), **kw, **extra)
+        assert not taken and np.array_equal(got, dense) and got is not dense
+    words = encode_message(np.array([0, 3]), np.array([1.0, 2.0], np.float32), 4)
+    got, taken = receive_words(dense, words, **kw)
+    assert taken and np.array_equal(got, ok)
+    got, taken = receive_words(dense, words[:-1], **kw)
+    assert not taken and np.array_equal(got, dense)
