@@ -308,8 +308,9 @@ def _run_verilated(rows, grads, flits, *, codec, stall, seed):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not __import__("treenic.hdl.cosim", fromlist=["x"]).cosim_available(),
-                    reason="needs verilator and a C++ compiler")
+@pytest.mark.skipif(not __import__("treenic.hdl.cosim", fromlist=["x"]).cosim_available() or
+                    __import__("os").environ.get("TREENIC_RTL_TESTS") != "1",
+                    reason="Verilated engine: needs verilator and TREENIC_RTL_TESTS=1")
 @pytest.mark.parametrize("codec,seed", [(False, 5), (True, 6)])
 def test_verilated_engine_drops_malformed_messages(codec, seed):
     """The same check on the Verilated engine (one small build for both, cached under
