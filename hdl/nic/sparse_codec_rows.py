@@ -14,6 +14,7 @@ from __future__ import annotations
 from amaranth import Cat, Mux, Signal
 
 from ..link.flit import FlitType
+from .sparse_sequencer import malformed, pair_fits
 from treenic.schedule.sparse_table import SparseOp
 
 
@@ -72,8 +73,10 @@ def _decode_states(m, c, n_pairs, seen, bad, slot_base):
     header word says how many follow, so a pad word is skipped) while the decoder's pairs
     go to the scatter adder (RECV_BM) or the final slot (GRECV_BM); after the tail,
     RX_DEC_END waits for the decoder's last pair. A message that ends early, a decoder
-    error, a pair outside the flow or beyond the budget, extra flits, or a tail count that
-    disagrees are counted in ``malformed`` (bad pairs dropped)."""
+    error, a pair outside the flow, beyond the budget or not ascending, extra flits, or a
+    tail count that disagrees are counted in ``malformed`` and drop the message whole (the
+    sequencer's undo log restores what its decoded pairs added; golden:
+    ``treenic.sparse.codec.receive_words``)."""
     e, row, dec, rx = c.e, c.row, c.dec, c.rx_flit
     half, started, done = Signal(), Signal(), Signal()
     left = Signal(range(2 * e.max_flow + 4))
@@ -101,22 +104,22 @@ def _decode_states(m, c, n_pairs, seen, bad, slot_base):
             m.d.comb += c.rx_pop.eq(1)
             m.d.sync += seen.eq(seen + 1)
             with m.If(~bad):
-                m.d.sync += c.e.malformed.eq(c.e.malformed + 1)
+                malformed(m, c)
         with m.Elif(c.rx_valid & (rx.type == FlitType.MSG_TAIL)):
             m.d.comb += c.rx_pop.eq(1)
             with m.If(rx.data[:32] != seen):
-                m.d.sync += e.malformed.eq(e.malformed + 1)
+                malformed(m, c)
             m.next = "RX_DEC_END"
         with m.Elif(c.rx_valid):
             m.d.comb += c.rx_pop.eq(1)
-            m.d.sync += e.malformed.eq(e.malformed + 1)
+            malformed(m, c)
     with m.State("RX_DEC_END"):
         m.d.comb += c.main_uses.eq(1)     # the message body: the units' pairs wait
         _decoded_pairs(m, c, n_pairs, slot_base, reduce, done)
         ended = done | bad | ~started | (left != 0) | dec.error
         with m.If(ended):
             with m.If(~done & ~bad):
-                m.d.sync += e.malformed.eq(e.malformed + 1)
+                malformed(m, c)
             with m.If(~reduce):
                 m.d.sync += c.counts[row.chunk].eq(n_pairs)
             m.d.comb += c.dec_reset.eq(~done)
@@ -128,19 +131,19 @@ def _decoded_pairs(m, c, n_pairs, slot_base, reduce, done):
     while such a row runs)."""
     row, o = c.row, c.dec.o
     index = (o.payload.index + row.lo)[:32]
-    fits = (o.payload.index < row.n) & (n_pairs < row.k) & ~o.payload.none
+    fits = (o.payload.index < row.n) & pair_fits(c, index, n_pairs) & ~o.payload.none
     with m.If(o.valid):
         with m.If(fits & reduce):
             m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(index), c.sc_value.eq(o.payload.value),
-                         o.ready.eq(c.scatter.i.ready)]
+                         c.sc_log.eq(1), o.ready.eq(c.scatter.i.ready)]
         with m.Else():
             m.d.comb += [o.ready.eq(1), c.fin_w.addr.eq(slot_base + n_pairs),
                          c.fin_w.data.eq(Cat(index, o.payload.value)),
                          c.fin_w.en.eq(fits & ~reduce)]
         with m.If(o.ready):
             with m.If(fits):
-                m.d.sync += n_pairs.eq(n_pairs + 1)
+                m.d.sync += [n_pairs.eq(n_pairs + 1), c.prev_index.eq(index)]
             with m.Elif(~o.payload.none):
-                m.d.sync += c.e.malformed.eq(c.e.malformed + 1)
+                malformed(m, c)
             with m.If(o.payload.last):
                 m.d.sync += done.eq(1)

@@ -26,7 +26,8 @@ def build_engine(e) -> Module:
     c.e = e
     # the hash placer's sweep writes distinct positions out of order (see sparse_place_rows)
     m.submodules.scatter = c.scatter = ScatterAccumulate(depth=e.depth,
-                                                         distinct_port=bool(e.hash_elements))
+                                                         distinct_port=bool(e.hash_elements),
+                                                         old_port=True)
     m.submodules.program = prog = memory.Memory(shape=ROW, depth=e.rows, init=[])
     c.prog_w, c.prog_r, c.prog_r2 = prog.write_port(), prog.read_port(), prog.read_port()
     m.submodules.finals = fin = memory.Memory(shape=64, depth=e.chunks * e.slot, init=[])
@@ -37,13 +38,14 @@ def build_engine(e) -> Module:
     c.pending = Signal(16)
     c.sc_valid, c.sc_index, c.sc_value = Signal(), Signal(32), Signal(32)
     c.sc_set = Signal()           # write the value instead of adding it (ZERO/FIXUP/COPY)
+    c.sc_log = Signal()           # a received pair: log the word it replaces (undo log)
     c.op = Signal(4)              # the row's op code (op_hi is its bit 3)
     m.d.comb += c.op.eq(Cat(c.row.op, c.row.op_hi))
     sc = c.scatter
     in_range = (c.sc_index >> (e.depth.bit_length() - 1)) == 0
     m.d.comb += [sc.i.valid.eq(c.sc_valid), sc.i.payload.index.eq(c.sc_index),
                  sc.i.payload.value.eq(c.sc_value), sc.set.eq(c.sc_set),
-                 sc.o.ready.eq(1)]
+                 sc.log.eq(c.sc_log), sc.o.ready.eq(1)]
     m.d.sync += c.pending.eq(c.pending + (c.sc_valid & sc.i.ready & in_range) - sc.o.valid)
     c.sel_start, c.recv_done, c.main_uses = Signal(), Signal(), Signal()
     c.selected = Signal(e.chunks)
@@ -54,6 +56,7 @@ def build_engine(e) -> Module:
     if e.hash_elements:
         build_placer(m, c)
     _links(m, c)
+    _undo_log(m, c)
     _sequencer(m, c)
     build_selection(m, c)       # drives the adder only in cycles the sequencer does not
     count_drops(m, c)
@@ -72,6 +75,24 @@ def _codec(m, c):
     c.dec = SparseDecoder(max_chunk=C)
     m.submodules.decoder = ResetInserter(c.dec_reset)(c.dec)
     m.d.comb += [c.enc.chunk.eq(c.row.n), c.dec.chunk.eq(c.row.n)]
+
+
+def _undo_log(m, c):
+    """The undo log of the message being received (RECV, RECV_BM): (index, old word) of
+    every pair it added, written as the adder reads each operand (``scatter.old``). A
+    message takes at most ``slot`` pairs (its budget; the sequencer drops pairs beyond it),
+    so ``slot`` entries always suffice. The sequencer clears ``log_n`` at every row and,
+    when the message turns out malformed, writes the old words back (UNDO)."""
+    e, old = c.e, c.scatter.old
+    entry = data.StructLayout({"index": e.depth.bit_length() - 1, "value": 32})
+    m.submodules.undo_log = log = memory.Memory(shape=entry, depth=e.slot, init=[])
+    c.undo_w, c.undo_r = log.write_port(), log.read_port()
+    c.log_n = Signal(range(e.slot + 1))
+    c.drop = Signal()             # the message is malformed: it must contribute nothing
+    m.d.comb += [c.undo_w.addr.eq(c.log_n), c.undo_w.data.index.eq(old.payload.index),
+                 c.undo_w.data.value.eq(old.payload.value), c.undo_w.en.eq(old.valid)]
+    with m.If(old.valid):
+        m.d.sync += c.log_n.eq(c.log_n + 1)
 
 
 def _links(m, c):

@@ -33,8 +33,15 @@ removed by adding its negation (``x + (-x) = +0`` exactly, what the golden's ``=
 Link format (per message, one 64-bit flit each, paper Table II types): ``SUB_HEAD`` (the
 dense sub-packet head layout with ``op = Op.SPARSE``, flow, step, length = budget), one
 ``SUB_BODY`` flit per pair (index u32 low, value f32 high), ``MSG_TAIL`` carrying the pair
-count. A head naming the wrong flow/step/op, a pair outside the flow, a count mismatch or an
-unexpected flit type is counted in ``malformed``; bad pairs are dropped. With ``codec``, the
+count. A head naming the wrong flow/step/op, a pair outside the flow, over the budget or not
+ascending, a count mismatch or an unexpected flit type is counted in ``malformed``, and the
+message is dropped whole: its pairs are added as they arrive (cut-through), each logging
+the word it replaces (the scatter unit's ``old`` output) in an undo log of ``slot``
+entries, and once the row's adds have drained a malformed message's old words are written
+back (set mode) before the next row -- ``part`` as if the message had never been sent; a
+malformed GRECV leaves its final slot empty. A good message pays no cycle for it
+(:func:`.sparse_sequencer._drained` has the cycle diagram); golden:
+``treenic.sparse.base.receive_message``. With ``codec``, the
 ``*_BM`` rows send codec messages instead (:mod:`.sparse_codec_rows`: pairs or bitmap +
 values, two 32-bit words a flit).
 
@@ -129,7 +136,8 @@ class SparseEngine(wiring.Component):
     cycles : Out(32)
         Cycles of the last run (START to END).
     malformed : Out(16)
-        Malformed sparse messages / pairs dropped (sticky over runs); with the hash placer
+        Malformed sparse messages / pairs counted (sticky over runs; each such message is
+        dropped whole: it contributes nothing to ``part`` or a final slot); with the hash placer
         also GRAD words it drops (out of sweep order, past the end, or their flow full).
 
     Host words (``host_i``, :class:`HostKind`): ``PROG`` rows (a hash-flow engine also

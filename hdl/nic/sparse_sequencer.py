@@ -33,7 +33,9 @@ def sequencer(m, c, head):
     m.d.comb += e.finals.eq(sum(c.counts[i] for i in range(e.chunks)))
     rx = c.rx_flit
     rx_pair_idx, rx_pair_val = rx.data[:32], rx.data[32:]
-    fits = (rx_pair_idx >= row.lo) & (rx_pair_idx - row.lo < row.n) & (n_pairs < row.k)
+    c.prev_index = Signal(32)       # the message's last pair taken: indices must ascend
+    fits = ((rx_pair_idx >= row.lo) & (rx_pair_idx - row.lo < row.n) &
+            pair_fits(c, rx_pair_idx, n_pairs))
     with m.FSM():
         with m.State("IDLE"):
             _idle(m, c, h, pc, j, chunk, dump_n)
@@ -47,7 +49,8 @@ def sequencer(m, c, head):
         with m.State("FETCH"):
             m.next = "LOAD"
         with m.State("LOAD"):
-            m.d.sync += [row.eq(c.prog_r.data), n_pairs.eq(0), seen.eq(0), bad.eq(0), j.eq(0)]
+            m.d.sync += [row.eq(c.prog_r.data), n_pairs.eq(0), seen.eq(0), bad.eq(0), j.eq(0),
+                         c.drop.eq(0), c.log_n.eq(0)]
             m.next = "DISPATCH"
         with m.State("DISPATCH"):
             _dispatch(m, c)
@@ -85,7 +88,8 @@ def sequencer(m, c, head):
             with m.If(c.rx_valid):
                 ok = _head_ok(c, rx, row)
                 with m.If(~ok):
-                    m.d.sync += [bad.eq(1), e.malformed.eq(e.malformed + 1)]
+                    m.d.sync += bad.eq(1)
+                    malformed(m, c)
                 m.next = "RX_BODY"
                 if e.codec:
                     with m.If((c.op == SparseOp.RECV_BM) | (c.op == SparseOp.GRECV_BM)):
@@ -96,8 +100,8 @@ def sequencer(m, c, head):
         with m.State("DRAIN"):
             m.d.comb += c.main_uses.eq(1)   # hold the units' pairs back: the adder empties
             with m.If(c.pending == 0):
-                m.d.comb += c.recv_done.eq((c.op == SparseOp.RECV) | (c.op == SparseOp.RECV_BM))
-                m.next = "NEXT"
+                _drained(m, c, j)
+        _undo_states(m, c, j)
         with m.State("NEXT"):
             m.d.sync += pc.eq(pc + 1)
             m.next = "FETCH"
@@ -157,6 +161,66 @@ def _dump_finals(m, c, j, chunk, fin_fire):
                 m.d.sync += j.eq(j + 1)
                 if c.placer is not None:
                     m.next = "DUMP_FIN_INV"
+
+
+def pair_fits(c, index, n_pairs):
+    """A received pair may be taken: below the row's budget (and so within the undo log,
+    ``slot`` entries) and above the message's previous pair (ascending, as every sender
+    emits them: the undo log then holds each word once)."""
+    return ((n_pairs < c.row.k) & (n_pairs < c.e.slot) &
+            ((n_pairs == 0) | (index > c.prev_index)))
+
+
+def malformed(m, c):
+    """Count a malformed message or pair (``malformed``, sticky) and mark the message being
+    received for dropping: it contributes nothing (see :func:`_drained`)."""
+    m.d.sync += [c.e.malformed.eq(c.e.malformed + 1), c.drop.eq(1)]
+
+
+def _drained(m, c, j):
+    """The row's adds are written (DRAIN, ``pending == 0``). A malformed message is dropped
+    whole: RECV / RECV_BM restore the words its pairs changed from the undo log (UNDO,
+    then DRAIN again with an empty log); GRECV / GRECV_BM leave the final slot empty. A
+    good message (``drop`` low) goes on to the next row in this very cycle, as before the
+    undo log: not one cycle more::
+
+        cycle   : t      t+1        t+2 .. t+L+2            then                 next
+        good    : DRAIN  NEXT
+        dropped : DRAIN  UNDO_ADDR  UNDO (L words, 1 exit)  DRAIN (L writes land) NEXT
+    """
+    reduce = (c.op == SparseOp.RECV) | (c.op == SparseOp.RECV_BM)
+    with m.If(c.drop & reduce & (c.log_n != 0)):
+        m.d.sync += j.eq(0)
+        m.next = "UNDO_ADDR"
+    with m.Else():
+        with m.If(c.drop & ~reduce):
+            m.d.sync += c.counts[c.row.chunk].eq(0)
+        m.d.comb += c.recv_done.eq(reduce)
+        m.next = "NEXT"
+
+
+def _undo_states(m, c, j):
+    """UNDO_ADDR / UNDO: ``part[index] = old`` for every entry of the undo log, through the
+    scatter unit's set mode (``+0 + old``, which is ``old`` bit for bit: a buffer word is
+    never -0 -- +0 after reset, CLEAR and set-mode writes, and an IEEE sum is -0 only when
+    both operands are -- and a NaN in it is already the adder's canonical NaN). Entries
+    hold distinct ascending indices (:func:`pair_fits`), so the writes pass the unit at
+    one a cycle and their order does not matter."""
+    log = c.undo_r
+    fire = c.sc_valid & c.scatter.i.ready
+    with m.State("UNDO_ADDR"):
+        m.d.comb += [c.main_uses.eq(1), log.addr.eq(0)]
+        m.next = "UNDO"
+    with m.State("UNDO"):
+        m.d.comb += [c.main_uses.eq(1), log.addr.eq(Mux(fire, j + 1, j))]
+        with m.If(j == c.log_n):
+            m.d.sync += c.log_n.eq(0)
+            m.next = "DRAIN"
+        with m.Else():
+            m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(log.data.index),
+                         c.sc_value.eq(log.data.value), c.sc_set.eq(1)]
+            with m.If(fire):
+                m.d.sync += j.eq(j + 1)
 
 
 def _head_ok(c, rx, row):
@@ -224,30 +288,30 @@ def _dispatch(m, c):
 def _rx_body(m, c, rx, idx, val, fits, n_pairs, seen, bad, slot_base):
     """Body flits: pairs of the expected flow go to the scatter adder (RECV) or the final
     slot (GRECV); the tail's count closes the message."""
-    e, row = c.e, c.row
+    row = c.row
     reduce = c.op == SparseOp.RECV
     with m.If(c.rx_valid & (rx.type == FlitType.SUB_BODY)):
         take = fits & ~bad
         ready = c.scatter.i.ready | ~reduce | ~take
         m.d.comb += [c.rx_pop.eq(ready), c.sc_valid.eq(take & reduce), c.sc_index.eq(idx),
-                     c.sc_value.eq(val), c.fin_w.addr.eq(slot_base + n_pairs),
+                     c.sc_value.eq(val), c.sc_log.eq(1), c.fin_w.addr.eq(slot_base + n_pairs),
                      c.fin_w.data.eq(rx.data), c.fin_w.en.eq(take & ~reduce)]
         with m.If(ready):
             m.d.sync += seen.eq(seen + 1)
             with m.If(take):
-                m.d.sync += n_pairs.eq(n_pairs + 1)
+                m.d.sync += [n_pairs.eq(n_pairs + 1), c.prev_index.eq(idx)]
             with m.Else():
-                m.d.sync += e.malformed.eq(e.malformed + 1)
+                malformed(m, c)
     with m.Elif(c.rx_valid & (rx.type == FlitType.MSG_TAIL)):
         m.d.comb += c.rx_pop.eq(1)
         with m.If(rx.data[:32] != seen):
-            m.d.sync += e.malformed.eq(e.malformed + 1)
+            malformed(m, c)
         with m.If(~reduce):
             m.d.sync += c.counts[row.chunk].eq(n_pairs)
         m.next = "DRAIN"
     with m.Elif(c.rx_valid):
         m.d.comb += c.rx_pop.eq(1)        # a flit type a sparse message never has
-        m.d.sync += e.malformed.eq(e.malformed + 1)
+        malformed(m, c)
 
 
 def _dump_residual(m, c, j, chunk, dump_n):

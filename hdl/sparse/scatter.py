@@ -42,6 +42,9 @@ class ScatterAccumulate(wiring.Component):
         Initial buffer contents (binary32 bit patterns): the local values.
     distinct_port : bool
         Build the ``distinct`` input (default off: the unit as before, bit for bit).
+    old_port : bool
+        Build the ``log`` input and the ``old`` output (default off: the unit as before,
+        bit for bit): the buffer operand each logged pair read, for an undo log.
 
     Members
     -------
@@ -61,9 +64,22 @@ class ScatterAccumulate(wiring.Component):
         index is in no write still in flight, so it issues without the boundary wait (the
         sparse engine's hash placer: one sweep writes every position once, in an order that
         is not ascending).
+    log : In(1)
+        Only with ``old_port=True``. With the pair on ``i``: report the value it replaces.
+    old : Out(stream.Signature(StructLayout{index: 32, value: 32}, always_ready=True))
+        Only with ``old_port=True``. For every logged pair, in input order, (index, the
+        buffer word before its write) -- the operand the adder reads, one cycle after the
+        pair is accepted (or later, while the adder stalls), always before its write-back.
+        The read-after-write rule above makes it the word as every earlier pair left it.
+        The sparse engine keeps these to undo a malformed message::
+
+            i     : (5,a)(7,b)(9,c)          pairs accepted, log = 1
+            old   :      (5,p5)(7,p7)(9,p9)  one cycle later: the words they replace
+            write :                ... 9 cycles after i: p5+a, p7+b, p9+c
     """
 
-    def __init__(self, *, depth: int = 1024, init=(), distinct_port: bool = False):
+    def __init__(self, *, depth: int = 1024, init=(), distinct_port: bool = False,
+                 old_port: bool = False):
         if not isinstance(depth, int) or not 2 <= depth <= 1 << 20 or depth & (depth - 1):
             raise ValueError(f"depth must be a power of two in 2..2**20, got {depth!r}")
         if len(init) > depth:
@@ -76,6 +92,10 @@ class ScatterAccumulate(wiring.Component):
                    "range_error": Out(1), "set": In(1)}
         if self.distinct_port:
             members["distinct"] = In(1)
+        self.old_port = bool(old_port)
+        if self.old_port:
+            members["log"] = In(1)
+            members["old"] = Out(stream.Signature(pair, always_ready=True))
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -108,6 +128,8 @@ class ScatterAccumulate(wiring.Component):
                          b_set.eq(self.set)]
         with m.If(issue):
             m.d.sync += [last_index.eq(idx[:AB]), started.eq(1)]
+        if self.old_port:
+            self._old(m, issue, advance_b, b_valid, b_index, rp.data, adder.i.ready)
         m.d.comb += [adder.i.valid.eq(b_valid), adder.i.payload.a.eq(Mux(b_set, 0, rp.data)),
                      adder.i.payload.b.eq(b_value), adder.i.payload.tag.eq(b_index)]
 
@@ -120,3 +142,11 @@ class ScatterAccumulate(wiring.Component):
                      wp.en.eq(done)]
         m.d.sync += in_flight.eq(in_flight + issue - done)
         return m
+
+    def _old(self, m, issue, advance_b, b_valid, b_index, operand, adder_ready):
+        """``old``: a logged pair's operand as it leaves stage B for the adder."""
+        b_log = Signal()
+        with m.If(advance_b):
+            m.d.sync += b_log.eq(issue & self.log)
+        m.d.comb += [self.old.valid.eq(b_valid & b_log & adder_ready),
+                     self.old.payload.index.eq(b_index), self.old.payload.value.eq(operand)]

@@ -86,21 +86,27 @@ async def send_words(ctx, stream, words) -> None:
     ctx.set(stream.valid, 0)
 
 
-async def drive_flits(ctx, channel, flits) -> None:
+async def drive_flits(ctx, channel, flits, *, stall: float = 0.0, seed: int = 0) -> None:
     """Put ``flits`` (packed ints) on a link channel, one per cycle (a link channel has no
-    ready: the receiver's credits bound what a sender may put there)."""
+    ready: the receiver's credits bound what a sender may put there); with ``stall``, each
+    cycle is idle with that probability instead (a stalled link, random with ``seed``)."""
+    rng = random.Random(seed)
     for f in flits:
+        while rng.random() < stall:
+            ctx.set(channel.valid, 0)
+            await ctx.tick()
         ctx.set(channel.flit.as_value(), f)
         ctx.set(channel.valid, 1)
         await ctx.tick()
     ctx.set(channel.valid, 0)
 
 
-def run_with_link(dut, host, flits, *, port: int = 0) -> None:
+def run_with_link(dut, host, flits, *, port: int = 0, stall: float = 0.0, seed: int = 0) -> None:
     """Simulate ``dut`` (100 MHz) with the testbench ``host`` while ``flits`` arrive on its
-    link receive port ``port`` in the background; returns when ``host`` does."""
+    link receive port ``port`` in the background (``stall``, ``seed``: see
+    :func:`drive_flits`); returns when ``host`` does."""
     async def link(ctx):
-        await drive_flits(ctx, dut.rx[port], flits)
+        await drive_flits(ctx, dut.rx[port], flits, stall=stall, seed=seed)
 
     sim = Simulator(dut)
     sim.add_clock(1e-8)

@@ -87,3 +87,74 @@ def test_distinct_pairs_in_any_order_one_a_cycle():
     assert cycles <= DEPTH + LATENCY + 1, cycles
     _, slow = run_scatter(dense, msgs)
     assert slow > 2 * DEPTH
+
+
+def test_old_port_reports_every_logged_operand_in_order():
+    """``old_port``: every pair fed with ``log`` high reports (index, the word it
+    replaces), in input order, with stalls and backpressure and across message boundaries
+    (read-after-write on one index); pairs fed with ``log`` low report nothing; the writes
+    stay the golden's."""
+    from amaranth.sim import Simulator
+    rng = np.random.default_rng(5)
+    dense = _values(rng, DEPTH)
+    msgs = _messages(rng, 4, dense)
+    pairs = [(int(i), v) for idx, val in msgs for i, v in zip(idx, val.view(np.uint32))]
+    logged = rng.random(len(pairs)) < 0.7
+    buf, want = dense.copy(), []
+    for (i, v), log in zip(pairs, logged):
+        if log:
+            want.append((i, int(buf[i:i + 1].view(np.uint32)[0])))
+        buf[i] = buf[i] + np.uint32(v).view(np.float32)
+    dut = ScatterAccumulate(depth=DEPTH, init=dense.view(np.uint32).tolist(), old_port=True)
+    got, writes = [], []
+
+    async def producer(ctx):
+        for (i, v), log in zip(pairs, logged):
+            while rng.random() < 0.3:
+                ctx.set(dut.i.valid, 0)
+                await ctx.tick()
+            ctx.set(dut.i.payload.index, i)
+            ctx.set(dut.i.payload.value, int(v))
+            ctx.set(dut.log, int(log))
+            ctx.set(dut.i.valid, 1)
+            await ctx.tick().until(dut.i.ready)
+        ctx.set(dut.i.valid, 0)
+
+    async def monitor(ctx):
+        while len(writes) < len(pairs):
+            ctx.set(dut.o.ready, int(rng.random() < 0.6))
+            _, _, ov, oi, oo, wv, wr = await ctx.tick().sample(
+                dut.old.valid, dut.old.payload.index, dut.old.payload.value, dut.o.valid,
+                dut.o.ready)
+            if ov:
+                got.append((oi, oo))
+            if wv and wr:
+                writes.append(1)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(producer, background=True)
+    sim.add_testbench(monitor)
+    sim.run()
+    assert got == want and len(want) > 10
+
+
+def test_golden_receive_rule_drops_malformed_messages_whole():
+    """``receive_message`` / ``receive_words`` (the engine's receive rule): a well-formed
+    message is scatter-accumulated; a pair outside the flow, not ascending, over the
+    budget, broken framing or words that do not decode leave the buffer as it was."""
+    from treenic.sparse.base import receive_message
+    from treenic.sparse.codec import encode_message, receive_words
+    dense = np.arange(8, dtype=np.float32)
+    kw = dict(lo=2, n=4, k=3)
+    ok, taken = receive_message(dense, [2, 5], [1.0, 2.0], **kw)
+    assert taken and ok.tolist() == [0, 1, 3, 3, 4, 7, 6, 7]
+    for idx, extra in (([1, 3], {}), ([2, 6], {}), ([3, 3], {}), ([4, 2], {}),
+                       ([2, 3, 4, 5], {}), ([2, 3], {"intact": False})):
+        got, taken = receive_message(dense, idx, np.ones(len(idx), np.float32), **kw, **extra)
+        assert not taken and np.array_equal(got, dense) and got is not dense
+    words = encode_message(np.array([0, 3]), np.array([1.0, 2.0], np.float32), 4)
+    got, taken = receive_words(dense, words, **kw)
+    assert taken and np.array_equal(got, ok)
+    got, taken = receive_words(dense, words[:-1], **kw)
+    assert not taken and np.array_equal(got, dense)

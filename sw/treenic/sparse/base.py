@@ -120,6 +120,25 @@ def scatter_accumulate(dense, messages) -> tuple[np.ndarray, list[tuple[int, np.
     return buf, writes
 
 
+def message_fits(idx, *, lo: int, n: int, k: int) -> bool:
+    """A received pair message is well formed: at most ``k`` pairs (its budget), every index
+    in its flow ``[lo, lo + n)``, strictly ascending -- what every sender emits."""
+    idx = np.asarray(idx, np.int64)
+    return bool(idx.size <= k and np.all((idx >= lo) & (idx < lo + n)) and
+                np.all(np.diff(idx) > 0))
+
+
+def receive_message(dense, idx, val, *, lo: int, n: int, k: int, intact: bool = True):
+    """Golden of the sparse engine's receive rule (a RECV row): a well-formed message
+    (:func:`message_fits`) is scatter-accumulated (:func:`scatter_accumulate`); a malformed
+    one -- or one whose framing was not ``intact`` (a tail count that disagrees, a flit
+    type a sparse message never has, a cut-short codec message) -- contributes nothing.
+    Returns (the new buffer, whether the message was taken)."""
+    if not intact or not message_fits(idx, lo=lo, n=n, k=k):
+        return np.array(dense, dtype=np.float32, copy=True), False
+    return scatter_accumulate(dense, [(idx, val)])[0], True
+
+
 def densify(idx, val, elements: int) -> np.ndarray:
     out = np.zeros(elements, np.float32)
     out[np.asarray(idx, np.int64)] = val

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .base import SparseError
+from .base import SparseError, receive_message
 from .zen import pack_bits, unpack_bits
 
 FORMAT_PAIRS, FORMAT_BITMAP = 0, 1
@@ -83,3 +83,15 @@ def decode_message(words, chunk: int) -> tuple[np.ndarray, np.ndarray]:
         return idx.astype(np.int64), w[1 + nw:].view(np.float32)
     pairs = w[1:].reshape(-1, 2)
     return pairs[:, 0].astype(np.int64), pairs[:, 1].copy().view(np.float32)
+
+
+def receive_words(dense, words, *, lo: int, n: int, k: int, intact: bool = True):
+    """Golden of the sparse engine's codec receive (a RECV_BM row over the flow
+    ``[lo, lo + n)``): the message's words decoded (:func:`decode_message`, flow-relative
+    indices) and received by :func:`~.base.receive_message`; a message that does not
+    decode contributes nothing. Returns (the new buffer, whether it was taken)."""
+    try:
+        idx, val = decode_message(words, n)
+    except SparseError:
+        return np.array(dense, dtype=np.float32, copy=True), False
+    return receive_message(dense, idx + lo, val, lo=lo, n=n, k=k, intact=intact)
