@@ -261,10 +261,11 @@ def test_cli_dense_set_and_errors(tmp_path, capsys):
 
 
 def test_fabric_sim_loads_the_engines_from_the_image_bytes(monkeypatch):
-    """SparseFabricSim (the Verilated fabric, and through it RTLEngine.run_sparse) sizes the
+    """SparseFabricSim (the Verilated fabric of stand-alone engines: the bench) sizes the
     fabric with, and sends as PROG rows, the program decoded from the serialized image set --
     not the compiler's object. The Verilator build is replaced by a stand-in here (the
-    Verilated run itself: tests/test_sparse_nic_cli.py, TREENIC_RTL_TESTS=1)."""
+    CLI and the driver run the fabric of combined NICs, built from the same decoded
+    program: tests/test_sparse_nic_cli.py, TREENIC_RTL_TESTS=1)."""
     import driver_helpers
     import treenic.hdl.nic.sparse_sim as ss
     from treenic.hdl.nic.sparse_engine import HostKind

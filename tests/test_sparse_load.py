@@ -22,7 +22,7 @@ from treenic.driver import fabric as F
 from treenic.driver import open_nic
 from treenic.driver import protocol as P
 from treenic.driver.config import ConfigRejected, parse_image_set, parse_sparse_program
-from treenic.driver.errors import FabricError
+from treenic.driver.errors import DriverError, FabricError
 from treenic.firmware.image import ImageSet, compile_images, decode_sparse_program
 from treenic.sparse.base import make
 
@@ -111,11 +111,15 @@ def test_contiguous_sets_do_not_depend_on_the_seed():
     assert a.to_bytes() == b.to_bytes() and h1.to_bytes() != h2.to_bytes()
 
 
-def test_dense_and_sparse_steps_each_load_their_set(server):
-    """A dense all-reduce after a sparse one loads the schedule's dense set back (the dense
-    part of a sparse set is the MultiTree schedule, not necessarily the communicator's),
-    and the sparse one after it its sparse set again -- each compiled once."""
-    sched = algorithms.build("multitree", "ring:4")
+@pytest.mark.parametrize("algorithm", ["multitree", "ring"])
+def test_dense_steps_keep_a_sparse_set_holding_their_tables(server, algorithm):
+    """After a sparse all-reduce, a dense one of the MultiTree schedule keeps the sparse set
+    loaded (its dense part is exactly the schedule's dense set: on the rtl engine the dense
+    and sparse steps then run on one fabric of combined NICs, no LOAD_CONFIG between); a
+    schedule whose tables differ (Ring) loads its dense set back, and the sparse one its
+    sparse set again -- each set compiled once. status() counts the dense collectives by
+    the set they ran from."""
+    sched = algorithms.build(algorithm, "ring:4")
     g = np.random.default_rng(3).standard_normal((WORLD, 64)).astype(np.float32)
 
     def rank(r):
@@ -127,19 +131,54 @@ def test_dense_and_sparse_steps_each_load_their_set(server):
                 t = g[r].copy()
                 c.allreduce(t)
                 ids.append(c.config_id)
-            return t, ids, len(c._impl._image_sets), c.status()["sparse_images"]
+            st = c.status()
+            return t, ids, len(c._impl._image_sets), st
     out, errs = driver_helpers.run_threads(rank, WORLD)
     assert errs == [None] * WORLD, errs
     from treenic.schedule.execute import execute
     want = execute(sched, g)
     dense_id = zlib.crc32(compile_images(None, sched, 64).to_bytes())
     sparse_id = zlib.crc32(F.sparse_image_set("ring:4", "topka", 64, 0.25, 0).to_bytes())
+    kept = algorithm == "multitree"
     for r in range(WORLD):
-        t, ids, compiled, used = out[r]
+        t, ids, compiled, st = out[r]
         assert np.array_equal(bits(t), bits(want[r]))
-        assert ids == [sparse_id, dense_id] * 2 and compiled == 2
-        assert [(u["config_id"], u["collectives"]) for u in used] == \
+        assert ids == ([sparse_id] * 4 if kept else [sparse_id, dense_id] * 2)
+        assert compiled == 2
+        assert st["dense_collectives_by_set"] == (
+            {"dense set": 0, "sparse set": 2} if kept else {"dense set": 2, "sparse set": 0})
+        assert [(u["config_id"], u["collectives"]) for u in st["sparse_images"]] == \
             [(f"{sparse_id:#010x}", 2)]
+
+
+def test_planned_sparse_set_serves_the_dense_warm_up(server):
+    """``plan_sparse`` (the DDP hook's dense warm-up): the first dense all-reduce already
+    loads the planned sparse set, whose dense part is the MultiTree schedule's, and the
+    sparse step after it needs no LOAD_CONFIG; results as the dense set's. A plan is
+    validated like a request."""
+    sched = algorithms.build("multitree", "ring:4")
+    g = np.random.default_rng(4).standard_normal((WORLD, 64)).astype(np.float32)
+
+    def rank(r):
+        with open_nic("rtl", r, WORLD, algorithm=sched, **server.endpoint, timeout=10) as c:
+            with pytest.raises(DriverError, match="density must be in"):
+                c.plan_sparse("topka", 0.0)
+            c.plan_sparse("topka", 0.25)
+            t = g[r].copy()
+            c.allreduce(t)
+            ids = [c.config_id]
+            c.sparse_allreduce(np.ones(64, np.float32), 0.25, scheme="topka")
+            ids.append(c.config_id)
+            return t, ids, None, c.status()
+    out, errs = driver_helpers.run_threads(rank, WORLD)
+    assert errs == [None] * WORLD, errs
+    from treenic.schedule.execute import execute
+    want = execute(sched, g)
+    sparse_id = zlib.crc32(F.sparse_image_set("ring:4", "topka", 64, 0.25, 0).to_bytes())
+    for r in range(WORLD):
+        t, ids, _, st = out[r]
+        assert np.array_equal(bits(t), bits(want[r])) and ids == [sparse_id] * 2
+        assert st["dense_collectives_by_set"] == {"dense set": 0, "sparse set": 1}
 
 
 # ---- the server refuses what the loaded program is not -------------------------------------
@@ -225,54 +264,87 @@ def test_golden_engine_runs_the_program_parameters():
     assert got.info["program"] == "loaded image set"
 
 
-def test_rtl_engine_hands_the_loaded_program_to_the_fabric(monkeypatch):
-    """RTLEngine.run_sparse on a loaded set builds the Verilated fabric from the set's
-    decoded program (the object LOAD_CONFIG checked) and compiles nothing. The Verilator
-    build and run are stand-ins here (the real run: TREENIC_RTL_TESTS=1)."""
-    import treenic.hdl.nic.sparse_sim as ss
-    seen = {}
-    driver_helpers.stub_verilator(monkeypatch, seen)
+class _StandIn:
+    """Stand-in for the Verilated fabric of combined NICs
+    (:class:`treenic.hdl.nic.sparse_nic_sim.CombinedFabricSim`): records what it was built
+    from and what ran; a sparse run is the program's golden model (7 cycles), a dense run
+    the golden executor of the set's tables (5 cycles)."""
+    built: list = []
 
-    def run(self, grads):
-        seen.setdefault("runs", []).append(self.program)
-        return _golden_run(self, grads)
+    def __init__(self, images, program, **kw):
+        self.images, self.program, self.runs = images, program, []
+        _StandIn.built.append(self)
+
+    def run_fresh(self, accs, seed=0):
+        from treenic.schedule.sparse_table import program_golden
+        import treenic.hdl.nic.sparse_nic_sim as sn
+        self.runs.append(("sparse", self.program))
+        res = program_golden(self.program, seed).step(np.asarray(accs, np.float32))
+        res.info.update(engine=sn.ENGINE, cycles=7)
+        return res, 7
+
+    def dense(self, buffers):
+        from treenic.firmware.image import decode_schedule
+        from treenic.schedule.execute import execute
+        self.runs.append(("dense", self.images))
+        return execute(decode_schedule(self.images), buffers), 5
+
+
+def _stand_in(monkeypatch):
+    import treenic.hdl.nic.sparse_nic_sim as sn
+    driver_helpers.stub_verilator(monkeypatch, {})
+    _StandIn.built = []
+    monkeypatch.setattr(sn, "CombinedFabricSim", _StandIn)
+    return sn
+
+
+def test_rtl_engine_hands_the_loaded_program_to_the_fabric(monkeypatch):
+    """RTLEngine on a loaded sparse set builds ONE fabric of combined NICs from the set and
+    its decoded program (the object LOAD_CONFIG checked), compiles nothing, and runs the
+    set's sparse AND dense collectives on it; every result is labelled with that fabric.
+    The Verilated fabric is a stand-in here (the real run: TREENIC_RTL_TESTS=1)."""
+    import treenic.hdl.nic.sparse_sim as ss
+    sn = _stand_in(monkeypatch)
 
     def no_compile(*a, **kw):
         raise AssertionError("the loaded program was recompiled")
-    monkeypatch.setattr(ss.SparseFabricSim, "run", run)
     monkeypatch.setattr(ss, "imaged_model", no_compile)
+    monkeypatch.setattr(ss, "sparse_model", no_compile)
+    monkeypatch.setattr(F, "sparse_image_set", no_compile)
     data = sparse_set(0.05, flow_assignment="hash", seed=2).to_bytes()
     _, engine = F.loaded_engine("rtl", data, WORLD)
-    monkeypatch.setattr(ss, "sparse_model", no_compile)
     opts = {"residual": "local", "flow_assignment": "hash"}
     accs = np.random.default_rng(2).standard_normal((WORLD, N)).astype(np.float32)
     for _ in range(2):
         res = engine.run_sparse(MT, accs, 0.05, 2, opts)
-    assert seen["fabric"].program is engine.sparse_program
-    assert seen["runs"] == [engine.sparse_program] * 2
+    out, cycles = engine.run(accs)
+    [fab] = _StandIn.built
+    assert fab.program is engine.sparse_program and fab.images is engine.images
+    assert fab.runs == [("sparse", engine.sparse_program)] * 2 + [("dense", engine.images)]
     assert res.info["program"] == "loaded image set" and res.info["cycles"] == 7
-    assert res.info["engine"] == ss.ENGINE_NAME
+    assert res.info["engine"] == sn.ENGINE == F.RTL_SPARSE_DESCRIPTION
+    assert engine.description == engine.dense_description == engine.sparse_description \
+        == F.RTL_SPARSE_DESCRIPTION
+    assert cycles == 5 and out.shape == accs.shape      # the dense step: the same fabric
 
 
 def test_rtl_engine_without_a_loaded_set_compiles_the_request(monkeypatch):
-    """An engine no image set was loaded into (in-process) compiles the request's own
-    program; no refusal applies. Verilator build and run: stand-ins."""
-    import treenic.hdl.nic.sparse_sim as ss
-    driver_helpers.stub_verilator(monkeypatch, {})
-    monkeypatch.setattr(ss.SparseFabricSim, "run", _golden_run)
+    """An engine no image set was loaded into (in-process) builds the fabric of combined
+    NICs from the request's own image set (sparse_image_set), once per program; no refusal
+    applies. Verilator build and run: stand-ins."""
+    _stand_in(monkeypatch)
     engine = F.RTLEngine(algorithms.build("multitree", "ring:4"))
+    assert engine.sparse_description == F.RTL_SPARSE_DESCRIPTION
+    assert engine.dense_description.startswith("Verilated NIC fabric")
     accs = np.random.default_rng(4).standard_normal((WORLD, N)).astype(np.float32)
-    got = engine.run_sparse("topka", accs, 0.05, 0)
+    for _ in range(2):
+        got = engine.run_sparse("topka", accs, 0.05, 0)
     want = make("topka", workers=WORLD, elements=N, density=0.05, seed=0).step(accs)
     assert np.array_equal(bits(got.result), bits(want.result))
     assert "program" not in got.info and got.info["cycles"] == 7
-
-
-def _golden_run(sim, grads):
-    """Stand-in for the Verilated run: the sim's golden model (7 cycles)."""
-    import treenic.hdl.nic.sparse_sim as ss
-    want = sim.golden.step(np.asarray(grads, np.float32))
-    return ss.SparseRun(want.result, want.residuals, 7, 0, 8)
+    [fab] = _StandIn.built
+    assert fab.program == decode_sparse_program(F.sparse_image_set("ring:4", "topka", N,
+                                                                   0.05, 0))
 
 
 # ---- LOAD_CONFIG checks the sparse section -----------------------------------------------
@@ -311,18 +383,26 @@ def test_old_protocol_client_told_why(server):
 
 
 def test_train_probe_loads_the_set_the_server_will_run(monkeypatch):
-    """``treenic train --engine rtl``'s sparse probe builds the fabric from the rank's
-    sparse set through LOAD_CONFIG's checks (the build the server then finds cached)."""
-    import treenic.hdl.nic.sparse_sim as ss
+    """``treenic train --engine rtl``'s sparse probe builds the fabric of combined NICs from
+    the rank's sparse set through LOAD_CONFIG's checks (the build the server then finds
+    cached)."""
     from treenic import train
-    seen = {}
-    driver_helpers.stub_verilator(monkeypatch, seen)
-    monkeypatch.setattr(ss.SparseFabricSim, "run", _golden_run)
+    _stand_in(monkeypatch)
     cfg = train._config("rtl", density=0.05, scheme=MT, progress=False)
     notes = []
     train._probe_rtl_sparse(cfg, N, notes.append)
     opts = train._sparse_options(cfg)
     want = decode_sparse_program(F.sparse_image_set(cfg["topology"], MT, N, 0.05,
                                                     cfg["seed"], opts))
-    assert seen["fabric"].program == want
+    [fab] = _StandIn.built
+    assert fab.program == want
     assert "= 7 cycles" in notes[0]
+    # a MultiTree run: the warm-up runs from the sparse set, so the probe times a dense
+    # all-reduce on the same fabric of combined NICs too
+    sched = algorithms.build("multitree", cfg["topology"])
+    assert train._dense_on_combined(cfg, sched)
+    assert not train._dense_on_combined(cfg, algorithms.build("ring", cfg["topology"]))
+    train._probe_rtl_sparse(cfg, N, notes.append, dense=True)
+    assert _StandIn.built[-1].runs[0][0] == "dense"
+    assert "dense all-reduce on the same fabric = 5 cycles" in notes[1]
+    assert notes[1].startswith(f"NOTICE: {F.RTL_SPARSE_DESCRIPTION}")

@@ -18,7 +18,12 @@ BAD = ["allreduce ring:4 --algorithm gtopk --density 0.01 --engine rtl --element
        "allreduce ring:4 --algorithm multitree-sparse --density 0.1 --engine rtl --elements 2",
        "allreduce ring:4 --algorithm multitree-sparse --density 0.1 --engine rtl "
        "--elements 256 --iterations 0",
-       "allreduce ring:4 --algorithm multitree --engine rtl --elements 256"]
+       "allreduce ring:4 --algorithm multitree --engine rtl --elements 256",
+       "allreduce ring:4 --algorithm topka --engine rtl --elements 256",
+       "allreduce switch:4 --algorithm multitree-sparse --density 0.1 --engine rtl "
+       "--elements 256",
+       "allreduce torus:5x5 --algorithm multitree-sparse --density 0.1 --engine rtl "
+       "--elements 256"]
 
 
 @pytest.mark.parametrize("line", BAD)
@@ -26,6 +31,23 @@ def test_bad_sparse_allreduce(line):
     rc, out, err = run_cli(line)
     assert rc == 2 and out == "", (rc, err)
     assert len(err.strip().splitlines()) == 1 and "error:" in err
+
+
+def test_program_the_combined_nic_cannot_hold_is_one_line(monkeypatch):
+    """A program whose rows do not fit the NIC's head flits (an offset beyond 20 bits) is
+    refused in one line naming the fabric and the field, before anything is built."""
+    import treenic.hdl.cosim as cosim
+    import treenic.hdl.nic.sparse_nic_sim as sn
+
+    def no_build(*a, **kw):
+        raise AssertionError("a fabric was built")
+    monkeypatch.setattr(cosim, "cosim_available", lambda: True)
+    monkeypatch.setattr(sn, "FabricSim", no_build)
+    rc, out, err = run_cli("allreduce ring:2 --algorithm multitree-sparse --density 0.0001 "
+                           "--engine rtl --elements 2097152 --iterations 1")
+    assert rc == 2 and out == "" and len(err.strip().splitlines()) == 1
+    assert "fabric of combined NICs cannot run this program" in err
+    assert "lo=1048576 does not fit the head's 20 bits" in err
 
 
 # the issue's Check size: one Verilated build shared by the tests below (cached)
@@ -42,10 +64,12 @@ needs_verilator = pytest.mark.skipif(
 def test_sparse_allreduce_rtl_check():
     rc, out, err = run_cli(CHECK)
     r = json.loads(out)
-    assert rc == 0 and r["bit_exact"] is True and r["engine"].startswith("Verilated sparse")
+    from treenic.hdl.nic.sparse_nic_sim import ENGINE
+    assert rc == 0 and r["bit_exact"] is True and r["engine"] == r["dense_engine"] == ENGINE
     assert r["bit_exact_per_iteration"] == [True] * 3 and r["malformed"] == 0
     assert r["dense_bit_exact"] is True and r["link_bytes"] < r["dense_link_bytes"]
-    assert r["ideal_cycles"] <= r["cycles"]
+    assert r["ideal_cycles"] <= r["cycles"] < r["dense_cycles"]
+    assert r["dense_cycles_after_sparse"] == r["dense_cycles"]
 
 
 @pytest.mark.slow
@@ -64,6 +88,7 @@ def test_rtl_engine_run_sparse_is_the_golden():
     between calls), equal to a fresh golden model on the same topology bit for bit."""
     import numpy as np
     from treenic import algorithms
+    from treenic.driver import fabric as F
     from treenic.driver.errors import FabricError
     from treenic.driver.fabric import RTLEngine
     from treenic.sparse.multitree_sparse import MultiTreeSparse
@@ -75,7 +100,7 @@ def test_rtl_engine_run_sparse_is_the_golden():
         want = MultiTreeSparse(4, 4096, 0.01, seed=0, topology="ring:4").step(accs)
         assert np.array_equal(got.result.view(np.uint32), want.result.view(np.uint32))
         assert np.array_equal(got.residuals.view(np.uint32), want.residuals.view(np.uint32))
-        assert got.info["engine"].startswith("Verilated sparse")
+        assert got.info["engine"] == F.RTL_SPARSE_DESCRIPTION
     # hash flows (Zen's h0, seed 3): element order on the host, the engines place it
     accs = rng.standard_normal((4, 4096)).astype(np.float32)
     got = eng.run_sparse("multitree-sparse", accs, 0.01, 3, {"flow_assignment": "hash"})
@@ -105,9 +130,11 @@ def test_rtl_engine_run_sparse_is_the_golden():
 def test_server_runs_the_loaded_sparse_program():
     """Issue 17, what the driver loads is what the NIC runs: four ranks over the fabric
     server's rtl engine load the MultiTree-Sparse image set (compile_images, density 0.01)
-    and run two error-feedback steps on the Verilated fabric loaded from that set's sparse
-    section -- bit-exact vs a fresh golden model of each step's accumulators; status() names
-    the set's config id. Then a START at another density against the same loaded set is
+    and run two error-feedback steps on the Verilated fabric of combined NICs loaded from
+    that set -- bit-exact vs a fresh golden model of each step's accumulators -- and then a
+    dense all-reduce on the same fabric (the set's dense part is the MultiTree schedule's
+    dense set: no reload), bit-exact vs the executor; status() names the set's config id
+    and the fabric. Then a START at another density against the same loaded set is
     refused (CONFIG_MISMATCH) and nothing runs or is built."""
     import socket
     import zlib
@@ -127,6 +154,7 @@ def test_server_runs_the_loaded_sparse_program():
     sched = algorithms.build("multitree", "ring:4")
     rng = np.random.default_rng(11)
     grads = [rng.standard_normal((world, n)).astype(np.float32) for _ in range(2)]
+    dense = rng.standard_normal((world, n)).astype(np.float32)
 
     def rank(r):
         with open_nic("rtl", r, world, algorithm=sched, **srv.endpoint, timeout=900) as c:
@@ -137,7 +165,9 @@ def test_server_runs_the_loaded_sparse_program():
                 out = c.sparse_allreduce(t, 0.01, scheme=mt, residual=res)
                 res = out.residual
                 steps.append((acc, t, res))
-            return steps, c.status()
+            t = dense[r].copy()
+            c.allreduce(t)
+            return steps, c.status(), t
     try:
         out, errs = driver_helpers.run_threads(rank, world, timeout=1800)
         assert errs == [None] * world, errs
@@ -151,15 +181,19 @@ def test_server_runs_the_loaded_sparse_program():
                 assert np.array_equal(result.view(np.uint32), want.result[r].view(np.uint32))
                 assert np.array_equal(residual.view(np.uint32),
                                       want.residuals[r].view(np.uint32))
+        from treenic.schedule.execute import execute
+        want_dense = execute(sched, dense)
         for r in range(world):
             st = out[r][1]
-            assert st["sparse_engine"] == F.RTL_SPARSE_DESCRIPTION
+            assert np.array_equal(out[r][2].view(np.uint32), want_dense[r].view(np.uint32))
+            assert st["dense_collectives_by_set"] == {"dense set": 0, "sparse set": 1}
+            assert st["sparse_engine"] == st["dense_engine"] == F.RTL_SPARSE_DESCRIPTION
             assert st["sparse_image"] == f"{cid:#010x}"
             assert st["sparse_images"][0]["collectives"] == 2 and st["counters"]["cycles"] > 0
         engine = srv.configs[cid][2]
-        sims = list(engine._sparse._sims.values())
-        assert len(sims) == 1 and sims[0].program is engine.sparse_program
-        assert srv.rendezvous.completed == 2
+        sims = list(engine._sims.values())
+        assert engine.combined and len(sims) == 1 and sims[0].program is engine.sparse_program
+        assert srv.rendezvous.completed == 3 and len(srv.configs) == 1
         # the same set loaded, a START at another density: refused, nothing runs
         with socket.create_connection(srv.address, timeout=10) as s:
             hello = P.HELLO.pack(P.PROTOCOL_VERSION, 0, world, 0, bytes.fromhex(srv.secret))
@@ -172,6 +206,6 @@ def test_server_runs_the_loaded_sparse_program():
             text = driver_helpers.expect_error(driver_helpers.req(s, P.Msg.START, P.START.pack(
                 1, P.MODE_SPARSE, 0, len(name), 0.02, 0) + name), P.ErrorCode.CONFIG_MISMATCH)
         assert "they differ in density" in text and f"{cid:#010x}" in text
-        assert srv.rendezvous.completed == 2 and len(engine._sparse._sims) == 1
+        assert srv.rendezvous.completed == 3 and len(engine._sims) == 1
     finally:
         srv.stop()

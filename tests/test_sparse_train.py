@@ -276,7 +276,8 @@ def _rtl_sparse_skip_reason(flow):
 @pytest.mark.slow
 def test_train_rtl_multitree_sparse_end_to_end(tmp_path, capsys):
     """`treenic train --backend rtl --density 0.01 --scheme multitree-sparse --json`: the
-    sparse steps run on the Verilated fabric and the JSON says so (no fallback)."""
+    dense warm-up and the sparse steps run on one Verilated fabric of combined NICs and the
+    JSON says so (no fallback)."""
     flow = _rtl_flow_assignment()
     reason = _rtl_sparse_skip_reason(flow)
     if reason:
@@ -290,7 +291,10 @@ def test_train_rtl_multitree_sparse_end_to_end(tmp_path, capsys):
     s = json.loads(capsys.readouterr().out)
     assert s["fallback"] is None and s["backend"] == "rtl"
     assert s["engine"] == s["sparse_engine"] == F.RTL_SPARSE_DESCRIPTION
-    assert s["dense_engine"].startswith("Verilated NIC fabric") and s["sparse_calls"] > 0
+    # the dense warm-up ran from the sparse steps' set: the same fabric of combined NICs
+    assert s["dense_engine"] == F.RTL_SPARSE_DESCRIPTION and s["sparse_calls"] > 0
+    by_set = s["dense_collectives_by_set"]
+    assert by_set["dense set"] == 0 and by_set["sparse set"] >= s["dense_calls"] > 0
     assert s["cycles"] > 0
     # the sparse steps ran the loaded image set's program (issue 17): one set, all steps
     assert [(i["scheme"], i["density"], i["flow_assignment"], i["collectives"])

@@ -49,6 +49,9 @@ def imaged_model(algorithm: str, topology: str, elements: int, density: float, *
     return golden, images, program_from_image_bytes(images.to_bytes())
 
 
+#: this fabric of stand-alone engines (the bench's sparse_fabric section and the network
+#: model's calibration runs use it; the CLI and the fabric server run the fabric of
+#: combined NICs, :mod:`.sparse_nic_sim`)
 ENGINE_NAME = "Verilated sparse NIC fabric (treenic.hdl.nic.sparse_sim)"
 
 
@@ -246,66 +249,3 @@ def dense_report(topology: str, buffers: np.ndarray) -> dict:
             "dense_bit_exact": bool(np.array_equal(np.asarray(out).view(np.uint32),
                                                    np.asarray(want).view(np.uint32))),
             "dense_engine": "Verilated NIC fabric (treenic.hdl.nic.fabric_sim)"}
-
-
-class StatelessSparse:
-    """The fabric server's view (``RTLEngine.run_sparse``): every call is one fresh
-    all-reduce of the given accumulators (the driver keeps error feedback on the host), so
-    the NICs' residual buffers are cleared (CLEAR, exact +0) before the accumulators are
-    added. :meth:`run_images` runs the sparse program of a loaded image set (the server's
-    LOAD_CONFIG); :meth:`run` compiles the request's own set (an engine without a loaded
-    set, e.g. in-process). Fabrics are cached per program (the Verilated build is cached on
-    disk per size)."""
-
-    def __init__(self, topology: str, *, lanes: int = 16):
-        self.topology, self.lanes = topology, lanes
-        self._sims: dict = {}
-
-    def run(self, accs: np.ndarray, density: float, seed: int,
-            flow_assignment: str = "contiguous", *, algorithm: str = "multitree-sparse",
-            residual: str = "local"):
-        """``algorithm`` (:data:`RTL_ALGORITHMS`) of ``accs`` (P × N) on the RTL
-        (``flow_assignment``, ``residual`` as in :class:`SparseFabricSim`, hash seed
-        ``seed``); returns the :class:`~treenic.sparse.base.SparseResult` the golden model
-        returns for the same call (result, residuals from the RTL; traffic log and info from
-        the golden) and the cycles."""
-        accs = np.ascontiguousarray(accs, np.float32)
-        # the seed only matters to hash flows (it seeds the hash; contiguous: the traffic log)
-        key = (algorithm, residual, accs.shape[1], float(density), flow_assignment,
-               int(seed) if flow_assignment == "hash" else None)
-        sim = self._sims.get(key)
-        if sim is None:
-            sim = self._sims[key] = SparseFabricSim(
-                self.topology, accs.shape[1], density, lanes=self.lanes, seed=seed,
-                flow_assignment=flow_assignment, residual=residual, algorithm=algorithm)
-        return run_fresh(sim, accs, seed)
-
-    def run_images(self, images: ImageSet, program: SparseProgram, accs: np.ndarray,
-                   seed: int = 0):
-        """:meth:`run` of the sparse program ``program`` of the loaded ``images``: the
-        engines get its PROG rows, nothing is compiled (``seed``: the golden traffic log's,
-        where the program has no hash seed)."""
-        key = ("images", id(images))            # the sim holds ``images``: the id stays its
-        sim = self._sims.get(key)
-        if sim is None:
-            sim = self._sims[key] = SparseFabricSim.from_images(images, program=program,
-                                                                lanes=self.lanes)
-        return run_fresh(sim, np.ascontiguousarray(accs, np.float32), seed)
-
-
-def run_fresh(sim: SparseFabricSim, accs: np.ndarray, seed: int = 0):
-    """One fresh all-reduce of ``accs`` on ``sim`` (its NIC residuals cleared first when it
-    ran before): (:class:`~treenic.sparse.base.SparseResult` with the RTL's results and
-    residuals, the traffic log and info of a fresh golden model of the same program;
-    cycles)."""
-    from treenic.sparse.base import SparseResult
-    from .sparse_fabric import clear_word
-    if sim.loaded:
-        sim.sim.run_streams(inputs={f"host_i__{u}": [clear_word(sim.program.dump_words)]
-                                    for u in range(sim.P)})
-    r = sim.run(accs)
-    want = program_golden(sim.program, seed).step(accs)   # traffic log; values: the RTL's
-    info = dict(want.info, engine=ENGINE_NAME, cycles=r.cycles, link_bytes=r.link_bytes,
-                malformed=r.malformed)
-    return SparseResult(sim.program.algorithm, r.results, r.residuals, want.sent,
-                        want.received, info), r.cycles

@@ -184,6 +184,11 @@ def treenic_hook(state: TreenicHookState, bucket) -> torch.futures.Future[torch.
         state.sparse_bytes += comm.counters.bytes_sent - before
         state.sparse_calls += 1
     else:
+        if state.scheme is not None and hasattr(comm, "plan_sparse"):
+            # the dense warm-up of a sparse run: where the backend loads image sets, run it
+            # from the sparse steps' set (on the rtl engine: the same fabric of combined NICs)
+            comm.plan_sparse(state.scheme, state.density, seed=state.seed,
+                             options=state.sparse_options)
         comm.allreduce(tensor)
         tensor.div_(comm.world)
         if state.momentum:

@@ -151,6 +151,10 @@ def _engines(status: dict) -> dict:
     engine = status.get("engine")
     return {"engine_name": engine, "dense_engine": status.get("dense_engine", engine),
             "sparse_engine": status.get("sparse_engine", engine),
+            # the rtl backend: how many dense collectives ran from the schedule's dense set
+            # and how many from a loaded sparse set (on the rtl engine: its fabric of
+            # combined NICs, the one the sparse steps ran on)
+            "dense_collectives_by_set": status.get("dense_collectives_by_set"),
             # the rtl backend: the image sets (config ids) the sparse steps ran from
             "sparse_images": status.get("sparse_images")}
 
@@ -230,8 +234,16 @@ def run_many(configs: list[dict], *, timeout: float = 600.0, log=print) -> list[
                 elements = 64 * h + h + h * 10 + 10
                 sched = schedule_for(c["algorithm"], c["topology"], workers,
                                      **variant_options(c["algorithm"], c["variant"]))
-                reason = rtl_unavailable_reason(sched, elements=elements)
-                if reason is None:
+                combined = _dense_on_combined(c, sched)
+                if combined:
+                    # warm-up and sparse steps run on one fabric of combined NICs (the
+                    # sparse set's; Communicator.plan_sparse): the probe builds and times it
+                    reason = rtl_unavailable_reason(sched)
+                    if reason is None:
+                        _probe_rtl_sparse(c, elements, log, dense=True)
+                else:
+                    reason = rtl_unavailable_reason(sched, elements=elements)
+                if reason is None and not combined:
                     # one cycle-accurate collective, timed, so the user knows what is coming
                     import numpy as np
                     from .driver.fabric import RTLEngine
@@ -302,29 +314,41 @@ def _sparse_engine_check(c: dict, log) -> None:
     c["label"] = c["label"].replace("rtl/", "rtl-server[golden engine]/", 1)
 
 
-def _probe_rtl_sparse(c: dict, elements: int, log) -> None:
-    """One sparse collective on the RTL engine before the world starts, loaded the way the
-    fabric server loads it (the rank's sparse image set through LOAD_CONFIG's checks,
+def _dense_on_combined(c: dict, sched) -> bool:
+    """Whether a run's dense (warm-up) steps run from its sparse image set: a sparse scheme
+    the image encodes on the MultiTree schedule (the sparse set's dense part is then the
+    schedule's dense set; the driver's ``_configure``)."""
+    from .driver.fabric import RTL_SPARSE, runs_multitree_trees
+    return bool(c["density"]) and c["scheme"] in RTL_SPARSE and runs_multitree_trees(sched)
+
+
+def _probe_rtl_sparse(c: dict, elements: int, log, *, dense: bool = False) -> None:
+    """One sparse collective (and with ``dense`` one dense collective first) on the RTL
+    engine before the world starts, loaded the way the fabric server loads it (the rank's
+    sparse image set through LOAD_CONFIG's checks,
     :func:`~treenic.driver.fabric.loaded_engine`): it builds (or loads from build/cosim)
-    the Verilated sparse fabric the server will run, here, not inside the first training
-    step (where a build outlasts the ranks' request timeout), and times it. A failure is an
-    error: the rtl engine was asked for and cannot serve."""
+    the Verilated fabric of combined NICs the server will run, here, not inside the first
+    training step (where a build outlasts the ranks' request timeout), and times it. A
+    failure is an error: the rtl engine was asked for and cannot serve."""
     import numpy as np
     from .driver.fabric import loaded_engine, sparse_image_set
     t0 = time.perf_counter()
     options = _sparse_options(c)
+    zeros = np.zeros((c["workers"], elements), np.float32)
     try:
         images = sparse_image_set(c["topology"], c["scheme"], elements, c["density"],
                                   c["seed"], options)
         _, eng = loaded_engine("rtl", images.to_bytes(), c["workers"])
-        res = eng.run_sparse(c["scheme"], np.zeros((c["workers"], elements), np.float32),
-                             c["density"], c["seed"], options)
+        cycles = eng.run(zeros)[1] if dense else None
+        res = eng.run_sparse(c["scheme"], zeros, c["density"], c["seed"], options)
     except Exception as e:
         raise ValueError(f"--engine rtl: the RTL sparse fabric failed a test collective: "
                          f"{type(e).__name__}: {str(e)[:300]}") from None
     dt = time.perf_counter() - t0
-    log(f"NOTICE: RTL sparse fabric: one {c['scheme']} all-reduce of {elements} elements at "
-        f"{c['density']:g} = {res.info.get('cycles')} cycles, {dt:.2f}s (build included)")
+    log(f"NOTICE: {eng.sparse_description}: one {c['scheme']} all-reduce of {elements} "
+        f"elements at {c['density']:g} = {res.info.get('cycles')} cycles"
+        + (f", one dense all-reduce on the same fabric = {cycles} cycles" if dense else "")
+        + f", {dt:.2f}s (build included)")
 
 
 def _udp_boards(configs, workers, log):
@@ -388,6 +412,7 @@ def _summarise(cfg, ranks, wall):
     if "bytes_sent" in r0:
         # "engine": what ran the sparse steps of a sparse run, the dense ones of a dense run
         s["dense_engine"], s["sparse_engine"] = r0["dense_engine"], r0["sparse_engine"]
+        s["dense_collectives_by_set"] = r0["dense_collectives_by_set"]
         s["engine"] = r0["sparse_engine"] if r0["sparse_calls"] else r0["dense_engine"]
         s["sparse_images"] = r0["sparse_images"]
         s["schedule"] = r0["schedule"]

@@ -362,9 +362,49 @@ def test_verilated_combined_fabric_dense_sparse_dense():
                                      r["engine_cycles_per_iteration"]))
 
 
+def same_bits(a, b) -> bool:
+    return np.array_equal(np.asarray(a, np.float32).view(np.uint32),
+                          np.asarray(b, np.float32).view(np.uint32))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(__import__("shutil").which("verilator") is None or
+                    __import__("os").environ.get("TREENIC_RTL_TESTS") != "1",
+                    reason="Verilated fabric: needs verilator and TREENIC_RTL_TESTS=1")
+def test_verilated_combined_fabric_serves_the_driver():
+    """The fabric server's view of the same Verilated fabric (``CombinedFabricSim``, built
+    from a sparse image set; the build of the test above): fresh sparse all-reduces
+    (``run_fresh``: the engines' buffers CLEARed to +0 between calls, the load paced behind
+    the CLEAR) interleaved with dense all-reduces of the set's tables -- each sparse call
+    bit for bit a fresh golden model of its accumulators, each dense one the executor."""
+    from treenic.firmware.image import decode_schedule
+    from treenic.hdl.nic.sparse_nic_sim import ENGINE, CombinedFabricSim
+    from treenic.hdl.nic.sparse_sim import imaged_model
+    from treenic.schedule.execute import execute
+    from treenic.schedule.sparse_table import program_golden
+    _, images, prog = imaged_model("multitree-sparse", "ring:2", 512, 0.05, seed=0)
+    sim = CombinedFabricSim(images, prog, lanes=2, topk_units=1, stall=32, seed=1)
+    rng = np.random.default_rng(5)
+    for kind in ("sparse", "sparse", "dense", "sparse", "dense"):
+        x = rng.standard_normal((2, 512)).astype(np.float32)
+        if kind == "dense":
+            out, cycles = sim.dense(x)
+            assert same_bits(out, execute(decode_schedule(images), x)) and cycles > 0
+            continue
+        got, cycles = sim.run_fresh(x, 0)
+        want = program_golden(prog, 0).step(x)
+        assert same_bits(got.result, want.result) and same_bits(got.residuals, want.residuals)
+        assert got.info["engine"] == ENGINE and got.info["malformed"] == 0
+        assert got.info["link_bytes"] == 8 * prog.link_flits and cycles > 0
+
+
 @pytest.mark.parametrize("argv,needle", [
     (["ring:4", "--elements", "-5"], "--elements must be >= 1"),
-    (["torus:5x5", "--elements", "100"], "at most 16 here"),
+    (["torus:5x5", "--elements", "100"], "at most 16 on the fabric of combined NICs"),
+    (["switch:4", "--elements", "100"], "has switches"),
+    (["ring:4", "--algorithm", "topka", "--residual", "global"], "only multitree-sparse"),
+    (["ring:4", "--algorithm", "topka", "--elements", "100", "--density", "0.001"],
+     "selects k = 0"),
     (["ring:4", "--elements", "100", "--density", "3"], "--density must be in (0, 1]"),
     (["ring:4", "--elements", "2"], "need at least one per flow"),
     (["ring:4", "--stall", "-1"], "--stall must be >= 0"),

@@ -47,8 +47,9 @@ from ..schedule.sparse_table import SPARSE_ALGORITHMS
 from ..topology import Topology, parse
 from . import protocol as P
 from .errors import BadTensor, DriverError, FabricError
-from .fabric import (RTL_SPARSE_DESCRIPTION, GoldenEngine, LocalFabric, Request,
-                     check_sparse_request, link_bytes, make_engine, sparse_image_set)
+from .fabric import (RTL_DENSE_DESCRIPTION, RTL_SPARSE_DESCRIPTION, GoldenEngine,
+                     LocalFabric, Request, check_sparse_request, link_bytes, make_engine,
+                     sparse_image_set)
 from .torch_backend import TorchBackend as _TorchBackend
 
 BACKENDS = ("model", "torch", "rtl", "udp")
@@ -242,6 +243,21 @@ class Communicator:
         c.seconds += time.perf_counter() - t0
         return SparseOutcome(tensor, new_res, sent, recv)
 
+    def plan_sparse(self, scheme: str, density: float, *, seed: int = 0,
+                    options: dict | None = None) -> None:
+        """Announce the sparse request this communicator's later sparse collectives make
+        (a DDP hook's dense warm-up before its sparse steps). Where the backend loads image
+        sets (``rtl``), dense collectives then run from that request's sparse set when its
+        dense part is exactly the schedule's dense set: on the ``rtl`` engine the warm-up
+        and the sparse steps run on one fabric of combined NICs. Validated like a request;
+        nothing is sent."""
+        if not 0.0 < float(density) <= 1.0:
+            raise DriverError(f"density must be in (0, 1], got {density}")
+        options = check_sparse_request(scheme, options, self.schedule)
+        plan = getattr(self._impl, "plan_sparse", None)
+        if plan is not None:
+            plan(scheme, float(density), int(seed), options)
+
     @contextlib.contextmanager
     def _aborting_on_bad_tensor(self):
         """A bad tensor on this rank fails the collective for every rank at once, naming
@@ -430,34 +446,68 @@ class _RTLBackend:
         self.schedule = schedule
         self._loaded_key = None
         self._image_sets: dict[tuple, bytes] = {}       # what the set is for -> its bytes
+        #: sparse set key -> whether its dense part is this schedule's dense set
+        self._dense_parts: dict[tuple, bool] = {}
         #: config id -> what the sparse collectives that ran from that image set asked for
         self._sparse_images: dict[int, dict] = {}
+        #: dense collectives run from the schedule's dense set / from a loaded sparse set
+        self._dense_from = {"dense set": 0, "sparse set": 0}
+        #: sparse set key -> its request (scheme, density, seed, options)
+        self._sparse_args: dict[tuple, tuple] = {}
+        self._planned = None
         return 0
+
+    def plan_sparse(self, scheme, density, seed, options) -> None:
+        """The sparse request later collectives make (:meth:`Communicator.plan_sparse`)."""
+        self._planned = (scheme, density, seed, options) if scheme in SPARSE_ALGORITHMS \
+            else None
 
     def _configure(self, elements: int, seq: int, sparse: tuple | None = None) -> None:
         """Load, before collective ``seq``, the image set it runs when another is loaded:
         the dense set of the schedule for ``elements``, or -- for ``sparse`` = (scheme,
         density, seed, options) of a scheme the image encodes -- the sparse set of that
         request (:func:`~treenic.driver.fabric.sparse_image_set`: the dense MultiTree
-        images + every node's sparse program), whose program the fabric runs. Each set is
-        compiled once (a job's buckets alternate between a few); the config id is the
-        CRC-32 of the bytes sent."""
+        images + every node's sparse program), whose program the fabric runs. A dense
+        collective runs from the loaded sparse set, or else from the planned one
+        (:meth:`plan_sparse`), when its dense part is exactly the schedule's dense set (its
+        bytes without the sparse sections): the rtl engine then runs the dense and the
+        sparse steps on the same fabric of combined NICs, with no LOAD_CONFIG between.
+        Each set is compiled once (a job's buckets alternate between a few); the config id
+        is the CRC-32 of the bytes sent."""
         if sparse is None:
-            key = ("dense", elements)
-        else:
-            scheme, density, seed, options = sparse
-            hashed = options.get("flow_assignment") == "hash"
-            key = ("sparse", elements, scheme, density, seed if hashed else None,
-                   tuple(sorted(options.items())))
+            planned = self._planned and self._sparse_key(elements, self._planned)
+            for cand in (self._loaded_key, planned):
+                if cand and cand[:2] == ("sparse", elements) and \
+                        self._dense_part_is_ours(cand, elements, seq):
+                    return self._load(cand, elements, seq)
+            return self._load(("dense", elements), elements, seq)
+        return self._load(self._sparse_key(elements, sparse), elements, seq)
+
+    def _sparse_key(self, elements: int, sparse: tuple) -> tuple:
+        scheme, density, seed, options = sparse
+        hashed = options.get("flow_assignment") == "hash"
+        key = ("sparse", elements, scheme, density, seed if hashed else None,
+               tuple(sorted(options.items())))
+        self._sparse_args[key] = sparse
+        return key
+
+    def _load(self, key: tuple, elements: int, seq: int) -> None:
         if self._loaded_key == key:
             return
+        image_set = self._image_set(key, elements, seq)
+        self.comm.config_id, _, _ = self.client.load_config(
+            image_set, what=f"collective #{seq} step LOAD_CONFIG")
+        self._loaded_key = key
+
+    def _image_set(self, key: tuple, elements: int, seq: int) -> bytes:
         image_set = self._image_sets.get(key)
+        sparse = self._sparse_args.get(key) if key[0] == "sparse" else None
         if image_set is None:
             from ..firmware.image import ImageError, compile_images
             try:
                 images = (compile_images(None, self.schedule, elements) if sparse is None else
-                          sparse_image_set(self.schedule.topology.spec, scheme, elements,
-                                           density, seed, options))
+                          sparse_image_set(self.schedule.topology.spec, sparse[0],
+                                           elements, *sparse[1:]))
             except ImageError as e:
                 raise DriverError(f"rank {self.comm.rank}: collective #{seq}: cannot compile "
                                   f"its image set: {e}") from None
@@ -465,9 +515,23 @@ class _RTLBackend:
             if len(self._image_sets) >= 16:                # bounded: oldest first
                 self._image_sets.pop(next(iter(self._image_sets)))
             self._image_sets[key] = image_set
-        self.comm.config_id, _, _ = self.client.load_config(
-            image_set, what=f"collective #{seq} step LOAD_CONFIG")
-        self._loaded_key = key
+        return image_set
+
+    def _dense_part_is_ours(self, key: tuple, elements: int, seq: int) -> bool:
+        """Whether the sparse set ``key`` holds, without its sparse sections,
+        exactly the schedule's dense set for ``elements`` (the MultiTree schedule's does)."""
+        verdict = self._dense_parts.get(key)
+        if verdict is None:
+            import dataclasses
+            from ..firmware.image import ImageSet
+            loaded = ImageSet.from_bytes(self._image_set(key, elements, seq))
+            dense = ImageSet([dataclasses.replace(im, sparse=None) for im in loaded],
+                             loaded.topology)
+            verdict = dense.to_bytes() == self._image_set(("dense", elements), elements, seq)
+            if len(self._dense_parts) >= 16:
+                self._dense_parts.pop(next(iter(self._dense_parts)))
+            self._dense_parts[key] = verdict
+        return verdict
 
     def _account(self):
         c = self.comm.counters
@@ -477,6 +541,7 @@ class _RTLBackend:
     def dense(self, tensor, seq):
         data, _ = _to_numpy(tensor)
         self._configure(data.shape[0], seq)
+        self._dense_from["sparse set" if self._loaded_key[0] == "sparse" else "dense set"] += 1
         result, _, info = self.client.collective(seq, data)
         _write_back(tensor, result)
         if info["cycles"] is not None:
@@ -525,11 +590,21 @@ class _RTLBackend:
 
     def status(self):
         # the server runs one engine for both kinds; the golden one's sparse side is the
-        # treenic.sparse models (the rtl engine refuses a sparse scheme it does not run)
+        # treenic.sparse models (the rtl engine refuses a sparse scheme it does not run).
+        # On the rtl engine a dense collective ran on the dense set's NIC fabric, or -- from
+        # a loaded sparse set -- on that set's fabric of combined NICs (_configure)
         golden = self.client.engine_id == P.ENGINE_IDS["golden"]
+        used = {GoldenEngine.dense_description if golden else RTL_DENSE_DESCRIPTION:
+                self._dense_from["dense set"]}
+        sparse_fabric = GoldenEngine.dense_description if golden else RTL_SPARSE_DESCRIPTION
+        used[sparse_fabric] = used.get(sparse_fabric, 0) + self._dense_from["sparse set"]
+        ran = {k: n for k, n in used.items() if n}
+        dense = (next(iter(ran)) if len(ran) == 1 else
+                 "; ".join(f"{k} ({n} collectives)" for k, n in ran.items()) if ran else
+                 (GoldenEngine.dense_description if golden else self.client.engine_description))
         return {"engine": self.client.engine_description,
-                "dense_engine": (GoldenEngine.dense_description if golden
-                                 else self.client.engine_description),
+                "dense_engine": dense,
+                "dense_collectives_by_set": dict(self._dense_from),
                 "sparse_engine": (GoldenEngine.sparse_description if golden
                                   else RTL_SPARSE_DESCRIPTION),
                 "last_cycles": self._last_cycles,

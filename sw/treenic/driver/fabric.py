@@ -15,9 +15,11 @@ A *fabric engine* simulates the N NICs and their links for one loaded schedule::
   topology has switches, or the build fails, the constructor / :meth:`RTLEngine.prepare`
   raises :class:`~treenic.driver.errors.RTLFabricUnavailable` with the reason; nothing
   fakes it. ``run_sparse`` runs the schemes the RTL implements (:attr:`RTLEngine.SPARSE_SCHEMES`:
-  MultiTree-Sparse on the Verilated sparse NIC fabric, :mod:`treenic.hdl.nic.sparse_sim`,
-  on the schedule's topology); any other scheme raises (no golden fallback), and
-  :func:`rtl_sparse_unsupported` says so before anything runs.
+  MultiTree-Sparse and TopkA on the Verilated fabric of combined NICs,
+  :mod:`treenic.hdl.nic.sparse_nic_sim`, on the schedule's topology); any other scheme
+  raises (no golden fallback), and :func:`rtl_sparse_unsupported` says so before anything
+  runs. An engine loaded with a sparse image set runs the set's dense collectives on that
+  same fabric too.
 
 **Loaded sparse programs.** An engine the fabric server built from a received image set
 (:func:`loaded_engine`) runs a sparse scheme that has an image encoding
@@ -51,10 +53,13 @@ from .errors import DriverError, FabricError, FabricTimeout, RTLFabricUnavailabl
 #: ``FabricSim(topology, schedule, elements)`` with ``run(buffers) -> (buffers, cycles)``
 #: (N Verilated NIC cores wired by link models, built with :mod:`treenic.hdl.cosim`).
 RTL_MODULE = "treenic.hdl.nic.fabric_sim"
+RTL_DENSE_DESCRIPTION = f"Verilated NIC fabric ({RTL_MODULE}.FabricSim)"
 
-#: The Verilated sparse NIC fabric the RTL engine runs sparse schemes on.
-RTL_SPARSE_MODULE = "treenic.hdl.nic.sparse_sim"
-RTL_SPARSE_DESCRIPTION = f"Verilated sparse NIC fabric ({RTL_SPARSE_MODULE})"
+#: The Verilated fabric of combined NICs (the sparse engine inside each NIC) the RTL engine
+#: runs sparse schemes on -- and the dense collectives of a loaded sparse image set, so the
+#: dense and sparse steps of one run use the same simulated NICs and links.
+RTL_SPARSE_MODULE = "treenic.hdl.nic.sparse_nic_sim"
+RTL_SPARSE_DESCRIPTION = f"Verilated fabric of combined NICs ({RTL_SPARSE_MODULE})"
 
 ENGINES = ("golden", "rtl")
 #: sparse schemes the RTL engine runs (docs/sparse-nic.md): those the image encodes
@@ -263,7 +268,10 @@ class RTLEngine:
     fabric's ``start .. done`` counter. One Verilated build per buffer size (cached on disk
     under ``build/cosim``), so the first collective of a new size pays the build. Given
     ``images`` (the fabric server: the image set a rank loaded), the fabric loads exactly
-    those images and runs their element count only."""
+    those images and runs their element count only. Given a sparse set (``sparse_program``),
+    the fabric is one of combined NICs (:data:`RTL_SPARSE_MODULE`,
+    ``CombinedFabricSim``) loaded with the set: its dense collectives and its sparse
+    program's run on the same NICs and links."""
 
     name = "rtl"
     #: Sparse schemes :meth:`run_sparse` runs on the Verilated fabric; any other is an error
@@ -306,8 +314,11 @@ class RTLEngine:
             raise RTLFabricUnavailable(f"RTL fabric engine unavailable: cannot build the "
                                        f"Verilated fabric ({why})")
         self._sims: dict[int, object] = {}
-        self._sparse = None
-        self.description = f"Verilated NIC fabric ({RTL_MODULE}.FabricSim)"
+        #: fabrics of combined NICs of an engine without a loaded set, per sparse request
+        self._sparse: dict[tuple, object] = {}
+        #: a loaded sparse set: one fabric of combined NICs runs its dense and sparse steps
+        self.combined = images is not None and sparse_program is not None
+        self.description = RTL_SPARSE_DESCRIPTION if self.combined else RTL_DENSE_DESCRIPTION
         self.dense_description = self.description
         self.sparse_description = RTL_SPARSE_DESCRIPTION
 
@@ -323,24 +334,43 @@ class RTLEngine:
             raise FabricError(f"the loaded image set is for {self.images.elements} elements, "
                               f"not {elements}", code="SIZE_MISMATCH")
         if sim is None:
-            try:
-                sim = (self._cls(self.schedule.topology, self.schedule, elements)
-                       if self.images is None else
-                       self._cls(self.schedule.topology, None, None, images=self.images))
-            except Exception as e:
-                text = str(e).strip()
-                lines = text.splitlines()
-                if len(text) > 600:           # a compiler log: its first and last lines
-                    text = " | ".join(lines[:1] + ["..."] + lines[-2:])[:600]
-                raise RTLFabricUnavailable(f"RTL fabric engine unavailable: building the "
-                                           f"fabric for {elements} elements failed: "
-                                           f"{type(e).__name__}: {text}") from None
+            if self.combined:
+                sim = _build_fabric(elements, self._combined_sim, self.images,
+                                    self.sparse_program)
+            elif self.images is None:
+                sim = _build_fabric(elements, self._cls, self.schedule.topology,
+                                    self.schedule, elements)
+            else:
+                sim = _build_fabric(elements, self._cls, self.schedule.topology, None, None,
+                                    images=self.images)
             self._sims[elements] = sim
+        return sim
+
+    @staticmethod
+    def _combined_sim(images, program):
+        from ..hdl.nic.sparse_nic_sim import CombinedFabricSim
+        return CombinedFabricSim(images, program)
+
+    def _request_fabric(self, scheme: str, elements: int, density: float, seed: int,
+                        options: dict):
+        """The fabric of combined NICs for a sparse request of an engine without a loaded
+        set: built from the request's own image set (:func:`sparse_image_set`), cached per
+        program (the Verilated build is cached on disk per size)."""
+        from ..firmware.image import decode_sparse_program
+        hashed = options.get("flow_assignment") == "hash"
+        key = (scheme, elements, float(density), int(seed) if hashed else None,
+               tuple(sorted(options.items())))
+        sim = self._sparse.get(key)
+        if sim is None:
+            images = sparse_image_set(self.schedule.topology.spec, scheme, elements, density,
+                                      seed, options)
+            sim = self._sparse[key] = _build_fabric(
+                elements, self._combined_sim, images, decode_sparse_program(images))
         return sim
 
     def run(self, buffers: np.ndarray):
         sim = self.prepare(int(buffers.shape[1]))
-        out, cycles = sim.run(buffers)
+        out, cycles = sim.dense(buffers) if self.combined else sim.run(buffers)
         out = np.asarray(out)
         if out.shape != buffers.shape or out.dtype != np.float32:
             raise FabricError(f"RTL fabric returned {out.dtype}{out.shape}, expected "
@@ -348,31 +378,45 @@ class RTLEngine:
         return out, (None if cycles is None else int(cycles))
 
     def run_sparse(self, scheme, accs, density, seed, options=None):
-        """MultiTree-Sparse or TopkA of ``accs`` on the Verilated sparse NIC fabric of the
-        schedule's topology (results and residuals from the RTL); ``info["engine"]`` names
-        it. Loaded from an image set, the engines run the set's sparse program (PROG rows
-        decoded from it), which the request must match; else the request's own program is
-        compiled."""
+        """MultiTree-Sparse or TopkA of ``accs`` on the Verilated fabric of combined NICs
+        of the schedule's topology (results and residuals from the RTL, a fresh all-reduce
+        per call: the driver keeps error feedback on the host); ``info["engine"]`` names
+        it. Loaded from an image set, the fabric is the set's (its dense collectives run
+        there too) and runs the set's sparse program, which the request must match; else
+        the request's own image set is compiled."""
         why = rtl_sparse_unsupported(scheme, options)
         if why:
             raise FabricError(why)
         _refuse_loaded_mismatch(self, scheme, accs, density, seed, options)
-        if self._sparse is None:
-            from ..hdl.nic.sparse_sim import StatelessSparse
-            self._sparse = StatelessSparse(self.schedule.topology.spec)
+        accs = np.ascontiguousarray(accs, np.float32)
+        if self.images is not None:
+            sim = self.prepare(int(accs.shape[1]))
+        else:
+            sim = self._request_fabric(scheme, int(accs.shape[1]), density, seed,
+                                       check_sparse_request(scheme, options, self.schedule))
         try:
-            opts = options or {}
-            if self.images is not None:
-                res, _ = self._sparse.run_images(self.images, self.sparse_program, accs, seed)
-                res.info["program"] = "loaded image set"
-            else:
-                res, _ = self._sparse.run(accs, density, seed,
-                                          opts.get("flow_assignment", "contiguous"),
-                                          algorithm=scheme,
-                                          residual=opts.get("residual", "local"))
+            res, _ = sim.run_fresh(accs, seed)
         except (ValueError, TimeoutError) as e:
             raise FabricError(f"RTL sparse fabric: {e}") from None
+        if self.images is not None:
+            res.info["program"] = "loaded image set"
         return res
+
+
+def _build_fabric(elements: int, make, *args, **kw):
+    """``make(*args, **kw)``: a Verilated fabric, built or loaded from ``build/cosim``; a
+    failure is :class:`RTLFabricUnavailable` with the reason (a compiler log shortened to
+    its first and last lines)."""
+    try:
+        return make(*args, **kw)
+    except Exception as e:
+        text = str(e).strip()
+        lines = text.splitlines()
+        if len(text) > 600:
+            text = " | ".join(lines[:1] + ["..."] + lines[-2:])[:600]
+        raise RTLFabricUnavailable(f"RTL fabric engine unavailable: building the fabric for "
+                                   f"{elements} elements failed: {type(e).__name__}: "
+                                   f"{text}") from None
 
 
 def rtl_sparse_unsupported(scheme: str, options: dict | None = None) -> str | None:
