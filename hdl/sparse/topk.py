@@ -603,19 +603,19 @@ class TopKUnit(wiring.Component):
         with m.Else():
             m.d.sync += st.need.eq(st.need - s_cum[0])
 
-    def _ties_cap_next(self, m, st, taken):
-        """min(ties_left - taken, W) for a beat that takes ``taken`` <= min(ties_left, W)
-        band lanes, on a narrow subtraction: ``ties_big`` (registered: ties_left >= 3W a
-        cycle ago) means ties_left >= 2W now (a beat takes at most W, and the phases that
-        set ties_left do so at least 3 cycles before the first beat reaches S), so the
-        result is W; otherwise ties_left < 3W fits in log2(W) + 2 bits. The full-width
-        subtract and saturation missed 125 MHz by 0.04 ns at W = 16."""
+    def _ties_cap_next(self, m, st, band_total):
+        """min(ties_left - taken, W) for a beat whose lanes take ``taken`` = min(band_total,
+        ties_left) band lanes, i.e. min(max(ties_left - band_total, 0), W), on a narrow
+        subtraction: ``ties_big`` (registered: ties_left >= 3W a cycle ago) means ties_left
+        >= 2W now (a beat takes at most W, and the phases that set ties_left do so at least
+        3 cycles before the first beat reaches S), so the result is W; otherwise ties_left <
+        3W fits in log2(W) + 2 bits. The full-width subtract and saturation missed 125 MHz
+        by 0.04 ns at W = 16, and so did a min() in front of the subtraction."""
         W = self.lanes
         narrow = min(len(st.ties_left), (W - 1).bit_length() + 2)
         ties_big = Signal(name="ties_big")
         m.d.sync += ties_big.eq(st.ties_left >= 3 * W)
-        small = (st.ties_left[:narrow] - taken)[:narrow]
-        return Mux(ties_big, W, _saturate(small, W))
+        return Mux(ties_big, W, _saturate(_minus_floor0(m, st.ties_left[:narrow], band_total), W))
 
     def _emit(self, m, st, rkeys, beat, accepted):
         """Emit pass: a pipeline of EMIT_STAGES registers (key, flags, prefix counts, lane
@@ -720,10 +720,13 @@ class TopKUnit(wiring.Component):
         # the first beat reaches S), and are updated with them beat by beat
         m.d.sync += [st.ties_cap.eq(_saturate(st.ties_left, W)),
                      st.room_cap.eq(_saturate(st.room, W))]
-        ties_cap_next = self._ties_cap_next(m, st, cap(band_total, t))
+        # a beat takes min(band_total, ties_left) band lanes and min(cand_total, room) from
+        # room (t, r are those counters capped at W >= the totals): a subtraction floored
+        # at zero, its borrow the only compare
+        ties_cap_next = self._ties_cap_next(m, st, band_total)
         with m.If(p_valid):
-            ties_next = st.ties_left - cap(band_total, t)
-            room_next = st.room - cap(cand_total, r)
+            ties_next = _minus_floor0(m, st.ties_left, band_total)
+            room_next = _minus_floor0(m, st.room, cand_total)
             m.d.sync += [st.ties_left.eq(ties_next), st.room.eq(room_next),
                          st.ties_cap.eq(ties_cap_next),
                          st.room_cap.eq(_saturate(room_next, W))]
@@ -740,6 +743,14 @@ class TopKUnit(wiring.Component):
             m.d.comb += [out.index[j].eq(Mux(Cat(*hits).any(), Cat(code[:LB], s_beat)[:32], 0)),
                          out.value[j].eq(_or_tree([Mux(h, s_value[l], 0)
                                                    for h, l in zip(hits, range(j, W))]))]
+
+
+def _minus_floor0(m, a, b):
+    """max(a - b, 0) for unsigned ``a`` and ``b`` < 2**len(a): one subtraction, its borrow
+    (the sign of the (len(a) + 1)-bit difference) selecting 0."""
+    diff = Signal(len(a) + 1, name="minus_floor0")
+    m.d.comb += diff.eq(a - b)
+    return Mux(diff[-1], 0, diff[:len(a)])
 
 
 def _saturate(value, limit: int):
