@@ -317,6 +317,7 @@ class TopKUnit(wiring.Component):
         hist_sum, scanning_bin, hist_ready = self._histograms(m, st, rkeys, accepted)
         # before the controller: its clear of the counts at a new count pass overrides this
         st.search.count_pipeline(m, rkeys, (st.phase == _Phase.SEARCH_COUNT) & accepted)
+        st.search.any_key_pipeline(m, rkeys, (st.phase == _Phase.SEARCH_COUNT) & accepted)
         st.search.decision_flags(m, st.k_total)
         st.search.threshold_update(m, st)
         self._control(m, st, keys, accepted, hist_sum, scanning_bin, hist_ready)
@@ -458,9 +459,9 @@ class TopKUnit(wiring.Component):
                 m.d.comb += self.i.ready.eq(st.emit_ready)
             with m.Case(_Phase.EMIT_FLUSH):
                 pass                                    # the emit pipeline drains (see _emit)
-            self._search_cases(m, st, keys, accepted, bad)
+            self._search_cases(m, st, accepted, bad)
 
-    def _search_cases(self, m, st, keys, accepted, bad):
+    def _search_cases(self, m, st, accepted, bad):
         """SEARCH: threshold request, count pass, decision loop (see :mod:`.search`)."""
         sr = st.search
         m.d.comb += [self.converged.eq(sr.converged), self.search_passes.eq(sr.passes),
@@ -480,8 +481,6 @@ class TopKUnit(wiring.Component):
         with m.Case(_Phase.SEARCH_COUNT):
             m.d.comb += self.i.ready.eq(1)
             with m.If(accepted):
-                with m.If(sr.passes == 0):
-                    m.d.sync += sr.any_key.eq(sr.any_key | Cat(k != 0 for k in keys).any())
                 with m.If(self.i.payload.last):
                     m.d.sync += [st.phase.eq(_Phase.SEARCH_DRAIN), sr.drain.eq(0)]
         with m.Case(_Phase.SEARCH_DRAIN):
