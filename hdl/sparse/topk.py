@@ -459,9 +459,9 @@ class TopKUnit(wiring.Component):
                 m.d.comb += self.i.ready.eq(st.emit_ready)
             with m.Case(_Phase.EMIT_FLUSH):
                 pass                                    # the emit pipeline drains (see _emit)
-            self._search_cases(m, st, accepted, bad)
+            self._search_cases(m, st, accepted)
 
-    def _search_cases(self, m, st, accepted, bad):
+    def _search_cases(self, m, st, accepted):
         """SEARCH: threshold request, count pass, decision loop (see :mod:`.search`)."""
         sr = st.search
         m.d.comb += [self.converged.eq(sr.converged), self.search_passes.eq(sr.passes),

@@ -226,7 +226,8 @@ def cmd_sparse_allreduce(args, topo) -> int:
     from .hdl.nic.host import NicImageError
     from .hdl.nic.sparse_nic_sim import check_run_args, combined_report
     try:
-        check_run_args(topo.spec, args.elements, args.density, args.iterations, algorithm=args.algorithm, residual=args.residual,
+        check_run_args(topo.spec, args.elements, args.density, args.iterations,
+                       algorithm=args.algorithm, residual=args.residual,
                        flow_assignment=args.flow_assignment)
     except ValueError as e:
         raise CLIError(str(e)) from None
