@@ -309,9 +309,9 @@ class TopKUnit(wiring.Component):
         accepted = self.i.valid & self.i.ready
         with m.If(accepted):
             m.d.sync += beat.eq(Mux(self.i.payload.last, 0, beat + 1))
-        # the keys registered once for the histograms, the emit pipeline and the search's
-        # comparators: each input bit then drives a few flags, not every consumer
-        # (W = 16: the compares straight from the input missed 8 ns)
+        # the keys registered for the histograms and the search's comparators (the emit
+        # pipeline registers its own): each input bit then drives a few flags, not every
+        # consumer (W = 16: the compares straight from the input missed 8 ns)
         rkeys = [Signal(KEY_BITS, name=f"rkey{l}") for l in range(W)]
         m.d.sync += [r.eq(key) for r, key in zip(rkeys, keys)]
         hist_sum, scanning_bin, hist_ready = self._histograms(m, st, rkeys, accepted)
@@ -321,7 +321,7 @@ class TopKUnit(wiring.Component):
         st.search.decision_flags(m, st.k_total)
         st.search.threshold_update(m, st)
         self._control(m, st, keys, accepted, hist_sum, scanning_bin, hist_ready)
-        self._emit(m, st, rkeys, beat, accepted)
+        self._emit(m, st, keys, beat, accepted)
         return m
 
     def _key(self, m, st, value):
@@ -616,13 +616,14 @@ class TopKUnit(wiring.Component):
         m.d.sync += ties_big.eq(st.ties_left >= 3 * W)
         return Mux(ties_big, W, _saturate(_minus_floor0(m, st.ties_left[:narrow], band_total), W))
 
-    def _emit(self, m, st, rkeys, beat, accepted):
+    def _emit(self, m, st, keys, beat, accepted):
         """Emit pass: a pipeline of EMIT_STAGES registers (key, flags, prefix counts, lane
         selection) into an output FIFO. No stage stalls (a stall-together pipeline put
         o.ready on the enable of every stage register: one net of thousands of loads); the
         input is taken only while the FIFO has room for every beat in flight.
 
-        K registers the lanes' keys. A: per lane ``above = key > hi`` and ``band = lo < key
+        K registers the lanes' keys (a register of the emit pass's own). A: per lane the
+        compares ``key > hi`` and ``key > lo``, whence ``above = key > hi`` and ``band = lo < key
         <= hi`` (a tie of the exact mode, a band key of BAND). P: prefix counts of both
         flags and the beat totals. S: lane l is taken when it is above, or in the band with
         fewer than ties_left band lanes before it, while the running total stays below
@@ -648,28 +649,37 @@ class TopKUnit(wiring.Component):
         m.d.comb += [self.o.valid.eq(fifo.r_rdy), self.o.payload.eq(fifo.r_data),
                      fifo.r_en.eq(self.o.ready),
                      st.emit_ready.eq(fifo.level <= OUT_FIFO_DEPTH - EMIT_STAGES - 1)]
-        # K: keys (the unit's key register) and values
+        # K: keys and values. The emit pass keeps a key register of its own, loaded only
+        # in EMIT: its distinct enable keeps Yosys from merging it with ``rkeys``, so each
+        # key bit drives either the two emit compares or the grid and histogram logic
+        # (one shared register: the compares sat at the end of 4-5 ns of fan-out, W = 16)
         k_valid, k_last = Signal(), Signal()
         k_beat = Signal.like(beat, name="k_beat")
-        k_key = rkeys
+        k_key = [Signal(KEY_BITS, name=f"k_key{l}") for l in range(W)]
+        with m.If(st.phase == _Phase.EMIT):
+            m.d.sync += [r.eq(key) for r, key in zip(k_key, keys)]
         k_value = [Signal(32, name=f"k_value{l}") for l in range(W)]
         m.d.sync += [k_valid.eq((st.phase == _Phase.EMIT) & accepted),
                      k_last.eq(self.i.payload.last), k_beat.eq(beat)]
         m.d.sync += [k_value[l].eq(self.i.payload.value[l]) for l in range(W)]
         with m.If((st.phase == _Phase.EMIT) & accepted & self.i.payload.last):
             m.d.sync += st.phase.eq(_Phase.EMIT_FLUSH)
-        # A: flags
+        # A: the two compares, each registered straight from its carry chain; the flags
+        # are their combinations, one LUT in front of the prefix sums (the AND behind the
+        # chains missed 125 MHz by 0.57 ns at W = 16)
         a_valid, a_last = Signal(), Signal()
         a_beat = Signal.like(beat, name="a_beat")
-        a_above = [Signal(name=f"above{l}") for l in range(W)]
-        a_band = [Signal(name=f"band{l}") for l in range(W)]
+        a_gt_hi = [Signal(name=f"gt_hi{l}") for l in range(W)]
+        a_gt_lo = [Signal(name=f"gt_lo{l}") for l in range(W)]
         a_value = [Signal(32, name=f"a_value{l}") for l in range(W)]
         m.d.sync += [a_valid.eq(k_valid), a_last.eq(k_last), a_beat.eq(k_beat)]
         for l, key in enumerate(k_key):
-            # lo < key <= hi; key > lo >= 0 already excludes key 0 (two comparators a lane)
-            above = key > st.hi
-            m.d.sync += [a_above[l].eq(above), a_band[l].eq((key > st.lo) & ~above),
+            m.d.sync += [a_gt_hi[l].eq(key > st.hi), a_gt_lo[l].eq(key > st.lo),
                          a_value[l].eq(k_value[l])]
+        # above = key > hi; band = lo < key <= hi (key > lo >= 0 already excludes key 0)
+        a_above = a_gt_hi
+        a_band = [Signal(name=f"band{l}") for l in range(W)]
+        m.d.comb += [a_band[l].eq(a_gt_lo[l] & ~a_gt_hi[l]) for l in range(W)]
         # P: prefix counts (flags of the lanes before l) and beat totals
         p_valid, p_last = Signal(), Signal()
         p_beat = Signal.like(beat, name="p_beat")
