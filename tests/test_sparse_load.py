@@ -397,6 +397,8 @@ def test_train_probe_loads_the_set_the_server_will_run(monkeypatch):
     [fab] = _StandIn.built
     assert fab.program == want
     assert "= 7 cycles" in notes[0]
+    # 8 epochs of 22 steps less 20 dense warm-up steps, priced by a second (built) call
+    assert "~156 sparse steps ≈" in notes[0]
     # a MultiTree run: the warm-up runs from the sparse set, so the probe times a dense
     # all-reduce on the same fabric of combined NICs too
     sched = algorithms.build("multitree", cfg["topology"])

@@ -508,12 +508,10 @@ def build_parser() -> argparse.ArgumentParser:
     if train is not None:
         train.add_arguments(d)
         # the demo trains dense and sparse side by side (bytes on the wire, accuracy) with
-        # the NIC's sparse scheme. The sparse run uses the golden engine by default, asked
-        # for here and labelled as such: the Verilated sparse fabric takes seconds a step
-        # and a long first build, and the demo must stay short; `treenic demo
-        # --sparse-engine rtl` runs it on the RTL
-        d.set_defaults(density=0.01, scheme="multitree-sparse", sparse_fallback=True,
-                       sparse_engine="golden")
+        # the NIC's sparse scheme, both through the RTL: the sparse run's warm-up and sparse
+        # steps on one Verilated fabric of combined NICs (about a second a step here);
+        # `--sparse-engine golden` puts the sparse run on the golden models, labelled so
+        d.set_defaults(density=0.01, scheme="multitree-sparse", sparse_fallback=True)
     d.set_defaults(func=cmd_demo)
     return p
 

@@ -345,10 +345,18 @@ def _probe_rtl_sparse(c: dict, elements: int, log, *, dense: bool = False) -> No
         raise ValueError(f"--engine rtl: the RTL sparse fabric failed a test collective: "
                          f"{type(e).__name__}: {str(e)[:300]}") from None
     dt = time.perf_counter() - t0
+    t1 = time.perf_counter()        # a second call, built: what each sparse step costs
+    eng.run_sparse(c["scheme"], zeros, c["density"], c["seed"], options)
+    step = time.perf_counter() - t1
+    steps = c["epochs"] * (1437 // c["workers"] // c["batch_size"])
+    if c.get("warmup", "dense") == "dense":     # a ramp's warm-up steps are sparse too
+        steps = max(0, steps - c["warmup_iters"])
     log(f"NOTICE: {eng.sparse_description}: one {c['scheme']} all-reduce of {elements} "
         f"elements at {c['density']:g} = {res.info.get('cycles')} cycles"
         + (f", one dense all-reduce on the same fabric = {cycles} cycles" if dense else "")
-        + f", {dt:.2f}s (build included)")
+        + f", {dt:.2f}s (build included); {step:.2f}s a sparse collective: ~{steps} sparse "
+        f"steps ≈ {steps * step / 60:.1f} min (--sparse-engine golden runs them on the "
+        "golden models)")
 
 
 def _udp_boards(configs, workers, log):
