@@ -1,6 +1,7 @@
-"""Bench section ``sparse_fabric``: MultiTree-Sparse on the Verilated sparse NIC fabric
-against the dense MultiTree all-reduce on the Verilated dense NIC fabric, same topology and
-buffers (``python -m treenic.bench --only sparse_fabric --json``).
+"""Bench section ``sparse_fabric``: MultiTree-Sparse against the dense MultiTree all-reduce
+of the same buffers on one Verilated fabric of combined NICs (the sparse engine inside each
+NIC, :mod:`.sparse_nic_sim`): same NICs, same links (``python -m treenic.bench --only
+sparse_fabric --json``).
 
 Default: torus:4x4, 64 KiB per node (16384 float32), densities 1 %, 5 %, 10 %, 3
 error-feedback iterations each, every iteration bit-exact vs the golden (results and
@@ -10,7 +11,7 @@ The section first writes ``model`` (seconds): the same cases through the validat
 engine model (:mod:`treenic.netsim.sparse`, within 5 % of every recorded sparse fabric run)
 for 1, 2 and 4 top-k units, against the recorded Verilated dense run of the same topology
 and size (:mod:`treenic.netsim.rtl_runs`), each row labelled with what produced it; then the
-Verilated runs (a 16-node build: an hour or more of compilation on two shared cores).
+Verilated runs (one 16-node build for the three densities).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .sparse_sim import dense_report, sparse_allreduce_report
+from .sparse_nic_sim import ENGINE
 
 SIMULATOR = "Verilator (treenic.hdl.cosim)"
 MODEL = "treenic.netsim.sparse.predict (validated sparse engine model, not the RTL)"
@@ -62,32 +63,29 @@ def model_rows(topology: str, elements: int, densities, units=(1, 2, 4)) -> list
 
 
 def run(out_dir: Path, quick: bool = False, topk_units: int = 2) -> dict:
+    """Per density, :func:`~.sparse_nic_sim.combined_report` on one Verilated fabric of
+    combined NICs sized for the largest density (one build): the dense all-reduce of the
+    first iteration's gradients, 3 error-feedback iterations, the dense all-reduce again,
+    every run against its golden. Each finished density is written as it completes."""
     from ..cosim import cosim_available
+    from .sparse_nic_sim import combined_report
     if not cosim_available():
         raise RuntimeError("sparse_fabric needs Verilator (treenic.hdl.cosim); none found")
     topology, elements, densities = (("ring:4", 4096, (0.01,)) if quick else
                                      ("torus:4x4", 16384, (0.01, 0.05, 0.10)))
     out = Path(out_dir) / "sparse_fabric.json"
     out.parent.mkdir(parents=True, exist_ok=True)
-    res = {"simulator": SIMULATOR, "topology": topology, "elements": elements,
-           "bytes_per_node": 4 * elements, "topk_units": topk_units,
+    res = {"simulator": SIMULATOR, "engine": ENGINE, "topology": topology,
+           "elements": elements, "bytes_per_node": 4 * elements, "topk_units": topk_units,
            "model": model_rows(topology, elements, densities), "runs": []}
     out.write_text(json.dumps(res, indent=1))
-    # every sparse density first on one build (sized for the largest), then the dense
-    # reference (a second, long build): each finished part is written as it completes
     for d in densities:
-        res["runs"].append(sparse_allreduce_report(topology, elements, d, iterations=3,
-                                                   dense=False, topk_units=topk_units,
-                                                   size_density=max(densities)))
+        res["runs"].append(combined_report(topology, elements, d, iterations=3,
+                                           topk_units=topk_units,
+                                           size_density=max(densities)))
         out.write_text(json.dumps(res, indent=1))
-    P = res["runs"][0]["nodes"]
-    first = np.random.default_rng(0).standard_normal((P, elements)).astype(np.float32)
-    dense = dense_report(topology, first)     # the first iteration's gradients (seed 0)
-    for r in res["runs"]:
-        r.update(dense)
-        r["cycles_over_dense"] = r["cycles"] / r["dense_cycles"]
-        r["link_bytes_over_dense"] = r["link_bytes"] / r["dense_link_bytes"]
-    res.update(dense, bit_exact=all(r["bit_exact"] for r in res["runs"])
-               and dense["dense_bit_exact"])
+    first = res["runs"][0]
+    res.update({k: first[k] for k in ("dense_engine", "dense_cycles", "dense_link_bytes")},
+               bit_exact=all(r["bit_exact"] for r in res["runs"]))
     out.write_text(json.dumps(res, indent=1))
     return res

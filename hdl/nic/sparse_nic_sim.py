@@ -30,16 +30,17 @@ ENGINE = "Verilated fabric of combined NICs (treenic.hdl.nic.sparse_nic_sim)"
 
 
 def combined_fabric(topology: str, program: SparseProgram, elements: int, *, images=None,
-                    lanes: int = 16, topk_units: int = 2, stall: int = 0,
-                    seed: int = 1) -> FabricSim:
+                    lanes: int = 16, topk_units: int = 2, stall: int = 0, seed: int = 1,
+                    sizing: SparseProgram | None = None) -> FabricSim:
     """The Verilated fabric of ``topology`` whose NICs run the dense tables of ``images``
     (default: the MultiTree schedule of ``elements``) and hold a sparse engine sized for
-    ``program``. A program the build cannot run is a
+    ``sizing`` (default ``program``; a larger program's sizes let one build run several
+    densities). A program the build cannot run is a
     :class:`~treenic.hdl.nic.host.NicImageError` naming what does not fit."""
     from treenic.firmware.image import compile_images
     from .host import params_for_images
     images = images if images is not None else compile_images(topology, "multitree", elements)
-    sparse = SparseParams.for_program(program, lanes=lanes, topk_units=topk_units)
+    sparse = SparseParams.for_program(sizing or program, lanes=lanes, topk_units=topk_units)
     params = params_for_images(images, sparse=sparse)
     check_sparse_fits(params, program)
     return FabricSim(topology, None, None, images=images, params=params, stall=stall,
@@ -169,15 +170,19 @@ class CombinedFabricSim:
         Top-k lanes W and units per engine.
     stall, seed : int
         Link stall probability (/256) and LFSR seed.
+    sizing : SparseProgram or None
+        The program the engines are sized for (default ``program``).
     """
 
     engine = ENGINE
 
     def __init__(self, images, program: SparseProgram, *, lanes: int = 16,
-                 topk_units: int = 2, stall: int = 0, seed: int = 1):
+                 topk_units: int = 2, stall: int = 0, seed: int = 1,
+                 sizing: SparseProgram | None = None):
         self.images, self.program = images, program
         self.fs = combined_fabric(program.topology, program, images.elements, images=images,
-                                  lanes=lanes, topk_units=topk_units, stall=stall, seed=seed)
+                                  lanes=lanes, topk_units=topk_units, stall=stall, seed=seed,
+                                  sizing=sizing)
         self.nodes, self.elements = self.fs.nodes, images.elements
         self._sparse_mode = False
         self._rows_loaded = False
@@ -237,22 +242,25 @@ def _same(a, b) -> bool:
 def combined_report(topology: str, elements: int, density: float, *, iterations: int = 3,
                     seed: int = 0, lanes: int = 16, topk_units: int = 2, stall: int = 0,
                     algorithm: str = "multitree-sparse", residual: str = "local",
-                    flow_assignment: str = "contiguous", codec: bool = False) -> dict:
+                    flow_assignment: str = "contiguous", codec: bool = False,
+                    size_density: float | None = None) -> dict:
     """On one Verilated fabric of combined NICs loaded with the configuration image set of
     ``algorithm`` (:func:`~.sparse_sim.imaged_model`: the set's dense MultiTree tables and
     its sparse program, decoded from its bytes): the dense all-reduce of the first
     iteration's gradients (vs the golden executor of the schedule the set's tables hold),
     then ``iterations`` error-feedback iterations of ``algorithm`` (residuals kept in the
     NICs; results and residuals vs the golden model), then the dense all-reduce again.
-    ``bit_exact``: every one of these runs bit for bit its golden."""
+    ``bit_exact``: every one of these runs bit for bit its golden. ``size_density``: size
+    the engines for this (larger) density, so that one Verilated build serves several."""
     from treenic.firmware.image import decode_schedule
     from treenic.schedule.execute import execute
     from .sparse_sim import imaged_model
-    golden, images, prog = imaged_model(algorithm, topology, elements, density, seed=seed,
-                                        flow_assignment=flow_assignment, residual=residual,
-                                        codec=codec)
+    kw = dict(seed=seed, flow_assignment=flow_assignment, residual=residual, codec=codec)
+    golden, images, prog = imaged_model(algorithm, topology, elements, density, **kw)
+    sizing = None if size_density is None else imaged_model(algorithm, topology, elements,
+                                                            size_density, **kw)[2]
     sim = CombinedFabricSim(images, prog, lanes=lanes, topk_units=topk_units, stall=stall,
-                            seed=seed + 1)
+                            seed=seed + 1, sizing=sizing)
     rng = np.random.default_rng(seed)
     grads = [rng.standard_normal((sim.nodes, elements)).astype(np.float32)
              for _ in range(iterations)]
