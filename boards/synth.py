@@ -494,7 +494,19 @@ def timing_summary(name: str, out: Path, clock_mhz: float) -> dict:
     res["wrapper_yosys"] = {k: v for k, v in parse_yosys_stat((out / f"{name}.rpt").read_text()).items()
                             if k != "cells"}
     period = 1000.0 / clock_mhz
-    eps = analyse(json.loads((out / "report.json").read_text()), period)
+    report = json.loads((out / "report.json").read_text())
+    if not report.get("detailed_net_timings"):
+        # placement only (--no-route): nextpnr times no net, its Fmax is an estimate
+        (out / "timing.md").write_text(
+            "# Placement only\n\nnextpnr ran without routing (`--no-route`): the Fmax "
+            "in the log is a placement estimate and no net has a timing, so there is no "
+            "per-endpoint report. `tools/netlist_depth.py` ranks the deep logic of the "
+            "mapped netlist instead.\n")
+        res.update(placement_only=True, failing_endpoints=None,
+                   worst_slack_ns=round(min(res["slack_ns_per_clock"].values(), default=0.0), 3),
+                   worst_registers=[])
+        return res
+    eps = analyse(report, period)
     trace_paths(json.loads((out / "routed.json").read_text()), eps)
     (out / "timing.md").write_text(format_report(eps, period))
     res["failing_endpoints"] = sum(e.slack < 0 for e in eps)
@@ -530,6 +542,8 @@ def synth_top(name: str, out_dir: Path, *, seed: int = 1, timing: bool = True,
                     "worst_slack_ns": check_slack(name, pnr["slack_ns_per_clock"],
                                                   allow=True),
                     "worst_registers": pnr["worst_registers"],
+                    # --no-route: fmax_mhz is nextpnr's placement estimate, nothing routed
+                    "placement_only": pnr.get("placement_only", False),
                     "pnr_utilisation_with_wrapper": {k: list(v) for k, v in util.items()},
                     "wrapper_cells": pnr["wrapper_yosys"]})
     else:
@@ -572,6 +586,8 @@ def _markdown(report: dict) -> str:
         comb = u.get("TRELLIS_COMB", u.get("TRELLIS_SLICE", ["-", "-"]))
         ff = u.get("TRELLIS_FF", ["-", "-"])
         fm = f"{b['fmax_mhz']:.1f}" if b.get("fmax_mhz") else "-"
+        if b.get("placement_only"):
+            fm += " (placement estimate, not routed)"
         lines.append(f"| {b['top']} | {fm} | {b['luts']} | {b['carry_cells']} | {b['ffs']} | "
                      f"{b['brams']} | {b['lutram']} | {b['dsps']} | "
                      f"{comb[0]} / {ff[0]} of {comb[1]} |")
@@ -619,7 +635,8 @@ def main(argv=None) -> int:
         b = synth_top(t, args.out, seed=args.seed, timing=not args.no_timing,
                       clock_mhz=args.clock_mhz, nextpnr_opts=args.nextpnr_opts,
                       allow_negative_slack=True)    # checked below, after the reports
-        print(f"[synth] {t}: Fmax {b['fmax_mhz']} MHz, worst slack "
+        est = " (placement estimate, not routed)" if b.get("placement_only") else ""
+        print(f"[synth] {t}: Fmax {b['fmax_mhz']} MHz{est}, worst slack "
               f"{b.get('worst_slack_ns')} ns, LUT4 {b['luts']}, FF {b['ffs']}, "
               f"DP16KD {b['brams']} ({b['seconds']} s)", flush=True)
         if args.by_component:

@@ -212,3 +212,23 @@ def test_direct_submodules_and_component_table():
     assert "| rx0 | 60 | 4 | 30 | 2 | 0 | 0 |" in md
     assert "| (top level) | -5 | 6 | 5 | 0 | 0 | 0 |" in md       # flattened minus parts
     assert md.index("| rx0 |") < md.index("| watchdog |")          # largest first
+
+
+def test_placement_only_run_reports_an_estimate(tmp_path):
+    """``--nextpnr-opts --no-route``: no net is timed, so no endpoint report; the Fmax is
+    labelled a placement estimate, never a post-route figure."""
+    import json
+    (tmp_path / "t.tim").write_text(NEXTPNR.split("Info: Routing..")[0].replace("PASS at 100.00",
+                                                                              "FAIL at 125.00"))
+    (tmp_path / "t.rpt").write_text(YOSYS_NEW)
+    (tmp_path / "report.json").write_text(json.dumps({"critical_paths": [],
+                                                      "detailed_net_timings": []}))
+    r = synth.timing_summary("t", tmp_path, 125.0)
+    assert r["placement_only"] and r["failing_endpoints"] is None
+    assert r["fmax_mhz"] == pytest.approx(100.60)
+    assert r["worst_slack_ns"] == pytest.approx(8.0 - 1000 / 100.60, abs=1e-3)
+    assert "Placement only" in (tmp_path / "timing.md").read_text()
+    blk = {"top": "t", "fmax_mhz": 100.6, "placement_only": True, "luts": 1, "carry_cells": 2,
+           "ffs": 3, "brams": 4, "lutram": 0, "dsps": 0}
+    md = synth._markdown({"device": synth.DEVICE, "blocks": [blk], "out": "o", "tops": ["t"]})
+    assert "| t | 100.6 (placement estimate, not routed) |" in md
