@@ -18,8 +18,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
-
 from .sparse_nic_sim import ENGINE
 
 SIMULATOR = "Verilator (treenic.hdl.cosim)"

@@ -256,7 +256,7 @@ def run_many(configs: list[dict], *, timeout: float = 600.0, log=print) -> list[
                         reason = (f"RTL fabric engine unavailable: a test collective failed: "
                                   f"{type(e).__name__}: {str(e)[:300]}")
                     else:
-                        steps = c["epochs"] * (1437 // workers // c["batch_size"])
+                        steps = _steps(c)
                         log(f"NOTICE: RTL fabric: one all-reduce of {elements} elements = "
                             f"{cycles} cycles, {dt:.2f}s of simulation; ~{steps} steps ≈ "
                             f"{steps * dt / 60:.1f} min (--engine golden runs the same path "
@@ -314,6 +314,16 @@ def _sparse_engine_check(c: dict, log) -> None:
     c["label"] = c["label"].replace("rtl/", "rtl-server[golden engine]/", 1)
 
 
+#: training samples of :func:`_load_data`: scikit-learn's 1797 digits less the fifth held out
+TRAIN_SAMPLES = 1797 - 1797 // 5
+
+
+def _steps(c: dict) -> int:
+    """Training steps of a run, as :func:`_train_one` counts them: ``epochs`` passes over
+    the smallest rank's share of the training digits, ``batch_size`` a step."""
+    return c["epochs"] * (TRAIN_SAMPLES // c["workers"] // c["batch_size"])
+
+
 def _dense_on_combined(c: dict, sched) -> bool:
     """Whether a run's dense (warm-up) steps run from its sparse image set: a sparse scheme
     the image encodes on the MultiTree schedule (the sparse set's dense part is then the
@@ -348,7 +358,7 @@ def _probe_rtl_sparse(c: dict, elements: int, log, *, dense: bool = False) -> No
     t1 = time.perf_counter()        # a second call, built: what each sparse step costs
     eng.run_sparse(c["scheme"], zeros, c["density"], c["seed"], options)
     step = time.perf_counter() - t1
-    steps = c["epochs"] * (1437 // c["workers"] // c["batch_size"])
+    steps = _steps(c)
     if c.get("warmup", "dense") == "dense":     # a ramp's warm-up steps are sparse too
         steps = max(0, steps - c["warmup_iters"])
     log(f"NOTICE: {eng.sparse_description}: one {c['scheme']} all-reduce of {elements} "
