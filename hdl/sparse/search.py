@@ -58,8 +58,10 @@ class SearchReplay:
         self.strict = Signal()
         self.band = Signal()                         # the last request is the band's
         self.any_key = Signal()                      # a non-zero key seen in pass 0
+        self.cmd_depth, self.cmd_strict = Signal(5), Signal()     # see hold_command
         self.passes = Signal(5)
         self.converged = Signal()
+        self.accepted_step = Signal()                # the last decision step accepted
         self.threshold = Signal(31)                  # accepted threshold, else thr(lo)
         # ``threshold`` is status only: it is written a cycle after the event that sets it,
         # from one-bit pulses and the unit's hi/lo registers, which hold the value by then,
@@ -82,8 +84,20 @@ class SearchReplay:
         self.below = Signal(self.points)
         self.under_2k = Signal(self.points)
 
-    def start(self, m, depth, strict):
-        m.d.sync += [self.lo.eq(0), self.hi.eq(_pow2(depth)), self.strict.eq(strict),
+    def hold_command(self, m, cmd, idle):
+        """Register a command's depth (clamped into 1..30: ``command_word`` refuses
+        others) and strict flag while the unit is idle, for ``start`` a cycle after the
+        command: the handshake in front of the enables of passes, converged, levels and
+        shift was 8 LUT levels (-0.33 ns at W = 16)."""
+        with m.If(idle):
+            m.d.sync += [self.cmd_depth.eq(Mux(cmd.depth == 0, 1,
+                                               Mux(cmd.depth > 30, 30, cmd.depth))),
+                         self.cmd_strict.eq(cmd.strict)]
+
+    def start(self, m):
+        """Start the search of the command ``hold_command`` took."""
+        depth = self.cmd_depth
+        m.d.sync += [self.lo.eq(0), self.hi.eq(_pow2(depth)), self.strict.eq(self.cmd_strict),
                      self.band.eq(0), self.any_key.eq(0),
                      self.passes.eq(0), self.converged.eq(0)]
         self.set_threshold(m, "zero")
@@ -99,6 +113,11 @@ class SearchReplay:
         any ``set_threshold`` in the module (the pulses' default is 0)."""
         pulse = self.threshold_pulse
         m.d.sync += [p.eq(0) for p in pulse.values()]
+        # ``converged`` (status only) follows the registered accepting
+        # step, as ``threshold`` does: the table mux stays off its enable
+        m.d.sync += self.accepted_step.eq(0)
+        with m.If(self.accepted_step):
+            m.d.sync += self.converged.eq(1)
         with m.If(pulse["zero"]):
             m.d.sync += self.threshold.eq(0)
         with m.Elif(pulse["hi"]):
@@ -192,12 +211,12 @@ class SearchReplay:
         quarter = self.j_span >> 2
         accepted, exhausted = Signal(), Signal()
         m.d.comb += [accepted.eq(stepping & ok), exhausted.eq(~stepping)]
+        m.d.sync += self.accepted_step.eq(accepted)
         # the emit pass's hi = lo = the probe's threshold, loaded at every step: only the
         # accepted step's survives into EMIT (a band fill sets them again for its COUNT);
         # enabled by ``accepted`` they sat behind the table mux (+0.10 ns at 125 MHz)
         m.d.sync += [st.hi.eq(thr), st.lo.eq(thr)]
         with m.If(accepted):
-            m.d.sync += self.converged.eq(1)
             self.set_threshold(m, "hi")             # st.hi = thr, loaded above
         # the probe moves at every step, the accepting one too: nothing reads j_* after
         # it (EMIT follows; begin_decision sets them again), and ``accepted`` stays off

@@ -417,6 +417,7 @@ class TopKUnit(wiring.Component):
         m.d.sync += st.nonzero.eq(st.nonzero + nonzero)
         with m.If((st.phase == _Phase.COUNT) | (st.phase == _Phase.COUNT_DRAIN)):
             m.d.sync += st.acc.eq(st.acc + over)
+        st.search.hold_command(m, cmd, st.phase == _Phase.IDLE)
         drain = Signal(2)
         with m.Switch(st.phase):
             with m.Case(_Phase.IDLE):
@@ -466,6 +467,9 @@ class TopKUnit(wiring.Component):
         sr = st.search
         m.d.comb += [self.converged.eq(sr.converged), self.search_passes.eq(sr.passes),
                      self.search_threshold.eq(sr.threshold)]
+        with m.Case(_Phase.SEARCH_START):
+            sr.start(m)
+            m.d.sync += st.phase.eq(_Phase.SEARCH_REQ)
         with m.Case(_Phase.SEARCH_REQ):
             with m.If(sr.request(m, self.grid)):
                 m.d.sync += st.phase.eq(_Phase.SEARCH_LOAD)
@@ -498,10 +502,10 @@ class TopKUnit(wiring.Component):
                     m.d.sync += [st.phase.eq(_Phase.EMIT), st.hi.eq((1 << KEY_BITS) - 1),
                                  st.lo.eq((1 << KEY_BITS) - 1)]
         with m.Case(_Phase.SEARCH_DECIDE):
-            # EMIT a cycle after the accepting step, from the registered ``converged``
-            # (set by that step; hi/lo hold its threshold): the step's table mux in
-            # front of ``phase``'s enable missed 125 MHz by 0.39 ns at W = 16
-            with m.If(sr.converged):
+            # EMIT a cycle after the accepting step, from its registered pulse (hi/lo hold
+            # its threshold): the step's table mux in front of ``phase``'s enable missed
+            # 125 MHz by 0.39 ns at W = 16
+            with m.If(sr.accepted_step):
                 m.d.sync += st.phase.eq(_Phase.EMIT)
             with m.Else():
                 _, exhausted = sr.decide(m, st)
@@ -522,10 +526,7 @@ class TopKUnit(wiring.Component):
                 m.d.sync += [st.phase.eq(_Phase.COUNT), st.hi.eq(cmd.threshold),
                              st.lo.eq(cmd.lo), st.room.eq(self.max_chunk)]
             with m.Case(Mode.SEARCH):
-                # depth outside 1..30 (command_word refuses it) is clamped into range
-                depth = Mux(cmd.depth == 0, 1, Mux(cmd.depth > 30, 30, cmd.depth))
-                st.search.start(m, depth, cmd.strict)
-                m.d.sync += st.phase.eq(_Phase.SEARCH_REQ)
+                m.d.sync += st.phase.eq(_Phase.SEARCH_START)
 
     def _lane_count(self, m, name, flags, enable):
         """Number of true ``flags`` while ``enable``, two cycles later (flags, then their
@@ -820,6 +821,7 @@ class _Phase(enum.Enum, shape=4):
     SEARCH_COUNT = 11
     SEARCH_DRAIN = 12
     SEARCH_DECIDE = 13
+    SEARCH_START = 15
 
 
 class _State:
