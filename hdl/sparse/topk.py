@@ -319,7 +319,7 @@ class TopKUnit(wiring.Component):
         st.search.count_pipeline(m, rkeys, (st.phase == _Phase.SEARCH_COUNT) & accepted)
         st.search.any_key_pipeline(m, rkeys, (st.phase == _Phase.SEARCH_COUNT) & accepted)
         st.search.decision_flags(m, st.k_total)
-        st.search.threshold_update(m, st)
+        st.search.status_update(m, st)
         self._control(m, st, keys, accepted, hist_sum, scanning_bin, hist_ready)
         self._emit(m, st, keys, beat, accepted)
         return m
