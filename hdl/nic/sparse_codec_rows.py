@@ -135,7 +135,7 @@ def _decoded_pairs(m, c, n_pairs, slot_base, reduce, done):
     with m.If(o.valid):
         with m.If(fits & reduce):
             m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(index), c.sc_value.eq(o.payload.value),
-                         c.sc_log.eq(1), o.ready.eq(c.scatter.i.ready)]
+                         c.sc_log.eq(1), o.ready.eq(c.sc_ready)]
         with m.Else():
             m.d.comb += [o.ready.eq(1), c.fin_w.addr.eq(slot_base + n_pairs),
                          c.fin_w.data.eq(Cat(index, o.payload.value)),

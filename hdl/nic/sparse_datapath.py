@@ -7,6 +7,7 @@ from amaranth import Array, Cat, Module, Mux, Signal
 from amaranth.lib import data, fifo, memory
 
 from ..link.flit import FlitType, Op
+from ..skid import SkidBuffer
 from ..sparse.scatter import ScatterAccumulate
 from .sparse_engine import ROW, HostKind
 from .sparse_place_rows import build_placer, count_drops
@@ -14,6 +15,8 @@ from .sparse_select import build_selection
 from treenic.schedule.sparse_table import SparseOp
 
 SIGN = 1 << 31
+#: what the sources hand the scatter unit (``set``, ``log``, ``distinct``: its side inputs)
+SCATTER_IN = data.StructLayout({"index": 32, "value": 32, "set": 1, "log": 1, "distinct": 1})
 
 
 class _Ctx:
@@ -41,12 +44,8 @@ def build_engine(e) -> Module:
     c.sc_log = Signal()           # a received pair: log the word it replaces (undo log)
     c.op = Signal(4)              # the row's op code (op_hi is its bit 3)
     m.d.comb += c.op.eq(Cat(c.row.op, c.row.op_hi))
-    sc = c.scatter
-    in_range = (c.sc_index >> (e.depth.bit_length() - 1)) == 0
-    m.d.comb += [sc.i.valid.eq(c.sc_valid), sc.i.payload.index.eq(c.sc_index),
-                 sc.i.payload.value.eq(c.sc_value), sc.set.eq(c.sc_set),
-                 sc.log.eq(c.sc_log), sc.o.ready.eq(1)]
-    m.d.sync += c.pending.eq(c.pending + (c.sc_valid & sc.i.ready & in_range) - sc.o.valid)
+    c.sc_distinct = Signal()      # the hash placer's sweep (see sparse_place_rows.drain)
+    c.sc_ready = _scatter_input(m, c)
     c.sel_start, c.recv_done, c.main_uses = Signal(), Signal(), Signal()
     c.selected = Signal(e.chunks)
     c.sel_busy = Signal()         # a top-k unit holds a selection (driven by the selection side)
@@ -61,6 +60,28 @@ def build_engine(e) -> Module:
     build_selection(m, c)       # drives the adder only in cycles the sequencer does not
     count_drops(m, c)
     return m
+
+
+def _scatter_input(m, c):
+    """The scatter unit's input through a skid buffer, and ``pending`` (pairs taken and
+    not yet written). The sources' mux (received pairs, the undo log, slot and region
+    walks, host words, the selections' zeroing adds) and their ready then stand apart from
+    the unit's read address and its boundary compare: the two in one path were the engine's
+    deepest logic (an estimated 17.6 ns, tools/netlist_depth.py on nic_core_sparse). Pairs
+    keep their order; each takes a cycle more to its write. Returns the input's ready."""
+    e, sc = c.e, c.scatter
+    m.submodules.scatter_in = skid = SkidBuffer(SCATTER_IN)
+    i, o = skid.i.payload, skid.o.payload
+    m.d.comb += [skid.i.valid.eq(c.sc_valid), i.index.eq(c.sc_index), i.value.eq(c.sc_value),
+                 i.set.eq(c.sc_set), i.log.eq(c.sc_log), i.distinct.eq(c.sc_distinct),
+                 sc.i.valid.eq(skid.o.valid), sc.i.payload.index.eq(o.index),
+                 sc.i.payload.value.eq(o.value), sc.set.eq(o.set), sc.log.eq(o.log),
+                 skid.o.ready.eq(sc.i.ready), sc.o.ready.eq(1)]
+    if e.hash_elements:
+        m.d.comb += sc.distinct.eq(o.distinct)
+    in_range = (c.sc_index >> (e.depth.bit_length() - 1)) == 0
+    m.d.sync += c.pending.eq(c.pending + (c.sc_valid & skid.i.ready & in_range) - sc.o.valid)
+    return skid.i.ready
 
 
 def _codec(m, c):
@@ -118,13 +139,18 @@ def _links(m, c):
         m.d.sync += credits[p].eq(credits[p] - sending + tx.credit[0])
         m.submodules[f"rxq{p}"] = q = fifo.SyncFIFOBuffered(width=fmt.flit.size,
                                                           depth=e.rx_depth)
-        pop = c.rx_pop & (port == p) & q.r_rdy
-        m.d.comb += [q.w_data.eq(rx.flit.as_value()), q.w_en.eq(rx.valid), q.r_en.eq(pop),
-                     rx.credit.eq(pop)]
+        # the head flit from a register, not the FIFO's block RAM output (4.3 ns before
+        # the port mux and the pair checks): the queue's skid buffer. A flit leaving the
+        # FIFO frees its slot, so the credit returns then; the skid's two flits are extra
+        m.submodules[f"rx_head{p}"] = head = SkidBuffer(fmt.flit.size)
+        m.d.comb += [q.w_data.eq(rx.flit.as_value()), q.w_en.eq(rx.valid),
+                     head.i.payload.eq(q.r_data), head.i.valid.eq(q.r_rdy),
+                     q.r_en.eq(head.i.ready), rx.credit.eq(q.r_rdy & head.i.ready),
+                     head.o.ready.eq(c.rx_pop & (port == p))]
         with m.If(rx.valid & ~q.w_rdy):
             m.d.sync += e.malformed.eq(e.malformed + 1)
         with m.If(port == p):
-            m.d.comb += [c.rx_flit.eq(q.r_data), c.rx_valid.eq(q.r_rdy)]
+            m.d.comb += [c.rx_flit.eq(head.o.payload), c.rx_valid.eq(head.o.valid)]
 
 
 def _head(c):

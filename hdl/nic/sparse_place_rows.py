@@ -52,8 +52,8 @@ def drain(m, c):
     o = c.placer.o
     with m.If(o.valid):
         m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(c.region + o.payload.position),
-                     c.sc_value.eq(o.payload.value), o.ready.eq(c.scatter.i.ready),
-                     c.scatter.distinct.eq(1)]
+                     c.sc_value.eq(o.payload.value), o.ready.eq(c.sc_ready),
+                     c.sc_distinct.eq(1)]
 
 
 def restart_sweep(m, c):
@@ -76,7 +76,7 @@ def idle_words(m, c, h):
                              pl.i.payload.value.eq(h.payload.data[:32])]
             with m.Else():              # a buffer address: wait until placed words are in
                 m.d.comb += [c.sc_valid.eq(h.valid & ~pl.busy),
-                             h.ready.eq(c.scatter.i.ready & ~pl.busy)]
+                             h.ready.eq(c.sc_ready & ~pl.busy)]
         with m.Case(HostKind.PROG):
             row = data.View(ROW, h.payload.data)
             op = Cat(row.op, row.op_hi)

@@ -135,7 +135,10 @@ def _dispatcher(m, c, units):
     done = Array(Signal(cnt, name=f"done{i}") for i in range(e.chunks))
     pc = Signal(range(e.rows + 1))
     rd = c.prog_r2
-    row = rd.data
+    # the row registered (ROW) before it is decoded (LOOK): decoded straight from the block
+    # RAM output, with the flow's seen/done mux and compare behind it, it was 11 LUT levels
+    # into the enable of pc (an estimated 14.1 ns); a cycle more a row, ahead of the sequencer
+    row = Signal.like(rd.data)
     op = Signal(4)                      # the row's op code (op_hi is its bit 3)
     m.d.comb += [rd.addr.eq(pc), op.eq(Cat(row.op, row.op_hi))]
     with m.If(c.recv_done):
@@ -147,6 +150,9 @@ def _dispatcher(m, c, units):
             with m.If(c.sel_start):             # a run starts from row 0
                 m.next = "FETCH"
         with m.State("FETCH"):
+            m.next = "ROW"
+        with m.State("ROW"):
+            m.d.sync += row.eq(rd.data)
             m.next = "LOOK"
         with m.State("LOOK"):
             with m.Switch(op):
@@ -195,7 +201,7 @@ def _arbiter(m, c, units):
                 m.d.sync += [c.counts[u.chunk].eq(u.pairs), u.busy.eq(0), locked.eq(0),
                              c.selected.bit_select(u.chunk, 1).eq(1)]
             with m.Elif(o.valid & ~c.main_uses):
-                go = c.scatter.i.ready
+                go = c.sc_ready
                 m.d.comb += [o.ready.eq(go), c.sc_valid.eq(1), c.sc_index.eq(index),
                              c.sc_value.eq(o.payload.value ^ SIGN),
                              c.fin_w.addr.eq(u.chunk * e.slot + u.pairs),

@@ -207,7 +207,7 @@ def _undo_states(m, c, j):
     hold distinct ascending indices (:func:`pair_fits`), so the writes pass the unit at
     one a cycle and their order does not matter."""
     log = c.undo_r
-    fire = c.sc_valid & c.scatter.i.ready
+    fire = c.sc_valid & c.sc_ready
     with m.State("UNDO_ADDR"):
         m.d.comb += [c.main_uses.eq(1), log.addr.eq(0)]
         m.next = "UNDO"
@@ -239,7 +239,7 @@ def _idle(m, c, h, pc, j, chunk, dump_n):
     with m.Switch(h.payload.kind):
         with m.Case(HostKind.GRAD):
             m.d.comb += [c.sc_valid.eq(h.valid), c.sc_index.eq(h.payload.addr),
-                         c.sc_value.eq(h.payload.data[:32]), h.ready.eq(c.scatter.i.ready)]
+                         c.sc_value.eq(h.payload.data[:32]), h.ready.eq(c.sc_ready)]
         with m.Case(HostKind.PROG):
             m.d.comb += [h.ready.eq(1), c.prog_w.addr.eq(h.payload.addr),
                          c.prog_w.data.eq(h.payload.data), c.prog_w.en.eq(h.valid)]
@@ -292,7 +292,7 @@ def _rx_body(m, c, rx, idx, val, fits, n_pairs, seen, bad, slot_base):
     reduce = c.op == SparseOp.RECV
     with m.If(c.rx_valid & (rx.type == FlitType.SUB_BODY)):
         take = fits & ~bad
-        ready = c.scatter.i.ready | ~reduce | ~take
+        ready = c.sc_ready | ~reduce | ~take
         m.d.comb += [c.rx_pop.eq(ready), c.sc_valid.eq(take & reduce), c.sc_index.eq(idx),
                      c.sc_value.eq(val), c.sc_log.eq(1), c.fin_w.addr.eq(slot_base + n_pairs),
                      c.fin_w.data.eq(rx.data), c.fin_w.en.eq(take & ~reduce)]
@@ -331,7 +331,7 @@ def _dump_residual(m, c, j, chunk, dump_n):
 
 def _clear(m, c, j, dump_n):
     """part[j] += -part[j] for j < dump_n: +0 exactly, through the one adder path."""
-    fire = c.sc_valid & c.scatter.i.ready
+    fire = c.sc_valid & c.sc_ready
     m.d.comb += c.dump_r.addr.eq(Mux(fire, j + 1, j))
     with m.If(j == dump_n):
         m.next = "IDLE"
