@@ -352,8 +352,8 @@ def _region_states(m, c, j, fin_fire, slot_base):
 
     Slots hold ascending indices, so the scatter unit never waits on a hazard inside a row.
     """
-    row, sc = c.row, c.scatter
-    fire = c.sc_valid & sc.i.ready
+    row = c.row
+    fire = c.sc_valid & c.sc_ready
     with m.State("REGION_WAIT"):    # no selection in flight, its zeroing adds done
         with m.If(~c.sel_busy & (c.pending == 0)):
             with m.Switch(c.op):

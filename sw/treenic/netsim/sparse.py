@@ -99,7 +99,7 @@ class SparseTiming:
     end_cycles : int
         The END row (FETCH, LOAD, DISPATCH): the whole program's floor.
     dispatch_cycles : int
-        The dispatcher's cycles per program row it walks (FETCH, LOOK).
+        The dispatcher's cycles per program row it walks (FETCH, ROW, LOOK).
     row_cycles : int
         A SEND/ROOT row's FETCH, LOAD, DISPATCH before it first looks at its slot.
     select_fixed : int
@@ -117,18 +117,22 @@ class SparseTiming:
     head_cycles : int
         Row start to the head flit of a GSEND on the link, plus two.
     rx_extra : int
-        A flit out of the link's registers to readable in the receive FIFO.
+        A flit out of the link's registers to readable at the head of its receive queue
+        (the FIFO, then its skid buffer).
     slot_fixed, copy_fixed : int
-        ACC / ZERO / FIXUP beyond one (FIXUP: two) cycles per slot pair, COPY beyond one
-        cycle per word (one engine in the Amaranth simulator, ROOT of 50 pairs then the row:
-        ACC 63, ZERO 63, FIXUP 113 cycles; COPY of 256 words 270).
+        ACC / ZERO / FIXUP beyond one (FIXUP: two) cycles per slot pair and the row's FETCH,
+        LOAD, DISPATCH; COPY likewise per word (one engine in the Amaranth simulator, a ROOT
+        of 50 pairs then the row, ``python -m treenic.netsim.sparse_calibrate --regions``:
+        ACC 70, ZERO 70, FIXUP 120, COPY of 256 words 277 cycles; 4 more each than before
+        the scatter unit's input skid and operand register, which the wait for an empty
+        adder before the row and its drain after it each pass).
     """
     lanes: int = 16
     scan_bins: int = 16
     topk_units: int = 2
     link_latency: int = 1
     end_cycles: int = 3
-    dispatch_cycles: int = 2
+    dispatch_cycles: int = 3
     row_cycles: int = 3
     select_fixed: int = 10
     pair_cycles: float = 2.0
@@ -138,9 +142,9 @@ class SparseTiming:
     grecv_fixed: int = 7
     gsend_fixed: int = 8
     head_cycles: int = 5
-    rx_extra: int = 1
-    slot_fixed: int = 13
-    copy_fixed: int = 14
+    rx_extra: int = 2
+    slot_fixed: int = 17
+    copy_fixed: int = 18
 
     def with_(self, **kw) -> "SparseTiming":
         return replace(self, **kw)
@@ -152,11 +156,11 @@ class SparseTiming:
 #: constants from them (a test holds :data:`SPARSE_RTL` equal to that).
 CALIBRATION = {
     ("END", 0, 0): 3,
-    ("ROOT", 500, 50): 322, ("ROOT", 250, 12): 202, ("ROOT", 256, 1): 198,
-    ("SEND", 500, 50): 376, ("SEND", 250, 12): 218, ("SEND", 256, 1): 203,
-    ("RECV", 500, 50): 67, ("RECV", 500, 12): 29,
+    ("ROOT", 500, 50): 323, ("ROOT", 250, 12): 203, ("ROOT", 256, 1): 199,
+    ("SEND", 500, 50): 377, ("SEND", 250, 12): 219, ("SEND", 256, 1): 204,
+    ("RECV", 500, 50): 69, ("RECV", 500, 12): 31,
     ("GRECV", 500, 50): 60, ("GRECV", 500, 12): 22,
-    ("ROOT+GSEND", 500, 50): 380,
+    ("ROOT+GSEND", 500, 50): 381,
 }
 
 

@@ -14,7 +14,7 @@ import sys
 
 import numpy as np
 
-__all__ = ["run_rows", "measure", "CASES"]
+__all__ = ["run_rows", "measure", "region_rows", "CASES"]
 
 #: (label, n, k) of the calibration programs; GSEND needs a ROOT before it (its final slot)
 CASES = [("END", 0, 0), ("ROOT", 500, 50), ("ROOT", 250, 12), ("ROOT", 256, 1),
@@ -81,7 +81,29 @@ def measure(cases=CASES) -> dict:
     return {c: run_rows(*program(*c)) for c in cases}
 
 
-def main() -> int:
+def region_rows() -> dict:
+    """Engine cycles each slot / region row adds after a ROOT of 50 pairs (n = 250): ACC,
+    ZERO, FIXUP over its slot, COPY of 256 words (what ``slot_fixed`` / ``copy_fixed`` are
+    read from: the row's cycles beyond one, FIXUP two, a pair or word)."""
+    from treenic.schedule.sparse_table import SparseOp, pack_row
+    end = pack_row(op=SparseOp.END)
+    root = pack_row(op=SparseOp.ROOT, step=1, lo=0, n=250, k=50)
+    base = run_rows([root, end])
+    rows = {"ACC": pack_row(op=SparseOp.ACC, lo=0), "ZERO": pack_row(op=SparseOp.ZERO, lo=0),
+            "FIXUP": pack_row(op=SparseOp.FIXUP, lo=0, k=256),
+            "COPY256": pack_row(op=SparseOp.COPY, lo=0, n=256, k=256)}
+    return {name: run_rows([root, row, end]) - base for name, row in rows.items()}
+
+
+def main(argv=None) -> int:
+    import argparse
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--regions", action="store_true",
+                    help="the slot / region rows' cycles instead (region_rows)")
+    args = ap.parse_args(argv)
+    if args.regions:
+        print(json.dumps(region_rows()))
+        return 0
     rec = measure()
     print(json.dumps([[*c, v] for c, v in rec.items()]))
     return 0
