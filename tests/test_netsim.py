@@ -291,6 +291,18 @@ def test_sparse_calibration_records_are_the_engine_cycles():
         assert run_rows(*program(*case)) == CALIBRATION[case], case
 
 
+def test_sparse_region_rows_are_the_engine_cycles():
+    """The slot and region rows re-run in the Amaranth simulator take the recorded cycles:
+    one a slot pair (FIXUP two) or a COPY word, each pair through the scatter unit once (a
+    handshake that hands the unit a pair twice cost FIXUP 230 cycles, bit-exact all the
+    same: set mode is idempotent)."""
+    from treenic.netsim.sparse import REGION_RECORDS
+    from treenic.netsim.sparse_calibrate import region_rows
+    got = region_rows()
+    assert got == REGION_RECORDS
+    assert got["FIXUP"] - got["ACC"] == 50
+
+
 def test_sparse_model_needs_every_message():
     """A RECV whose sender never sends deadlocks the model: an error, not a number."""
     from treenic.netsim import rtl_runs, sparse

@@ -13,6 +13,7 @@ CCU2C 0.45 + 0.55 into a chain and 0.06 a cell along it, LUT-RAM read 0.6 + 0.55
 clock to out 0.45, DP16KD without output register 4.3; LSR pins +0.2 setup.
 
     python tools/netlist_depth.py build/synth/nic_core_sparse/pnr/nic_core_sparse.json [--top 40]
+    python tools/netlist_depth.py --synth nic_core_sparse     # its Yosys step first (~10 min)
 """
 from __future__ import annotations
 
@@ -153,12 +154,39 @@ def group(endpoints):
     return groups
 
 
+def synthesise(top: str, out: str) -> str:
+    """The Yosys step of ``python -m treenic.boards.synth --top TOP`` (the same build plan:
+    the register wrapper on the ECPIX-5 85F, ``synth_ecp5``) without place and route;
+    returns the mapped netlist's path (``OUT/TOP.json``)."""
+    import subprocess
+    from pathlib import Path
+    from treenic.boards.synth import CLOCK_MHZ, TOPS, SynthWrapper, _platform, _tool_env
+    if top not in TOPS:
+        raise SystemExit(f"netlist_depth: unknown top {top!r}; registered: {sorted(TOPS)}")
+    folder = Path(out).resolve()
+    plan = _platform(CLOCK_MHZ).build(SynthWrapper(TOPS[top]()), name=top,
+                                      build_dir=str(folder), do_build=False)
+    plan.extract(str(folder))
+    env = _tool_env()
+    subprocess.run([env["YOSYS"], "-q", "-l", f"{top}.rpt", f"{top}.ys"], cwd=folder, env=env,
+                   check=True)
+    return str(folder / f"{top}.json")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("netlist", help="Yosys JSON of a synth_ecp5 run")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("netlist", nargs="?", help="Yosys JSON of a synth_ecp5 run")
+    src.add_argument("--synth", metavar="TOP",
+                     help="a registered synthesis top: run its Yosys step first "
+                          "(boards.synth's plan, no place and route; minutes for nic_core_sparse)")
+    p.add_argument("--out", default=None,
+                   help="build folder for --synth (default: build/netlist/TOP)")
     p.add_argument("--period", type=float, default=8.0, help="clock period, ns (8: 125 MHz)")
     p.add_argument("--top", type=int, default=40, help="register groups to list")
     args = p.parse_args(argv)
+    if args.synth:
+        args.netlist = synthesise(args.synth, args.out or f"build/netlist/{args.synth}")
     with open(args.netlist) as f:
         net = Netlist(json.load(f))
     ends = net.endpoints()

@@ -79,8 +79,10 @@ def _scatter_input(m, c):
                  skid.o.ready.eq(sc.i.ready), sc.o.ready.eq(1)]
     if e.hash_elements:
         m.d.comb += sc.distinct.eq(o.distinct)
-    in_range = (c.sc_index >> (e.depth.bit_length() - 1)) == 0
-    m.d.sync += c.pending.eq(c.pending + (c.sc_valid & skid.i.ready & in_range) - sc.o.valid)
+    # pending: + a pair into the skid, - a write, - a pair the unit drops (index outside
+    # the buffer: counted at the unit's input, so the range test stays off the sources' mux)
+    dropped = sc.i.valid & ((o.index >> (e.depth.bit_length() - 1)) != 0)
+    m.d.sync += c.pending.eq(c.pending + (c.sc_valid & skid.i.ready) - sc.o.valid - dropped)
     return skid.i.ready
 
 

@@ -164,6 +164,12 @@ CALIBRATION = {
 }
 
 
+#: the slot / region rows' engine cycles after a ROOT of 50 pairs (``python -m
+#: treenic.netsim.sparse_calibrate --regions``), whose changes ``slot_fixed`` and
+#: ``copy_fixed`` follow (a test holds them equal to the engine's)
+REGION_RECORDS = {"ACC": 70, "ZERO": 70, "FIXUP": 120, "COPY256": 277}
+
+
 def _peers(program) -> dict[tuple[int, int], tuple[int, int]]:
     """(sender, its port) -> (receiver, its port), from the wiring the compiler used."""
     from treenic.hdl.nic.fabric import wiring_plan
