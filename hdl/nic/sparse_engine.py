@@ -8,14 +8,19 @@ SEND/ROOT selection on a free unit as soon as that flow's receives are in:
 
 ::
 
-    host_i ──GRAD──► ScatterAccumulate (part: the partial / residual buffer, FP32Adder)
-                          ▲  ▲  ▲               │ W read ports per unit
-          RECV pairs ─────┘  │  └── selections: (index, -value) zeroes what was selected
-                             │                  ▼
-    rx[p] ─► flit FIFO ──────┘      feeder ─► TopKUnit(W) ─► PairNarrower ─┐ (x topk_units)
+    host_i ──GRAD──► skid ─► ScatterAccumulate (part: the partial / residual buffer, FP32Adder)
+                      ▲  ▲  ▲                   │ W read ports per unit
+          RECV pairs ─┘  │  └── selections: (index, -value) zeroes what was selected
+                         │                      ▼
+    rx[p] ─► flit FIFO ─► skid      feeder ─► TopKUnit(W) ─► PairNarrower ─┐ (x topk_units)
                                                     arbiter ◄──────────────┘
     final-pair memory (chunk slots) ◄── selections, GRECV ;  SEND, GSEND ──► tx[p]
     final slot ──ACC / ZERO / FIXUP──► ScatterAccumulate ;  COPY: part region ──► part region
+
+Every source of the scatter unit goes through one skid buffer (a register slice that cuts
+ready too), and each RX queue's head flit through another: pipeline registers that keep the
+sources' mux and the queues' block RAM outputs apart from the unit's address and hazard logic
+(docs/sparse-nic.md, "Eleventh wave").
 
 The slot and region rows (ACC, ZERO, FIXUP, COPY; ``treenic.schedule.sparse_table``) use the
 scatter unit's set mode (write instead of add) for ZERO, FIXUP and COPY: TopkA sums the P
