@@ -433,10 +433,7 @@ class TopKUnit(wiring.Component):
             m.d.comb += self.cmd.ready.eq(1)
             with m.If(self.cmd.valid):
                 self._start(m, st, cmd)
-        with m.If(st.phase[_Phase.HIST]):
-            m.d.comb += self.i.ready.eq(1)
-            with m.If(accepted & self.i.payload.last):
-                m.d.sync += [*st.phase.move(_Phase.HIST, _Phase.DRAIN), drain.eq(0)]
+        self._data_pass(m, st, accepted, _Phase.HIST, _Phase.DRAIN, drain)
         with m.If(st.phase[_Phase.DRAIN]):
             # the last beat's histogram write lands one cycle after its read; in pass 0
             # its nonzero count two cycles after the beat
@@ -450,10 +447,7 @@ class TopKUnit(wiring.Component):
                                  st.need.eq(k_eff)]
         with m.If(st.phase[_Phase.SCAN]):
             self._scan(m, st, hist_sum, scanning_bin)
-        with m.If(st.phase[_Phase.COUNT]):
-            m.d.comb += self.i.ready.eq(1)
-            with m.If(accepted & self.i.payload.last):
-                m.d.sync += [*st.phase.move(_Phase.COUNT, _Phase.COUNT_DRAIN), drain.eq(0)]
+        self._data_pass(m, st, accepted, _Phase.COUNT, _Phase.COUNT_DRAIN, drain)
         with m.If(st.phase[_Phase.COUNT_DRAIN]):
             # the last beat's count reaches acc two cycles after the beat
             m.d.sync += drain.eq(drain + 1)
@@ -469,6 +463,14 @@ class TopKUnit(wiring.Component):
             m.d.comb += self.i.ready.eq(st.emit_ready)
         # EMIT_FLUSH: the emit pipeline drains (see _emit)
         self._search_cases(m, st, accepted)
+
+    def _data_pass(self, m, st, accepted, phase, drain_phase, drain):
+        """A pass over the chunk in ``phase``: every beat taken; after the last, the drain
+        phase with its counter at zero."""
+        with m.If(st.phase[phase]):
+            m.d.comb += self.i.ready.eq(1)
+            with m.If(accepted & self.i.payload.last):
+                m.d.sync += [*st.phase.move(phase, drain_phase), drain.eq(0)]
 
     def _search_cases(self, m, st, accepted):
         """SEARCH: threshold request, count pass, decision loop (see :mod:`.search`)."""
@@ -489,12 +491,7 @@ class TopKUnit(wiring.Component):
                     sr.set_threshold(m, "lo")       # st.lo = table[0], loaded here
                 with m.Else():
                     m.d.sync += st.phase.move(_Phase.SEARCH_LOAD, _Phase.SEARCH_COUNT)
-        with m.If(st.phase[_Phase.SEARCH_COUNT]):
-            m.d.comb += self.i.ready.eq(1)
-            with m.If(accepted):
-                with m.If(self.i.payload.last):
-                    m.d.sync += [*st.phase.move(_Phase.SEARCH_COUNT, _Phase.SEARCH_DRAIN),
-                                 sr.drain.eq(0)]
+        self._data_pass(m, st, accepted, _Phase.SEARCH_COUNT, _Phase.SEARCH_DRAIN, sr.drain)
         with m.If(st.phase[_Phase.SEARCH_DRAIN]):
             m.d.sync += sr.drain.eq(sr.drain + 1)
             with m.If(sr.drain == DRAIN_CYCLES - 1):    # counts final (see count_pipeline)
