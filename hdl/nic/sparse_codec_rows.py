@@ -32,7 +32,7 @@ def _encode_states(m, c, j, fin_fire, n_pairs):
     have_low = Signal()
     with m.State("GS_ENC"):
         m.d.comb += enc.i.valid.eq(1)
-        with m.If(j == c.counts[row.chunk]):
+        with m.If(j == c.row_count):
             m.d.comb += [enc.i.payload.none.eq(1), enc.i.payload.last.eq(1)]
             with m.If(enc.i.ready):
                 m.d.sync += n_pairs.eq(0)

@@ -71,7 +71,7 @@ def sequencer(m, c, head):
                 with m.If((c.op == SparseOp.GSEND_BM) | (c.op == SparseOp.SEND_BM)):
                     m.next = "GS_ENC"
         with m.State("GS_PAIRS"):
-            cnt = c.counts[row.chunk]
+            cnt = c.row_count
             with m.If(j == cnt):
                 m.next = "GS_TAIL"
             with m.Else():
@@ -150,7 +150,7 @@ def _dump_finals(m, c, j, chunk, fin_fire):
             final_label(m, c)
             m.next = "DUMP_FIN"
     with m.State("DUMP_FIN"):
-        with m.If(j == c.counts[row.chunk]):
+        with m.If(j == c.row_count):
             m.d.sync += chunk.eq(chunk + 1)
             m.next = "DUMP_CHUNK"
         with m.Else():
@@ -364,7 +364,7 @@ def _region_states(m, c, j, fin_fire, slot_base):
                 with m.Default():
                     m.next = "COPY_ADDR"
     fin_index, fin_value = c.fin_r.data[:32], c.fin_r.data[32:]
-    count = c.counts[row.chunk]
+    count = c.row_count
     with m.State("SLOT"):
         m.d.comb += c.main_uses.eq(1)
         with m.If(j == count):
