@@ -316,8 +316,8 @@ class TopKUnit(wiring.Component):
         m.d.sync += [r.eq(key) for r, key in zip(rkeys, keys)]
         hist_sum, scanning_bin, hist_ready = self._histograms(m, st, rkeys, accepted)
         # before the controller: its clear of the counts at a new count pass overrides this
-        st.search.count_pipeline(m, rkeys, (st.phase[_Phase.SEARCH_COUNT]) & accepted)
-        st.search.any_key_pipeline(m, rkeys, (st.phase[_Phase.SEARCH_COUNT]) & accepted)
+        st.search.count_pipeline(m, rkeys, st.phase[_Phase.SEARCH_COUNT] & accepted)
+        st.search.any_key_pipeline(m, rkeys, st.phase[_Phase.SEARCH_COUNT] & accepted)
         st.search.decision_flags(m, st.k_total)
         st.search.status_update(m, st)
         self._control(m, st, keys, accepted, hist_sum, scanning_bin, hist_ready)
@@ -341,7 +341,7 @@ class TopKUnit(wiring.Component):
         # a beat's keys (``rkeys``) are registered: its read is one cycle after it was taken,
         # its write two; the scan's first read comes after the drain, later than the write
         in_hist = Signal()
-        m.d.sync += in_hist.eq(accepted & (st.phase[_Phase.HIST]))
+        m.d.sync += in_hist.eq(accepted & st.phase[_Phase.HIST])
         digit = Signal(DIGIT_BITS)
         match_mask = Signal(KEY_BITS)
         with m.Switch(st.pass_index):
@@ -405,13 +405,13 @@ class TopKUnit(wiring.Component):
         # per-lane flags registered, then their tree sum registered, then accumulated: a
         # W-lane popcount behind a 31-bit compare and in front of an adder missed 8 ns
         nonzero = self._lane_count(m, "nonzero", [k != 0 for k in keys],
-                                   accepted & (st.phase[_Phase.HIST]) & (st.pass_index == 0))
+                                   accepted & st.phase[_Phase.HIST] & (st.pass_index == 0))
         over = self._lane_count(m, "over", [k > st.hi for k in keys],
-                                accepted & (st.phase[_Phase.COUNT]))
+                                accepted & st.phase[_Phase.COUNT])
         bad = Signal()
         m.d.sync += bad.eq(Cat(k >= 0x7F800000 for k in keys).any() & accepted
-                           & (((st.phase[_Phase.HIST]) & (st.pass_index == 0))
-                              | ((st.phase[_Phase.SEARCH_COUNT]) & (st.search.passes == 0))))
+                           & ((st.phase[_Phase.HIST] & (st.pass_index == 0))
+                              | (st.phase[_Phase.SEARCH_COUNT] & (st.search.passes == 0))))
         with m.If(bad):
             m.d.sync += st.nonfinite.eq(1)
         m.d.sync += st.nonzero.eq(st.nonzero + nonzero)
@@ -496,10 +496,10 @@ class TopKUnit(wiring.Component):
             m.d.sync += sr.drain.eq(sr.drain + 1)
             with m.If(sr.drain == DRAIN_CYCLES - 1):    # counts final (see count_pipeline)
                 sr.begin_decision(m)
-                # the emit budget of a converged search (no band, no cap), set here and not
-                # when the decision accepts: the decision's table mux then fed the enables
-                # of room and ties_left (121.4 MHz at 16 scan bins, W = 2). Nothing reads
-                # them before the emit pass, and a band fill sets them again (COUNT_DONE)
+                # the tie quota of a converged search (no band), set here and not when the
+                # decision accepts: the decision's table mux then fed its enable (121.4 MHz
+                # at 16 scan bins, W = 2). Nothing reads it before the emit pass, and a band
+                # fill sets it again (COUNT_DONE); room loads as the emit pass begins
                 m.d.sync += st.ties_left.eq(0)
                 with m.If(sr.any_key):
                     m.d.sync += st.phase.move(_Phase.SEARCH_DRAIN, _Phase.SEARCH_DECIDE)
@@ -665,10 +665,10 @@ class TopKUnit(wiring.Component):
         with m.If(st.phase[_Phase.EMIT]):
             m.d.sync += [r.eq(key) for r, key in zip(k_key, keys)]
         k_value = [Signal(32, name=f"k_value{l}") for l in range(W)]
-        m.d.sync += [k_valid.eq((st.phase[_Phase.EMIT]) & accepted),
+        m.d.sync += [k_valid.eq(st.phase[_Phase.EMIT] & accepted),
                      k_last.eq(self.i.payload.last), k_beat.eq(beat)]
         m.d.sync += [k_value[l].eq(self.i.payload.value[l]) for l in range(W)]
-        with m.If((st.phase[_Phase.EMIT]) & accepted & self.i.payload.last):
+        with m.If(st.phase[_Phase.EMIT] & accepted & self.i.payload.last):
             m.d.sync += st.phase.move(_Phase.EMIT, _Phase.EMIT_FLUSH)
         # A: the two compares, each registered straight from its carry chain; the flags
         # are their combinations, one LUT in front of the prefix sums (the AND behind the
@@ -752,7 +752,7 @@ class TopKUnit(wiring.Component):
             m.d.sync += [st.ties_left.eq(ties_next), st.room.eq(room_next),
                          st.ties_cap.eq(ties_cap_next),
                          st.room_cap.eq(_saturate(room_next, W))]
-        with m.If((st.phase[_Phase.EMIT_FLUSH]) & s_valid & s_last):
+        with m.If(st.phase[_Phase.EMIT_FLUSH] & s_valid & s_last):
             # the last beat enters the FIFO now
             m.d.sync += st.phase.move(_Phase.EMIT_FLUSH, _Phase.IDLE)
         # output lane j = the taken input lane of rank j (at most one): a one-hot OR
@@ -818,7 +818,9 @@ def _or_tree(values):
     return _or_tree(values[:half]) | _or_tree(values[half:])
 
 
-class _Phase(enum.Enum, shape=4):
+class _Phase(enum.Enum):
+    """The controller's states: names only, each one a flop of its own (:class:`_PhaseFlops`)."""
+
     IDLE = 0
     HIST = 1
     DRAIN = 2
