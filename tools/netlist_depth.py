@@ -160,12 +160,14 @@ def synthesise(top: str, out: str) -> str:
     returns the mapped netlist's path (``OUT/TOP.json``)."""
     import subprocess
     from pathlib import Path
-    from treenic.boards.synth import CLOCK_MHZ, TOPS, SynthWrapper, _platform, _tool_env
+    from treenic.boards.synth import (CLOCK_MHZ, TOPS, SynthWrapper, _platform, _tool_env,
+                                      yosys_overrides)
     if top not in TOPS:
         raise SystemExit(f"netlist_depth: unknown top {top!r}; registered: {sorted(TOPS)}")
     folder = Path(out).resolve()
     plan = _platform(CLOCK_MHZ).build(SynthWrapper(TOPS[top]()), name=top,
-                                      build_dir=str(folder), do_build=False)
+                                      build_dir=str(folder), do_build=False,
+                                      **yosys_overrides(top))
     plan.extract(str(folder))
     env = _tool_env()
     subprocess.run([env["YOSYS"], "-q", "-l", f"{top}.rpt", f"{top}.ys"], cwd=folder, env=env,

@@ -4,9 +4,10 @@ and the selection side (:mod:`.sparse_select`: top-k units, their feeders, the d
 from __future__ import annotations
 
 from amaranth import Array, Cat, Module, Mux, Signal
-from amaranth.lib import data, fifo, memory
+from amaranth.lib import data, fifo
 
 from ..link.flit import FlitType, Op
+from ..ram import BlockRam
 from ..skid import SkidBuffer
 from ..sparse.scatter import ScatterAccumulate
 from .sparse_engine import ROW, HostKind
@@ -31,9 +32,9 @@ def build_engine(e) -> Module:
     m.submodules.scatter = c.scatter = ScatterAccumulate(depth=e.depth,
                                                          distinct_port=bool(e.hash_elements),
                                                          old_port=True)
-    m.submodules.program = prog = memory.Memory(shape=ROW, depth=e.rows, init=[])
+    m.submodules.program = prog = BlockRam(shape=ROW, depth=e.rows, init=[])
     c.prog_w, c.prog_r, c.prog_r2 = prog.write_port(), prog.read_port(), prog.read_port()
-    m.submodules.finals = fin = memory.Memory(shape=64, depth=e.chunks * e.slot, init=[])
+    m.submodules.finals = fin = BlockRam(shape=64, depth=e.chunks * e.slot, init=[])
     c.fin_w, c.fin_r = fin.write_port(), fin.read_port()
     c.counts = Array(Signal(range(e.slot + 1), name=f"count{i}") for i in range(e.chunks))
     c.dump_r = c.scatter.buffer.read_port()
@@ -114,7 +115,7 @@ def _undo_log(m, c):
     when the message turns out malformed, writes the old words back (UNDO)."""
     e, old = c.e, c.scatter.old
     entry = data.StructLayout({"index": e.depth.bit_length() - 1, "value": 32})
-    m.submodules.undo_log = log = memory.Memory(shape=entry, depth=e.slot, init=[])
+    m.submodules.undo_log = log = BlockRam(shape=entry, depth=e.slot, init=[])
     c.undo_w, c.undo_r = log.write_port(), log.read_port()
     c.log_n = Signal(range(e.slot + 1))
     c.drop = Signal()             # the message is malformed: it must contribute nothing

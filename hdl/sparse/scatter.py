@@ -14,8 +14,9 @@ Timing: one pair per cycle sustained (read, operand register, 7-stage add, write
 latency 10 cycles; the block RAM's output is registered before the adder's first stage, as
 the NIC's banked buffer's is: 4.3 ns of clock-to-out and the exponent compare behind it
 missed 8 ns by an estimated 4 ns inside the sparse engine). The
-buffer is a simple-dual-port ``lib.memory`` (one read port for the operand, one write port for
-the sum), so the read of a new pair and the write-back of an older one never compete for a
+buffer is a simple-dual-port :class:`~treenic.hdl.ram.BlockRam` (one read port for the operand,
+one write port for the sum; a read that meets a write of its own word is never used, so no
+read-first logic is built around the block RAM), so the read of a new pair and the write-back of an older one never compete for a
 port: at one pair per cycle there is no bank conflict to arbitrate. The only hazard is
 read-after-write on one index, possible only when a new message starts (indices inside one
 message are strictly ascending, so a pair never meets an in-flight write of its own
@@ -23,11 +24,12 @@ message): a pair whose index is not above the previous pair's waits until the pi
 empty, about 10 cycles per message boundary. Nothing is ever reordered.
 """
 from amaranth import Module, Mux, Signal
-from amaranth.lib import data, memory, stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..fp32 import LATENCY as ADD_LATENCY
 from ..fp32 import FP32Adder
+from ..ram import BlockRam
 
 __all__ = ["ScatterAccumulate", "LATENCY"]
 
@@ -88,7 +90,7 @@ class ScatterAccumulate(wiring.Component):
         if len(init) > depth:
             raise ValueError(f"init has {len(init)} words, the buffer {depth}")
         self.depth, self.addr_bits = depth, depth.bit_length() - 1
-        self.buffer = memory.Memory(shape=32, depth=depth, init=list(init))
+        self.buffer = BlockRam(shape=32, depth=depth, init=list(init))
         pair = data.StructLayout({"index": 32, "value": 32})
         self.distinct_port = bool(distinct_port)
         members = {"i": In(stream.Signature(pair)), "o": Out(stream.Signature(pair)),

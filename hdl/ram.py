@@ -1,0 +1,104 @@
+"""Block RAM whose read/write collisions are don't-care: :class:`BlockRam`.
+
+A read port of an Amaranth :class:`~amaranth.lib.memory.Memory` that is not transparent
+promises the *old* word when a write port writes the word it reads in the same cycle. The
+ECP5's DP16KD keeps no such promise between its two ports (the read returns undefined data),
+so Yosys keeps it in soft logic around every read port of every copy of the memory
+(``memory_libmap``: "emulate read-first behavior"): the write delayed a cycle in registers,
+an address compare, and a bypass mux after the RAM output::
+
+    rd_addr ──► [DP16KD] ──4.3 ns──► (mux) ──► data        one more LUT level on every read,
+    wr_addr ─► [reg] ─► (==) ─► [reg] ──┘                  the compare on the address path
+
+:class:`BlockRam` drops the promise, as the block RAM does:
+
+* **synthesis** (a platform): the memory carries Yosys' ``no_rw_check`` attribute, and the
+  Trellis flow of :mod:`treenic.boards.synth` sets its read ports' collisions to don't-care
+  before mapping (:data:`YOSYS_COLLISION_DONT_CARE`); no emulation logic is built;
+* **simulation** (no platform: Amaranth's simulator, the Verilated models): a read that
+  collides with a write returns the stored word XOR :func:`poison`, so every bit-exact test of
+  a design built on it also shows that the design never *uses* such a read. A collision whose
+  word nobody looks at (a port left enabled while its data is ignored) changes nothing.
+
+Golden model: a plain ``Memory`` for every read that does not collide; a colliding read is
+undefined. One write port; read ports synchronous and not transparent, in the write port's domain.
+"""
+from __future__ import annotations
+
+from amaranth.hdl import Const, Module, Mux, Signal, Value
+from amaranth.lib import memory
+
+__all__ = ["BlockRam", "poison", "MAX_READ_PORTS", "YOSYS_COLLISION_DONT_CARE"]
+
+#: the most read ports a BlockRam may have (each is a copy of the memory on the FPGA)
+MAX_READ_PORTS = 64
+
+#: Yosys commands (``; ``-separated), run between ``synth_ecp5 -run :map_ram`` and ``-run
+#: map_ram:``: every read port of a memory marked ``no_rw_check`` reads don't-care when it
+#: collides with the write port (the mask has a bit per read port: one command per count)
+YOSYS_COLLISION_DONT_CARE = "; ".join(
+    f"setparam -set RD_COLLISION_X_MASK {n}'b{'1' * n} "
+    f"t:$mem_v2 a:no_rw_check %i r:WR_PORTS=1 %i r:RD_PORTS={n} %i"
+    for n in range(1, MAX_READ_PORTS + 1))
+
+
+def poison(width: int) -> Const:
+    """What a colliding read returns in simulation, XORed into the stored word: 0xA5 bytes
+    (never 0, so an unchanged word cannot hide it)."""
+    return Const(int("a5" * -(-width // 8), 16) & ((1 << width) - 1), width)
+
+
+class BlockRam(memory.Memory):
+    """A :class:`~amaranth.lib.memory.Memory` whose read/write collisions are don't-care.
+
+    Parameters
+    ----------
+    shape, depth, init, attrs :
+        As for :class:`~amaranth.lib.memory.Memory` (keyword-only; ``no_rw_check`` is added
+        to *attrs*).
+
+    Members
+    -------
+    As :class:`~amaranth.lib.memory.Memory`: ``read_port()`` (synchronous, not transparent;
+    up to :data:`MAX_READ_PORTS`) and ``write_port()`` (exactly one).
+    """
+
+    def __init__(self, *, shape, depth, init, attrs=None, src_loc_at=0):
+        super().__init__(shape=shape, depth=depth, init=init,
+                         attrs={**(attrs or {}), "no_rw_check": 1}, src_loc_at=1 + src_loc_at)
+
+    def read_port(self, *, domain="sync", transparent_for=(), src_loc_at=0):
+        if domain == "comb" or transparent_for:
+            raise ValueError("BlockRam read ports are synchronous and not transparent "
+                             f"(domain={domain!r}, transparent_for={transparent_for!r})")
+        return super().read_port(domain=domain, src_loc_at=1 + src_loc_at)
+
+    def elaborate(self, platform):
+        if len(self.write_ports) != 1 or len(self.read_ports) > MAX_READ_PORTS:
+            raise ValueError(f"a BlockRam has one write port and at most {MAX_READ_PORTS} "
+                             f"read ports, not {len(self.write_ports)} and "
+                             f"{len(self.read_ports)}")
+        if platform is not None:
+            return super().elaborate(platform)
+        return self._poisoned()
+
+    def _poisoned(self) -> Module:
+        """The simulation model: a plain memory on the same data, every read port's word
+        poisoned in the cycle after it collided."""
+        m = Module()
+        m.submodules.ram = ram = memory.Memory(self.data)
+        (w,) = self.write_ports
+        inner_w = ram.write_port(domain=w.domain, granularity=w.signature.granularity)
+        m.d.comb += [inner_w.addr.eq(w.addr), inner_w.data.eq(w.data), inner_w.en.eq(w.en)]
+        for port in self.read_ports:
+            inner = ram.read_port(domain=port.domain)
+            collides = Signal()
+            hit = Signal()
+            m.d.comb += [inner.addr.eq(port.addr), inner.en.eq(port.en),
+                         collides.eq(w.en.any() & (w.addr == port.addr))]
+            with m.If(port.en):
+                m.d[port.domain] += hit.eq(collides)
+            word = Value.cast(inner.data)
+            m.d.comb += Value.cast(port.data).eq(Mux(hit, word ^ poison(len(word)), word))
+        return m
+
