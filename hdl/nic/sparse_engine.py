@@ -137,7 +137,8 @@ class SparseEngine(wiring.Component):
     busy : Out(1)
         The program runs.
     finals : Out(range(chunks * slot + 1))
-        Final pairs held (what a DUMP streams after the residual).
+        Final pairs held (what a DUMP streams after the residual), a cycle behind the
+        per-chunk counts.
     cycles : Out(32)
         Cycles of the last run (START to END).
     malformed : Out(16)
