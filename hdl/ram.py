@@ -1,4 +1,5 @@
-"""Block RAM whose read/write collisions are don't-care: :class:`BlockRam`.
+"""Block RAM whose read/write collisions are don't-care: :class:`BlockRam`, and a FIFO on
+it, :class:`BlockRamFIFO`.
 
 A read port of an Amaranth :class:`~amaranth.lib.memory.Memory` that is not transparent
 promises the *old* word when a write port writes the word it reads in the same cycle. The
@@ -26,9 +27,10 @@ undefined. One write port; read ports synchronous and not transparent, in the wr
 from __future__ import annotations
 
 from amaranth.hdl import Const, Module, Mux, Signal, Value
-from amaranth.lib import memory
+from amaranth.lib import memory, wiring
+from amaranth.lib.wiring import In, Out
 
-__all__ = ["BlockRam", "poison", "MAX_READ_PORTS", "YOSYS_COLLISION_DONT_CARE"]
+__all__ = ["BlockRam", "BlockRamFIFO", "poison", "MAX_READ_PORTS", "YOSYS_COLLISION_DONT_CARE"]
 
 #: the most read ports a BlockRam may have (each is a copy of the memory on the FPGA)
 MAX_READ_PORTS = 64
@@ -102,3 +104,60 @@ class BlockRam(memory.Memory):
             m.d.comb += Value.cast(port.data).eq(Mux(hit, word ^ poison(len(word)), word))
         return m
 
+
+
+class BlockRamFIFO(wiring.Component):
+    """:class:`~amaranth.lib.fifo.SyncFIFOBuffered` on a :class:`BlockRam`: the same ports
+    and the same cycle behaviour, without Yosys' read-first logic around the storage.
+
+    The storage is read only where its head was written a cycle or more before (a read
+    needs a stored word; a write goes to the free slot after the last), so a read never
+    meets the write of its own word, and the block RAM's read register is the FIFO's output
+    register, as in Amaranth's FIFO. Golden model: ``SyncFIFOBuffered`` itself, cycle by
+    cycle (``tests/test_hdl_ram.py``).
+
+    Parameters
+    ----------
+    width : int
+        Bits of a word.
+    depth : int
+        Words held (at least 2: one in the output register, the rest in the block RAM).
+
+    Members
+    -------
+    w_data, w_en, w_rdy, r_data, r_en, r_rdy, level :
+        As :class:`~amaranth.lib.fifo.SyncFIFOBuffered`'s (``level``: words held).
+    """
+
+    def __init__(self, *, width: int, depth: int):
+        if not isinstance(width, int) or width < 1:
+            raise TypeError(f"width must be a positive integer, not {width!r}")
+        if not isinstance(depth, int) or depth < 2:
+            raise ValueError(f"depth must be an integer of at least 2, not {depth!r}")
+        self.width, self.depth = width, depth
+        super().__init__({"w_data": In(width), "w_en": In(1), "w_rdy": Out(1),
+                          "r_data": Out(width), "r_en": In(1), "r_rdy": Out(1),
+                          "level": Out(range(depth + 1))})
+
+    def elaborate(self, platform):
+        m = Module()
+        inner = self.depth - 1
+        m.submodules.storage = storage = BlockRam(shape=self.width, depth=inner, init=[])
+        wp, rp = storage.write_port(), storage.read_port()
+        produce, consume = Signal(range(inner)), Signal(range(inner))
+        held = Signal(range(inner + 1))             # words in the block RAM
+        do_write = self.w_en & self.w_rdy
+        do_read = (held != 0) & (~self.r_rdy | self.r_en)   # into the output register
+        m.d.comb += [self.w_rdy.eq(held != inner), self.level.eq(held + self.r_rdy),
+                     wp.addr.eq(produce), wp.data.eq(self.w_data), wp.en.eq(do_write),
+                     rp.addr.eq(consume), rp.en.eq(do_read), self.r_data.eq(rp.data)]
+        with m.If(do_write):
+            m.d.sync += produce.eq(Mux(produce == inner - 1, 0, produce + 1))
+        with m.If(do_read):
+            m.d.sync += consume.eq(Mux(consume == inner - 1, 0, consume + 1))
+        m.d.sync += held.eq(held + do_write - do_read)
+        with m.If(do_read):
+            m.d.sync += self.r_rdy.eq(1)
+        with m.Elif(self.r_en):
+            m.d.sync += self.r_rdy.eq(0)
+        return m

@@ -4,10 +4,10 @@ and the selection side (:mod:`.sparse_select`: top-k units, their feeders, the d
 from __future__ import annotations
 
 from amaranth import Array, Cat, Module, Mux, Signal
-from amaranth.lib import data, fifo
+from amaranth.lib import data
 
 from ..link.flit import FlitType, Op
-from ..ram import BlockRam
+from ..ram import BlockRam, BlockRamFIFO
 from ..skid import SkidBuffer
 from ..sparse.scatter import ScatterAccumulate
 from .sparse_engine import ROW, HostKind
@@ -146,8 +146,7 @@ def _links(m, c):
         m.d.comb += [tx.valid.eq(sending), tx.flit.data.eq(c.tx_data),
                      tx.flit.type.eq(c.tx_type), tx.flit.vc.eq(0)]
         m.d.sync += credits[p].eq(credits[p] - sending + tx.credit[0])
-        m.submodules[f"rxq{p}"] = q = fifo.SyncFIFOBuffered(width=fmt.flit.size,
-                                                          depth=e.rx_depth)
+        m.submodules[f"rxq{p}"] = q = BlockRamFIFO(width=fmt.flit.size, depth=e.rx_depth)
         # the head flit from a register, not the FIFO's block RAM output (4.3 ns before
         # the port mux and the pair checks): the queue's skid buffer. A flit leaving the
         # FIFO frees its slot, so the credit returns then; the skid's two flits are extra
