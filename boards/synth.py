@@ -193,12 +193,12 @@ def _sparse_tops():     # the sparse units (docs/sparse-units.md) at W = 2 and t
             "sparse_decoder": lambda: SparseDecoder(max_chunk=4096)}
 
 
-def _sparse_program_64k():
+def _sparse_program_64k(elements: int = 16384):
     """The sparse program the 64 KiB builds are sized for: MultiTree-Sparse on torus:4x4,
     16 Ki binary32 per node, density 10 % (the ``sparse_fabric`` bench's largest)."""
     from treenic.schedule.sparse_table import compile_sparse
     from treenic.sparse.multitree_sparse import MultiTreeSparse
-    return compile_sparse(MultiTreeSparse(16, 16384, 0.10, seed=0, topology="torus:4x4"))
+    return compile_sparse(MultiTreeSparse(16, elements, 0.10, seed=0, topology="torus:4x4"))
 
 
 def _sparse_engine(units: int):
@@ -212,17 +212,21 @@ def _sparse_engine(units: int):
     return SparseEngine(**engine_sizes(_sparse_program_64k(), 16, 16, units))
 
 
-def _nic_core_sparse():
+def _nic_core_sparse(elements: int = 16384):
     """nic_core with the sparse engine built in (``NicParams.sparse``, docs/sparse-nic.md):
     the engine at the 64 KiB sizes but W = 2 lanes and one top-k unit (its buffer then
     has 4 read ports: 2 feeder lanes, the adder, the dump)."""
     from treenic.hdl.nic import Nic, NicParams
     from treenic.hdl.nic.params import SparseParams
-    sparse = SparseParams.for_program(_sparse_program_64k(), lanes=2, topk_units=1)
+    sparse = SparseParams.for_program(_sparse_program_64k(elements), lanes=2, topk_units=1)
     return Nic(NicParams(**NIC_CORE_PARAMS, sparse=sparse))
 
 
 register_top("nic_core_sparse", _nic_core_sparse)
+# the same NIC (its dense buffer 64 KiB) with the engine sized for 16 KiB a node (4096
+# elements): its buffer copies take 32 block RAMs instead of 128, so its timing shows the
+# engine's logic without the 97 % block RAM use of nic_core_sparse (docs/sparse-nic.md)
+register_top("nic_core_sparse_16k", lambda: _nic_core_sparse(4096))
 
 
 register_top("sparse_engine_t1", lambda: _sparse_engine(1))

@@ -77,3 +77,24 @@ def test_synth_runs_the_yosys_step_of_a_registered_top(tmp_path, capsys):
 def test_synth_refuses_an_unknown_top():
     with pytest.raises(SystemExit, match="unknown top 'nope'"):
         nd.main(["--synth", "nope"])
+
+
+def test_placed_nets_spans_and_families():
+    """tools/placed_nets.py: half-perimeters of placed nets, bus bits folded into one family,
+    the clock and the constant nets left out."""
+    spec = importlib.util.spec_from_file_location("placed_nets", TOOL.parent / "placed_nets.py")
+    pn = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pn)
+
+    def cell(bel, **conns):
+        return {"attributes": {"NEXTPNR_BEL": bel},
+                "connections": {p: [b] for p, b in conns.items()}}
+
+    cells = {"a": cell("X1/Y1/SLICEA", Q=1, D=2, CLK=9), "b": cell("X41/Y11/SLICEB", A=1, B=3),
+             "c": cell("X5/Y2/SLICEA", A=2, B=3, CLK=9), "d": cell("X1/Y1/SLICEC", A=3)}
+    nets = {"bus[0]": [1], "bus[1]": [2], "local": [3], "$glbnet$clk": [9]}
+    design = {"modules": {"top": {"attributes": {"top": 1}, "cells": cells,
+                                  "netnames": {n: {"bits": b} for n, b in nets.items()}}}}
+    spans = pn.net_spans(design)
+    assert spans == [(50, 3, "local"), (50, 2, "bus[0]"), (5, 2, "bus[1]")]
+    assert pn.families(spans, 10) == [(2, 50, "bus[#]"), (1, 50, "local")]
