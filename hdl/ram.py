@@ -105,7 +105,6 @@ class BlockRam(memory.Memory):
         return m
 
 
-
 class BlockRamFIFO(wiring.Component):
     """:class:`~amaranth.lib.fifo.SyncFIFOBuffered` on a :class:`BlockRam`: the same ports
     and the same cycle behaviour, without Yosys' read-first logic around the storage.

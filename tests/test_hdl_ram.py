@@ -27,6 +27,12 @@ class _Top(Elaboratable):
         return m
 
 
+def _simulate(top, bench):
+    sim = Simulator(top)
+    sim.add_clock(1e-8)
+    sim.add_testbench(bench)
+    sim.run()
+
 def test_reads_match_a_plain_memory_and_collisions_are_poisoned():
     rng = random.Random(3)
     top = _Top()
@@ -54,10 +60,7 @@ def test_reads_match_a_plain_memory_and_collisions_are_poisoned():
                 assert got == want, (port, hex(got), hex(want))
                 checked["poisoned" if collided else "plain"] += 1
             checked["held"] += not en1
-    sim = Simulator(top)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.run()
+    _simulate(top, bench)
     assert min(checked.values()) > 100, checked
 
 
@@ -93,11 +96,8 @@ def test_no_read_first_emulation_in_the_ecp5_netlist(tmp_path):
             self.ports = [wa, ra, wd, rd, we]
             return m
 
-    class Platform:     # synthesis: any platform object; BlockRam only asks "is there one"
-        pass
-
     top = Top()
-    frag = Fragment.get(top, Platform())
+    frag = Fragment.get(top, synth.YosysOnly())     # a platform: synthesis, no poison
     (tmp_path / "top.il").write_text(rtlil.convert(frag, ports=top.ports, name="top"))
     script = ("read_rtlil top.il; synth_ecp5 -top top -run :map_ram; "
               f"{YOSYS_COLLISION_DONT_CARE}; synth_ecp5 -top top -run map_ram:map_ffs; "
@@ -143,10 +143,7 @@ def test_fifo_is_syncfifobuffered_cycle_by_cycle(depth):
             seen["full"] += not ctx.get(ref.w_rdy)
             seen["empty"] += not ctx.get(ref.r_rdy)
             await ctx.tick()
-    sim = Simulator(pair)
-    sim.add_clock(1e-8)
-    sim.add_testbench(bench)
-    sim.run()
+    _simulate(pair, bench)
     assert min(seen.values()) > 50, seen
 
 
