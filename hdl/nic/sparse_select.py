@@ -130,9 +130,6 @@ def build_selection(m, c):
 
 def _dispatcher(m, c, units):
     e = c.e
-    cnt = range(e.rows + 1)
-    seen = Array(Signal(cnt, name=f"seen{i}") for i in range(e.chunks))
-    done = Array(Signal(cnt, name=f"done{i}") for i in range(e.chunks))
     pc = Signal(range(e.rows + 1))
     rd = c.prog_r2
     # the row registered (ROW) before it is decoded (LOOK): decoded straight from the block
@@ -141,8 +138,8 @@ def _dispatcher(m, c, units):
     row = Signal.like(rd.data)
     op = Signal(4)                      # the row's op code (op_hi is its bit 3)
     m.d.comb += [rd.addr.eq(pc), op.eq(Cat(row.op, row.op_hi))]
-    with m.If(c.recv_done):
-        m.d.sync += done[c.row.chunk].eq(done[c.row.chunk] + 1)
+    dispatched = Signal()               # LOOK passes a RECV row of ``row.chunk``
+    settled = _settled_flows(m, c, row.chunk, dispatched)
     free = Signal(len(units))
     m.d.comb += [free.eq(Cat(*[~u.busy for u in units])), c.sel_busy.eq(~free.all())]
     with m.FSM(name="dispatch"):
@@ -157,10 +154,11 @@ def _dispatcher(m, c, units):
         with m.State("LOOK"):
             with m.Switch(op):
                 with m.Case(SparseOp.RECV, SparseOp.RECV_BM):
-                    m.d.sync += [seen[row.chunk].eq(seen[row.chunk] + 1), pc.eq(pc + 1)]
+                    m.d.comb += dispatched.eq(1)
+                    m.d.sync += pc.eq(pc + 1)
                     m.next = "FETCH"
                 with m.Case(SparseOp.SEND, SparseOp.SEND_BM, SparseOp.ROOT):
-                    with m.If((done[row.chunk] == seen[row.chunk]) & free.any()):
+                    with m.If(settled.bit_select(row.chunk, 1) & free.any()):
                         for i, u in enumerate(units):   # the lowest free unit takes it
                             with m.If(free[i] & ((free & ((1 << i) - 1)) == 0)):
                                 u.start(m, row)
@@ -177,7 +175,29 @@ def _dispatcher(m, c, units):
                     m.next = "FETCH"
     with m.If(c.sel_start):
         m.d.sync += [pc.eq(0), c.selected.eq(0)]
-        m.d.sync += [s.eq(0) for s in seen] + [d.eq(0) for d in done]
+
+
+def _settled_flows(m, c, chunk, dispatched):
+    """Per flow, whether every RECV row the dispatcher passed (``dispatched`` with its
+    ``chunk``) has drained in the sequencer (``recv_done`` with ``row.chunk``): a flow's
+    SEND selects its partial only then. Kept as a register beside each flow's count of
+    receives owed (modulo its width, as the two counts were: the sequencer may drain a
+    RECV row before the dispatcher passes it) and updated with it, so LOOK tests one bit
+    where it compared two counts behind a mux over the flows (the unit loads' enables,
+    -2.6 ns routed, 13th wave). Returns the flags."""
+    e = c.e
+    settled = Signal(e.chunks, init=(1 << e.chunks) - 1)
+    for f in range(e.chunks):
+        owed = Signal(range(e.rows + 1), name=f"owed{f}")
+        up = dispatched & (chunk == f)
+        down = c.recv_done & (c.row.chunk == f)
+        with m.If(c.sel_start):
+            m.d.sync += [owed.eq(0), settled[f].eq(1)]
+        with m.Elif(up & ~down):
+            m.d.sync += [owed.eq(owed + 1), settled[f].eq((owed + 1)[:len(owed)] == 0)]
+        with m.Elif(down & ~up):
+            m.d.sync += [owed.eq(owed - 1), settled[f].eq((owed - 1)[:len(owed)] == 0)]
+    return settled
 
 
 def _arbiter(m, c, units):
