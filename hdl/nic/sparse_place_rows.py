@@ -34,8 +34,8 @@ def loads_done(c):
     """The gradients accepted so far are in ``part`` (the scatter adder and the placer
     empty): the condition every wait before a run, a CLEAR or a DUMP tests."""
     if c.placer is None:
-        return c.pending == 0
-    return (c.pending == 0) & ~c.placer.busy
+        return c.adds_idle
+    return c.adds_idle & ~c.placer.busy
 
 
 def drain(m, c):
