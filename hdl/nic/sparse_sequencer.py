@@ -36,7 +36,12 @@ def sequencer(m, c, head):
     rx = c.rx_flit
     rx_pair_idx, rx_pair_val = rx.data[:32], rx.data[32:]
     c.prev_index = Signal(32)       # the message's last pair taken: indices must ascend
-    fits = ((rx_pair_idx >= row.lo) & (rx_pair_idx - row.lo < row.n) &
+    # lo <= index < lo + n as two compares side by side: the row's end registered, not a
+    # subtraction then a compare chained behind the received index (13th wave's routed
+    # critical path ran through both carry chains). RX_BODY comes 3 cycles after LOAD
+    row_end = Signal(25)
+    m.d.sync += row_end.eq(row.lo + row.n)
+    fits = ((rx_pair_idx >= row.lo) & (rx_pair_idx < row_end) &
             pair_fits(c, rx_pair_idx, n_pairs))
     with m.FSM():
         with m.State("IDLE"):
