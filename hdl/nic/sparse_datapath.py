@@ -70,11 +70,11 @@ def build_engine(e) -> Module:
 
 
 def _scatter_input(m, c):
-    """The scatter unit's input through a skid buffer, and ``pending`` (pairs taken and
-    not yet written; ``adds_idle``: none). The sources' mux (received pairs, the undo log, slot and region
-    walks, host words, the selections' zeroing adds) and their ready then stand apart from
-    the unit's read address and its boundary compare: the two in one path were the engine's
-    deepest logic (an estimated 17.6 ns, tools/netlist_depth.py on nic_core_sparse). Pairs
+    """The scatter unit's input through a skid buffer, ``pending`` (pairs taken and not
+    yet written) and ``adds_idle`` (none). The sources' mux (received pairs, the undo log,
+    slot and region walks, host words, the selections' zeroing adds) and their ready then
+    stand apart from the unit's read address and its boundary compare: the two in one path
+    were the engine's deepest logic (an estimated 17.6 ns, tools/netlist_depth.py on nic_core_sparse). Pairs
     keep their order; each takes a cycle more to its write. Returns the input's ready."""
     e, sc = c.e, c.scatter
     m.submodules.scatter_in = skid = SkidBuffer(SCATTER_IN)
@@ -87,7 +87,7 @@ def _scatter_input(m, c):
     if e.hash_elements:
         m.d.comb += sc.distinct.eq(o.distinct)
     # pending: + a pair into the skid, - a write, - a pair the unit drops (index outside
-    # the buffer: counted at the unit's input, so the range test stays off the sources' mux)
+    # the buffer: counted at the unit's input, so the range test stays off the sources' mux).
     # A pair into the skid counts a cycle later (``taken``): the sources' valid (behind the
     # received-pair checks) stays off the 16-bit sum (-2.68 ns routed, 13th wave). A pair
     # needs more than a cycle from the skid to its write, so ``pending + taken`` is the
@@ -148,7 +148,7 @@ def _links(m, c):
     c.port_hot = port_hot = Signal(e.ports)
     credits = [Signal(range(e.rx_depth + 1), init=e.rx_depth, name=f"credit{p}")
                for p in range(e.ports)]
-    has_credit = Signal(e.ports, init=(1 << e.ports) - 1 if e.rx_depth else 0)
+    has_credit = Signal(e.ports, init=(1 << e.ports) - 1)   # rx_depth >= 2
     c.tx_ok = Signal()
     m.d.comb += c.tx_ok.eq((has_credit & port_hot).any())
     c.tx_fire = c.tx_req & c.tx_ok

@@ -42,7 +42,7 @@ back (the adder waits for its pipeline whenever an index is not above the previo
 """
 from __future__ import annotations
 
-from amaranth import Array, Cat, Mux, Signal
+from amaranth import Cat, Mux, Signal
 from amaranth.lib import data
 
 from ..sparse.narrow import PairNarrower
