@@ -37,6 +37,11 @@ class SkidBuffer(wiring.Component):
         skid_valid = Signal()
         skid = Signal.like(self.i.payload)
         m.d.comb += self.i.ready.eq(~skid_valid)
+        # the skid register follows the input while it holds nothing (its word is unused
+        # then), so its enable is ``~skid_valid``, not the input's valid: a late valid
+        # drives two flip-flops, not the enables of the whole payload
+        with m.If(~skid_valid):
+            m.d.sync += skid.eq(self.i.payload)
         with m.If(~self.o.valid | self.o.ready):
             # the output register is free next cycle: refill it, from the skid first
             with m.If(skid_valid):
@@ -44,6 +49,6 @@ class SkidBuffer(wiring.Component):
             with m.Else():
                 m.d.sync += [self.o.valid.eq(self.i.valid), self.o.payload.eq(self.i.payload)]
         with m.Elif(self.i.valid & ~skid_valid):
-            # output stalled: park the accepted transfer
-            m.d.sync += [skid_valid.eq(1), skid.eq(self.i.payload)]
+            # output stalled: park the accepted transfer (its word is in ``skid``)
+            m.d.sync += skid_valid.eq(1)
         return m
