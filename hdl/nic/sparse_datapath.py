@@ -10,6 +10,7 @@ from ..link.flit import FlitType, Op
 from ..ram import BlockRam, BlockRamFIFO
 from ..skid import SkidBuffer
 from ..sparse.scatter import ScatterAccumulate
+from .count import step_count
 from .sparse_engine import ROW, HostKind
 from .sparse_place_rows import build_placer, count_drops
 from .sparse_select import build_selection
@@ -152,13 +153,16 @@ def _links(m, c):
     c.tx_ok = Signal()
     m.d.comb += c.tx_ok.eq((has_credit & port_hot).any())
     c.tx_fire = c.tx_req & c.tx_ok
-    m.d.sync += e.flits.eq(e.flits + c.tx_fire)
+    # flits sent, counted a cycle later: the send decision stays off its 32-bit carry chain
+    fired = Signal()
+    m.d.sync += [fired.eq(c.tx_fire), e.flits.eq(e.flits + fired)]
     for p in range(e.ports):
         tx, rx = e.tx[p], e.rx[p]
         sending, returned = c.tx_fire & port_hot[p], tx.credit[0]
         m.d.comb += [tx.valid.eq(sending), tx.flit.data.eq(c.tx_data),
                      tx.flit.type.eq(c.tx_type), tx.flit.vc.eq(0)]
-        m.d.sync += [credits[p].eq(credits[p] - sending + returned),
+        # count +- 1 from the register, then the mux: the send is a select, not a carry-in
+        m.d.sync += [credits[p].eq(step_count(credits[p], returned, sending)),
                      has_credit[p].eq(Mux(sending & ~returned, credits[p] != 1,
                                           returned | (credits[p] != 0)))]
         m.submodules[f"rxq{p}"] = q = BlockRamFIFO(width=fmt.flit.size, depth=e.rx_depth)

@@ -35,6 +35,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.utils import bits_for
 
 from ..link.flit import FlitFormat, LinkSignature
+from .count import step_count
 from .params import (SPARSE_IN_WORDS, SPARSE_READ_REGS, NicParams, Reg, SparseOut,
                      SparseStatus)
 from .sparse_engine import HOST_IN, HOST_OUT, HostKind
@@ -109,8 +110,9 @@ class LinkShare(wiring.Component):
             # returned): both zero = nothing of this NIC's on or at the link
             sent = Signal(range(self.max_outstanding + 2), name=f"outstanding{p}")
             held = Signal(range(self.max_outstanding + 2), name=f"held{p}")
-            m.d.sync += [sent.eq(sent + tx.valid - tx.credit[0]),
-                         held.eq(held + rx.valid - rx.credit[0])]
+            # +- 1 from the registers, the engine's late send valid a mux select
+            m.d.sync += [sent.eq(step_count(sent, tx.valid, tx.credit[0])),
+                         held.eq(step_count(held, rx.valid, rx.credit[0]))]
             idle += [sent == 0, held == 0]
         m.d.comb += self.drained.eq(Cat(*idle).all())
         return m
