@@ -102,7 +102,7 @@ def count_drops(m, c):
     receive FIFO overflow)."""
     if c.placer is not None:
         with m.If(c.placer.error):
-            m.d.sync += c.e.malformed.eq(c.e.malformed + 1)
+            m.d.comb += c.malformed_event.eq(1)
 
 
 def residual_label(m, c, next_j, j):

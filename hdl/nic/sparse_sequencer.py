@@ -182,7 +182,8 @@ def pair_fits(c, index, n_pairs):
 def malformed(m, c):
     """Count a malformed message or pair (``malformed``, sticky) and mark the message being
     received for dropping: it contributes nothing (see :func:`_drained`)."""
-    m.d.sync += [c.e.malformed.eq(c.e.malformed + 1), c.drop.eq(1)]
+    m.d.comb += c.malformed_event.eq(1)
+    m.d.sync += c.drop.eq(1)
 
 
 def _drained(m, c, j):
@@ -289,7 +290,7 @@ def _dispatch(m, c):
         with m.Case(SparseOp.ACC, SparseOp.ZERO, SparseOp.FIXUP, SparseOp.COPY):
             m.next = "REGION_WAIT"
         with m.Default():
-            m.d.sync += e.malformed.eq(e.malformed + 1)
+            m.d.comb += c.malformed_event.eq(1)
             m.next = "NEXT"
 
 
