@@ -131,7 +131,7 @@ def _decoded_pairs(m, c, n_pairs, slot_base, reduce, done):
     while such a row runs)."""
     row, o = c.row, c.dec.o
     index = (o.payload.index + row.lo)[:32]
-    fits = (o.payload.index < row.n) & pair_fits(c, index, n_pairs) & ~o.payload.none
+    fits = (o.payload.index < row.n) & pair_fits(c, n_pairs, index > c.prev_index) & ~o.payload.none
     with m.If(o.valid):
         with m.If(fits & reduce):
             m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(index), c.sc_value.eq(o.payload.value),

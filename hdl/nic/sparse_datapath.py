@@ -155,6 +155,7 @@ def _links(m, c):
     c.rx_pop = Signal()
     c.rx_flit = Signal(fmt.flit)
     c.rx_valid = Signal()
+    c.rx_heads = []               # each port's head flit (registered), for the pair checks
     # row.port one-hot (loaded with the row, see the sequencer's LOAD) and a register per
     # port that says it has a credit: the send decision is then an AND, not a mux over
     # the ports' 11-bit counts behind ``row``, and the ports' valids, credits, the link
@@ -183,6 +184,7 @@ def _links(m, c):
         # the port mux and the pair checks): the queue's skid buffer. A flit leaving the
         # FIFO frees its slot, so the credit returns then; the skid's two flits are extra
         m.submodules[f"rx_head{p}"] = head = SkidBuffer(fmt.flit.size)
+        c.rx_heads.append(head.o)
         m.d.comb += [q.w_data.eq(rx.flit.as_value()), q.w_en.eq(rx.valid),
                      head.i.payload.eq(q.r_data), head.i.valid.eq(q.r_rdy),
                      q.r_en.eq(head.i.ready), rx.credit.eq(q.r_rdy & head.i.ready),

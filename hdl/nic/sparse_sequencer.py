@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from amaranth import Cat, Mux, Signal
+from amaranth.lib import data
 
 from ..link.flit import FlitType, Op
 from .sparse_engine import HostKind
@@ -41,8 +42,8 @@ def sequencer(m, c, head):
     # critical path ran through both carry chains). RX_BODY comes 3 cycles after LOAD
     row_end = Signal(25)
     m.d.sync += row_end.eq(row.lo + row.n)
-    fits = ((rx_pair_idx >= row.lo) & (rx_pair_idx < row_end) &
-            pair_fits(c, rx_pair_idx, n_pairs))
+    in_range, ascends = _index_checks(m, c, row_end)
+    fits = in_range & pair_fits(c, n_pairs, ascends)
     with m.FSM():
         with m.State("IDLE"):
             _idle(m, c, h, pc, j, chunk, dump_n)
@@ -171,12 +172,27 @@ def _dump_finals(m, c, j, chunk, fin_fire):
                     m.next = "DUMP_FIN_INV"
 
 
-def pair_fits(c, index, n_pairs):
+def pair_fits(c, n_pairs, ascends):
     """A received pair may be taken: below the row's budget (and so within the undo log,
-    ``slot`` entries) and above the message's previous pair (ascending, as every sender
-    emits them: the undo log then holds each word once)."""
-    return ((n_pairs < c.row.k) & (n_pairs < c.e.slot) &
-            ((n_pairs == 0) | (index > c.prev_index)))
+    ``slot`` entries) and above the message's previous pair (``ascends``: its index above
+    ``prev_index``, as every sender emits them: the undo log then holds each word once)."""
+    return (n_pairs < c.row.k) & (n_pairs < c.e.slot) & ((n_pairs == 0) | ascends)
+
+
+def _index_checks(m, c, row_end):
+    """``lo <= index < end`` and ``index > prev_index`` for the received pair, each
+    computed on every port's head register and then picked by the one-hot ``row.port``:
+    the 32-bit port mux stays off the compares' carry chains, and one bit each crosses it
+    (the checks drive the scatter input's enables: -1.7 ns routed, 14th wave)."""
+    fmt, row = c.e.fmt, c.row
+    in_range, ascends = Signal(), Signal()
+    ranges, orders = [], []
+    for hot, head in zip(c.port_hot, c.rx_heads):
+        index = data.View(fmt.flit, head.payload).data[:32]
+        ranges.append(hot & (index >= row.lo) & (index < row_end))
+        orders.append(hot & (index > c.prev_index))
+    m.d.comb += [in_range.eq(Cat(*ranges).any()), ascends.eq(Cat(*orders).any())]
+    return in_range, ascends
 
 
 def malformed(m, c):
