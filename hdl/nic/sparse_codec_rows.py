@@ -32,7 +32,7 @@ def _encode_states(m, c, j, fin_fire, n_pairs):
     have_low = Signal()
     with m.State("GS_ENC"):
         m.d.comb += enc.i.valid.eq(1)
-        with m.If(j == c.row_count):
+        with m.If(j.at["count"]):
             m.d.comb += [enc.i.payload.none.eq(1), enc.i.payload.last.eq(1)]
             with m.If(enc.i.ready):
                 m.d.sync += n_pairs.eq(0)
@@ -41,7 +41,7 @@ def _encode_states(m, c, j, fin_fire, n_pairs):
             m.d.comb += [enc.i.payload.index.eq(c.fin_r.data[:32] - row.lo),
                          enc.i.payload.value.eq(c.fin_r.data[32:]), fin_fire.eq(enc.i.ready)]
             with m.If(enc.i.ready):
-                m.d.sync += j.eq(j + 1)
+                j.step(m)
     with m.State("ENC_OUT"):
         word, last = enc.o.payload.word, enc.o.payload.last
         with m.If(~have_low):

@@ -13,6 +13,52 @@ from treenic.schedule.sparse_table import SparseOp
 SIGN = 1 << 31
 
 
+class WalkIndex:
+    """The row walks' word index ``j``, with ``j + 1`` and the walks' exit tests
+    (``j == limit``) held in registers beside it.
+
+    A walk reads word ``j + 1`` ahead when its word moves (``fire``). With ``j1 = j + 1`` a
+    register, that look-ahead address is a mux behind ``fire``, not an adder whose carry-in
+    is ``fire``; with ``at[name]`` registered, no 24-bit compare stands in front of the
+    walks' valids, ``tx_req`` and the look-ahead addresses. (The 14th wave's routed
+    critical path: ``j`` → compare → state → ``fire`` → adder → the final-pair RAM's
+    address, 11.2 ns, 9.8 of it routing.)
+
+    Every write of ``j`` goes through :meth:`step` or :meth:`rewind` (one per cycle: they
+    stand in exclusive FSM states). ``limits`` maps a name to the limit's value *as it will
+    read next cycle*; ``at[name]`` is then ``j == limit`` exactly. A limit given by its
+    present value (it changes only in cycles after which no walk tests it before it is
+    tested again) is exact from the cycle after its last change.
+    """
+
+    def __init__(self, m, limits):
+        self.j, self.j1 = Signal(24, name="j"), Signal(24, name="j1", init=1)
+        self._step, self._rewind = Signal(name="j_step"), Signal(name="j_rewind")
+        j, j1 = self.j, self.j1
+        with m.If(self._rewind):
+            m.d.sync += [j.eq(0), j1.eq(1)]
+        with m.Elif(self._step):
+            m.d.sync += [j.eq(j1), j1.eq(j1 + 1)]
+        self.at = {}
+        for name, limit in limits.items():
+            # the compares from registers, the step / rewind mux last
+            self.at[name] = at = Signal(name=f"j_at_{name}", init=1)
+            m.d.sync += at.eq(Mux(self._rewind, limit == 0,
+                                  Mux(self._step, j1 == limit, j == limit)))
+
+    def step(self, m):
+        """``j += 1`` at the clock edge."""
+        m.d.comb += self._step.eq(1)
+
+    def rewind(self, m):
+        """``j = 0`` at the clock edge."""
+        m.d.comb += self._rewind.eq(1)
+
+    def ahead(self, fire):
+        """The word to read now for next cycle: ``j + 1`` when ``fire`` moves word ``j``."""
+        return Mux(fire, self.j1, self.j)
+
+
 def sequencer(m, c, head):
     e = c.e
     row, n_pairs = c.row, Signal(range(e.slot + 2))
@@ -24,11 +70,17 @@ def sequencer(m, c, head):
     m.d.comb += c.prog_r.addr.eq(pc)
     c.seq_pc = pc                   # the dispatcher's barrier at slot and region rows
     h = e.host_i
-    j, chunk = Signal(24), Signal(range(e.chunks + 1))
+    chunk = Signal(range(e.chunks + 1))
     dump_n = Signal(24)
+    # each limit as it will read next cycle: ``row_count`` registers ``counts[row.chunk]``
+    j = WalkIndex(m, {"count": c.counts[row.chunk], "n": row.n, "log": c.log_n,
+                      "dump": dump_n})
     fin_fire = Signal()
-    m.d.comb += [c.fin_r.addr.eq(Mux(fin_fire, slot_base + j + 1, slot_base + j)),
-                 c.dump_r.addr.eq(j)]
+    # the slot's word j (or j + 1 when it moves): j <= slot, and the look-ahead word past a
+    # full slot is read in the walk's exit cycle only, its data unused
+    slot_bits = (e.slot - 1).bit_length()
+    m.d.comb += [c.fin_r.addr.eq(Cat(j.ahead(fin_fire)[:slot_bits], row.chunk)),
+                 c.dump_r.addr.eq(j.j)]
     with m.If(e.busy):
         m.d.sync += e.cycles.eq(e.cycles + 1)
     # registered: the host reads it after DONE, long after the last count was written,
@@ -57,7 +109,8 @@ def sequencer(m, c, head):
         with m.State("FETCH"):
             m.next = "LOAD"
         with m.State("LOAD"):
-            m.d.sync += [row.eq(c.prog_r.data), n_pairs.eq(0), seen.eq(0), bad.eq(0), j.eq(0),
+            j.rewind(m)
+            m.d.sync += [row.eq(c.prog_r.data), n_pairs.eq(0), seen.eq(0), bad.eq(0),
                          c.drop.eq(0), c.log_n.eq(0),
                          c.port_hot.eq(Cat(c.prog_r.data.port == p for p in range(e.ports)))]
             m.next = "DISPATCH"
@@ -80,16 +133,15 @@ def sequencer(m, c, head):
                 with m.If((c.op == SparseOp.GSEND_BM) | (c.op == SparseOp.SEND_BM)):
                     m.next = "GS_ENC"
         with m.State("GS_PAIRS"):
-            cnt = c.row_count
-            with m.If(j == cnt):
+            with m.If(j.at["count"]):
                 m.next = "GS_TAIL"
             with m.Else():
                 m.d.comb += [c.tx_req.eq(1), c.tx_type.eq(FlitType.SUB_BODY),
                              c.tx_data.eq(c.fin_r.data), fin_fire.eq(c.tx_fire)]
                 with m.If(c.tx_fire):
-                    m.d.sync += j.eq(j + 1)
+                    j.step(m)
         with m.State("GS_TAIL"):
-            m.d.comb += [c.tx_req.eq(1), c.tx_type.eq(FlitType.MSG_TAIL), c.tx_data.eq(j)]
+            m.d.comb += [c.tx_req.eq(1), c.tx_type.eq(FlitType.MSG_TAIL), c.tx_data.eq(j.j)]
             with m.If(c.tx_fire):
                 m.next = "NEXT"
         with m.State("RX_HEAD"):
@@ -134,7 +186,8 @@ def sequencer(m, c, head):
             with m.If(chunk == e.chunks):
                 m.next = "DUMP_END"
             with m.Else():
-                m.d.sync += [row.chunk.eq(chunk), j.eq(0)]
+                j.rewind(m)
+                m.d.sync += row.chunk.eq(chunk)
                 m.next = "DUMP_SLOT_ADDR"
         with m.State("DUMP_END"):
             m.d.comb += [e.host_o.valid.eq(1), e.host_o.payload.end.eq(1)]
@@ -159,7 +212,7 @@ def _dump_finals(m, c, j, chunk, fin_fire):
             final_label(m, c)
             m.next = "DUMP_FIN"
     with m.State("DUMP_FIN"):
-        with m.If(j == c.row_count):
+        with m.If(j.at["count"]):
             m.d.sync += chunk.eq(chunk + 1)
             m.next = "DUMP_CHUNK"
         with m.Else():
@@ -167,7 +220,7 @@ def _dump_finals(m, c, j, chunk, fin_fire):
                          e.host_o.payload.value.eq(c.fin_r.data[32:]),
                          e.host_o.payload.final.eq(1), fin_fire.eq(e.host_o.ready)]
             with m.If(e.host_o.ready):
-                m.d.sync += j.eq(j + 1)
+                j.step(m)
                 if c.placer is not None:
                     m.next = "DUMP_FIN_INV"
 
@@ -215,7 +268,7 @@ def _drained(m, c, j):
     """
     reduce = (c.op == SparseOp.RECV) | (c.op == SparseOp.RECV_BM)
     with m.If(c.drop & reduce & (c.log_n != 0)):
-        m.d.sync += j.eq(0)
+        j.rewind(m)
         m.next = "UNDO_ADDR"
     with m.Else():
         with m.If(c.drop & ~reduce):
@@ -237,15 +290,15 @@ def _undo_states(m, c, j):
         m.d.comb += [c.main_uses.eq(1), log.addr.eq(0)]
         m.next = "UNDO"
     with m.State("UNDO"):
-        m.d.comb += [c.main_uses.eq(1), log.addr.eq(Mux(fire, j + 1, j))]
-        with m.If(j == c.log_n):
+        m.d.comb += [c.main_uses.eq(1), log.addr.eq(j.ahead(fire))]
+        with m.If(j.at["log"]):
             m.d.sync += c.log_n.eq(0)
             m.next = "DRAIN"
         with m.Else():
             m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(log.data.index),
                          c.sc_value.eq(log.data.value), c.sc_set.eq(1)]
             with m.If(fire):
-                m.d.sync += j.eq(j + 1)
+                j.step(m)
 
 
 def _head_ok(c, rx, row):
@@ -276,12 +329,14 @@ def _idle(m, c, h, pc, j, chunk, dump_n):
         with m.Case(HostKind.DUMP):
             m.d.comb += h.ready.eq(1)
             with m.If(h.valid):
-                m.d.sync += [j.eq(0), chunk.eq(0), dump_n.eq(h.payload.data[:24])]
+                j.rewind(m)
+                m.d.sync += [chunk.eq(0), dump_n.eq(h.payload.data[:24])]
                 m.next = "DUMP_WAIT"
         with m.Case(HostKind.CLEAR):
             m.d.comb += h.ready.eq(1)
             with m.If(h.valid):
-                m.d.sync += [j.eq(0), dump_n.eq(h.payload.data[:24])]
+                j.rewind(m)
+                m.d.sync += dump_n.eq(h.payload.data[:24])
                 m.next = "CLEAR_WAIT"
     idle_words(m, c, h)
 
@@ -345,28 +400,29 @@ def _rx_body(m, c, rx, idx, val, fits, n_pairs, seen, bad, slot_base):
 def _dump_residual(m, c, j, chunk, dump_n):
     e = c.e
     fire = e.host_o.ready           # valid is 1 in the walk; see :func:`_region_states`
-    m.d.comb += c.dump_r.addr.eq(Mux(fire, j + 1, j))
-    with m.If(j == dump_n):
-        m.d.sync += [chunk.eq(0), j.eq(0)]
+    m.d.comb += c.dump_r.addr.eq(j.ahead(fire))
+    with m.If(j.at["dump"]):
+        j.rewind(m)
+        m.d.sync += chunk.eq(0)
         m.next = "DUMP_CHUNK"
     with m.Else():
-        label = residual_label(m, c, Mux(fire, j + 1, j), j)
+        label = residual_label(m, c, j.ahead(fire), j.j)
         m.d.comb += [e.host_o.valid.eq(1), e.host_o.payload.index.eq(label),
                      e.host_o.payload.value.eq(c.dump_r.data)]
         with m.If(fire):
-            m.d.sync += j.eq(j + 1)
+            j.step(m)
 
 
 def _clear(m, c, j, dump_n):
     """part[j] += -part[j] for j < dump_n: +0 exactly, through the one adder path."""
     fire = c.sc_ready               # valid is 1 in the walk; see :func:`_region_states`
-    m.d.comb += c.dump_r.addr.eq(Mux(fire, j + 1, j))
-    with m.If(j == dump_n):
+    m.d.comb += c.dump_r.addr.eq(j.ahead(fire))
+    with m.If(j.at["dump"]):
         m.next = "IDLE"
     with m.Else():
-        m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(j), c.sc_value.eq(c.dump_r.data ^ SIGN)]
+        m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(j.j), c.sc_value.eq(c.dump_r.data ^ SIGN)]
         with m.If(fire):
-            m.d.sync += j.eq(j + 1)
+            j.step(m)
 
 
 def _region_states(m, c, j, fin_fire, slot_base):
@@ -398,10 +454,9 @@ def _region_states(m, c, j, fin_fire, slot_base):
                 with m.Default():
                     m.next = "COPY_ADDR"
     fin_index, fin_value = c.fin_r.data[:32], c.fin_r.data[32:]
-    count = c.row_count
     with m.State("SLOT"):
         m.d.comb += c.main_uses.eq(1)
-        with m.If(j == count):
+        with m.If(j.at["count"]):
             m.next = "DRAIN"
         with m.Else():
             zero = c.op == SparseOp.ZERO
@@ -409,11 +464,11 @@ def _region_states(m, c, j, fin_fire, slot_base):
                          c.sc_value.eq(Mux(zero, 0, fin_value)), c.sc_set.eq(zero),
                          fin_fire.eq(fire)]
             with m.If(fire):
-                m.d.sync += j.eq(j + 1)
+                j.step(m)
     with m.State("FIX_READ"):
         m.d.comb += c.main_uses.eq(1)
         m.d.comb += c.dump_r.addr.eq(row.lo + fin_index)
-        with m.If(j == count):
+        with m.If(j.at["count"]):
             m.next = "DRAIN"
         with m.Else():
             m.next = "FIX_WRITE"
@@ -423,19 +478,20 @@ def _region_states(m, c, j, fin_fire, slot_base):
                      c.sc_index.eq(row.k + fin_index), c.sc_value.eq(c.dump_r.data),
                      c.sc_set.eq(1), fin_fire.eq(fire)]
         with m.If(fire):
-            m.d.sync += j.eq(j + 1)
+            j.step(m)
             m.next = "FIX_READ"
     with m.State("COPY_ADDR"):
         m.d.comb += c.main_uses.eq(1)
-        m.d.comb += c.dump_r.addr.eq(row.lo + j)
+        m.d.comb += c.dump_r.addr.eq(row.lo + j.j)
         m.next = "COPY"
     with m.State("COPY"):
         m.d.comb += c.main_uses.eq(1)
-        m.d.comb += c.dump_r.addr.eq(Mux(fire, row.lo + j + 1, row.lo + j))
-        with m.If(j == row.n):
+        # both sums from registers, the mux behind ``fire``: no carry chain after it
+        m.d.comb += c.dump_r.addr.eq(Mux(fire, row.lo + j.j1, row.lo + j.j))
+        with m.If(j.at["n"]):
             m.next = "DRAIN"
         with m.Else():
-            m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(row.k + j),
+            m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(row.k + j.j),
                          c.sc_value.eq(c.dump_r.data), c.sc_set.eq(1)]
             with m.If(fire):
-                m.d.sync += j.eq(j + 1)
+                j.step(m)
