@@ -38,7 +38,10 @@ def build_engine(e) -> Module:
     m.submodules.finals = fin = BlockRam(shape=64, depth=e.chunks * e.slot, init=[])
     c.fin_w, c.fin_r = fin.write_port(), fin.read_port()
     c.counts = Array(Signal(range(e.slot + 1), name=f"count{i}") for i in range(e.chunks))
+    # the sequencer's buffer read port (FIX, COPY, CLEAR, the residual DUMP): its address
+    # is ``dump_addr``, shared with a feeder lane (see sparse_select._feeder)
     c.dump_r = c.scatter.buffer.read_port()
+    c.dump_addr = Signal.like(c.dump_r.addr)
     c.row = Signal(ROW)
     # the current row's pair count, registered: a cycle behind ``counts`` and ``row.chunk``.
     # The count mux over the chunks sat in front of every row walk's end test, and so of

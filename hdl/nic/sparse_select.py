@@ -97,9 +97,12 @@ def _feeder(m, c, tk, go, lo, n, u):
     m.d.comb += beats.eq((size + W - 1) >> (W.bit_length() - 1))
     first = beat * W
     for l in range(W):
-        rp = c.scatter.buffer.read_port()
-        m.d.comb += [rp.addr.eq(base + first + l), rp.en.eq(advance),
-                     tk.i.payload.value[l].eq(Mux(mask[l], rp.data, 0))]
+        if u == 0 and l == 0:
+            rp = _shared_port(m, c, base + first, advance, feeding=active | rv)
+        else:
+            rp = c.scatter.buffer.read_port()
+            m.d.comb += [rp.addr.eq(base + first + l), rp.en.eq(advance)]
+        m.d.comb += tk.i.payload.value[l].eq(Mux(mask[l], rp.data, 0))
     m.d.comb += [tk.i.valid.eq(rv), tk.i.payload.last.eq(last)]
     with m.If(advance):
         m.d.sync += [rv.eq(active), last.eq(beat == beats - 1),
@@ -113,6 +116,20 @@ def _feeder(m, c, tk, go, lo, n, u):
                 m.d.sync += beat.eq(beat + 1)
     with m.If(go):
         m.d.sync += [active.eq(1), beat.eq(0), pas.eq(0), base.eq(lo), size.eq(n)]
+
+
+def _shared_port(m, c, addr, en, feeding):
+    """The sequencer's buffer read port (``dump_r``), lent to a feeder lane while it feeds.
+
+    The sequencer reads the buffer (FIX, COPY, CLEAR, the residual DUMP) only while no
+    selection is in flight: REGION_WAIT waits for ``~sel_busy``, and CLEAR and DUMP start
+    from IDLE, after every selection of the run was sent. A feeder feeds only inside its
+    unit's selection (``feeding`` = its beats to read or to hand over). So the two never
+    want the port in one cycle, and the buffer keeps one read port, one block-RAM copy
+    (32 DP16KD at 64 KiB), fewer. Returns the port."""
+    rp = c.dump_r
+    m.d.comb += [rp.addr.eq(Mux(feeding, addr, c.dump_addr)), rp.en.eq(~feeding | en)]
+    return rp
 
 
 def build_selection(m, c):

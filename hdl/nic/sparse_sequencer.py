@@ -80,7 +80,7 @@ def sequencer(m, c, head):
     # full slot is read in the walk's exit cycle only, its data unused
     slot_bits = (e.slot - 1).bit_length()
     m.d.comb += [c.fin_r.addr.eq(Cat(j.ahead(fin_fire)[:slot_bits], row.chunk)),
-                 c.dump_r.addr.eq(j.j)]
+                 c.dump_addr.eq(j.j)]
     with m.If(e.busy):
         m.d.sync += e.cycles.eq(e.cycles + 1)
     # registered: the host reads it after DONE, long after the last count was written,
@@ -400,7 +400,7 @@ def _rx_body(m, c, rx, idx, val, fits, n_pairs, seen, bad, slot_base):
 def _dump_residual(m, c, j, chunk, dump_n):
     e = c.e
     fire = e.host_o.ready           # valid is 1 in the walk; see :func:`_region_states`
-    m.d.comb += c.dump_r.addr.eq(j.ahead(fire))
+    m.d.comb += c.dump_addr.eq(j.ahead(fire))
     with m.If(j.at["dump"]):
         j.rewind(m)
         m.d.sync += chunk.eq(0)
@@ -416,7 +416,7 @@ def _dump_residual(m, c, j, chunk, dump_n):
 def _clear(m, c, j, dump_n):
     """part[j] += -part[j] for j < dump_n: +0 exactly, through the one adder path."""
     fire = c.sc_ready               # valid is 1 in the walk; see :func:`_region_states`
-    m.d.comb += c.dump_r.addr.eq(j.ahead(fire))
+    m.d.comb += c.dump_addr.eq(j.ahead(fire))
     with m.If(j.at["dump"]):
         m.next = "IDLE"
     with m.Else():
@@ -467,14 +467,14 @@ def _region_states(m, c, j, fin_fire, slot_base):
                 j.step(m)
     with m.State("FIX_READ"):
         m.d.comb += c.main_uses.eq(1)
-        m.d.comb += c.dump_r.addr.eq(row.lo + fin_index)
+        m.d.comb += c.dump_addr.eq(row.lo + fin_index)
         with m.If(j.at["count"]):
             m.next = "DRAIN"
         with m.Else():
             m.next = "FIX_WRITE"
     with m.State("FIX_WRITE"):
         m.d.comb += c.main_uses.eq(1)
-        m.d.comb += [c.dump_r.addr.eq(row.lo + fin_index), c.sc_valid.eq(1),
+        m.d.comb += [c.dump_addr.eq(row.lo + fin_index), c.sc_valid.eq(1),
                      c.sc_index.eq(row.k + fin_index), c.sc_value.eq(c.dump_r.data),
                      c.sc_set.eq(1), fin_fire.eq(fire)]
         with m.If(fire):
@@ -482,12 +482,12 @@ def _region_states(m, c, j, fin_fire, slot_base):
             m.next = "FIX_READ"
     with m.State("COPY_ADDR"):
         m.d.comb += c.main_uses.eq(1)
-        m.d.comb += c.dump_r.addr.eq(row.lo + j.j)
+        m.d.comb += c.dump_addr.eq(row.lo + j.j)
         m.next = "COPY"
     with m.State("COPY"):
         m.d.comb += c.main_uses.eq(1)
         # both sums from registers, the mux behind ``fire``: no carry chain after it
-        m.d.comb += c.dump_r.addr.eq(Mux(fire, row.lo + j.j1, row.lo + j.j))
+        m.d.comb += c.dump_addr.eq(Mux(fire, row.lo + j.j1, row.lo + j.j))
         with m.If(j.at["n"]):
             m.next = "DRAIN"
         with m.Else():
