@@ -1,5 +1,6 @@
-"""Block RAM whose read/write collisions are don't-care: :class:`BlockRam`, and a FIFO on
-it, :class:`BlockRamFIFO`.
+"""Block RAM whose read/write collisions are don't-care: :class:`BlockRam`, a FIFO on it,
+:class:`BlockRamFIFO`, and interleaved banks of it with a port that reads consecutive
+words, :class:`LaneBankedRam`.
 
 A read port of an Amaranth :class:`~amaranth.lib.memory.Memory` that is not transparent
 promises the *old* word when a write port writes the word it reads in the same cycle. The
@@ -26,11 +27,11 @@ undefined. One write port; read ports synchronous and not transparent, in the wr
 """
 from __future__ import annotations
 
-from amaranth.hdl import Const, Module, Mux, Signal, Value
+from amaranth.hdl import Array, Const, Elaboratable, Module, Mux, Signal, Value
 from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["BlockRam", "BlockRamFIFO", "poison", "MAX_READ_PORTS", "YOSYS_COLLISION_DONT_CARE"]
+__all__ = ["BlockRam", "BlockRamFIFO", "LaneBankedRam", "poison", "MAX_READ_PORTS", "YOSYS_COLLISION_DONT_CARE"]
 
 #: the most read ports a BlockRam may have (each is a copy of the memory on the FPGA)
 MAX_READ_PORTS = 64
@@ -160,3 +161,126 @@ class BlockRamFIFO(wiring.Component):
         with m.Elif(self.r_en):
             m.d.sync += self.r_rdy.eq(0)
         return m
+
+
+class _Port:
+    """A read port of :class:`LaneBankedRam`: ``addr``, ``en`` (1: read; 0: hold the data)
+    and ``data`` (one word, or a list of ``lanes`` words)."""
+
+    def __init__(self, abits: int, width: int, lanes: int | None, name: str):
+        self.addr = Signal(abits, name=f"{name}_addr")
+        self.en = Signal(init=1, name=f"{name}_en")
+        self.lanes = lanes
+        if lanes is None:
+            self.data = Signal(width, name=f"{name}_data")
+        else:
+            self.data = [Signal(width, name=f"{name}_data{l}") for l in range(lanes)]
+
+
+class _WritePort:
+    def __init__(self, abits: int, width: int):
+        self.addr, self.data, self.en = Signal(abits), Signal(width), Signal()
+
+
+class LaneBankedRam(Elaboratable):
+    """Words in ``banks`` interleaved :class:`BlockRam` banks (word ``w`` in bank
+    ``w mod banks``, row ``w // banks``), with *lanes* read ports that read the ``banks``
+    consecutive words from any address in one cycle, one word from each bank.
+
+    A lanes port is one read port on every bank, where a plain :class:`BlockRam` would need
+    a read port (a copy of the whole memory on the FPGA) per word. Every read port of either
+    kind is a read port on every bank; the write goes to one bank::
+
+        lanes port, addr a = q·B + s:  bank b reads row q + (b < s)
+                                       lane l = bank (s + l) mod B, one cycle later
+
+    Golden model: one memory of ``depth`` words; a word port reads ``mem[addr]``, a lanes
+    port ``mem[(addr + l) mod depth]`` for lane ``l``, one cycle after ``en`` (``en`` low
+    holds the data); reads are not transparent. A read that collides with the write is
+    undefined, as in :class:`BlockRam` (in simulation: that word poisoned).
+
+    Parameters
+    ----------
+    width : int
+        Bits of a word.
+    depth : int
+        Words (a power of two, at least ``banks``).
+    banks : int
+        Banks, and the words a lanes port returns (a power of two).
+    init : sequence of int
+        Initial words.
+
+    Members
+    -------
+    read_port() :
+        A one-word read port (``addr``, ``en``, ``data``).
+    lanes_port() :
+        A lanes read port (``addr``, ``en``, ``data``: a list of ``banks`` words).
+    write_port() :
+        The one write port (``addr``, ``data``, ``en``).
+    """
+
+    def __init__(self, *, width: int, depth: int, banks: int, init=()):
+        if not isinstance(banks, int) or banks < 1 or banks & (banks - 1):
+            raise ValueError(f"banks must be a power of two, not {banks!r}")
+        if not isinstance(depth, int) or depth < banks or depth & (depth - 1):
+            raise ValueError(f"depth must be a power of two of at least {banks}, not "
+                             f"{depth!r}")
+        if len(init) > depth:
+            raise ValueError(f"init has {len(init)} words, the memory {depth}")
+        self.width, self.depth, self.banks = width, depth, banks
+        self.abits, self.bank_bits = depth.bit_length() - 1, banks.bit_length() - 1
+        self._init = list(init)
+        self._reads: list[_Port] = []
+        self._write = None
+
+    def read_port(self) -> _Port:
+        port = _Port(self.abits, self.width, None, f"rd{len(self._reads)}")
+        self._reads.append(port)
+        return port
+
+    def lanes_port(self) -> _Port:
+        port = _Port(self.abits, self.width, self.banks, f"rd{len(self._reads)}")
+        self._reads.append(port)
+        return port
+
+    def write_port(self) -> _WritePort:
+        if self._write is not None:
+            raise ValueError("a LaneBankedRam has one write port")
+        self._write = _WritePort(self.abits, self.width)
+        return self._write
+
+    def elaborate(self, platform):
+        m = Module()
+        B, SB = self.banks, self.bank_bits
+        rows = self.depth // B
+        init = self._init + [0] * (self.depth - len(self._init))
+        banks = []
+        for b in range(B):
+            m.submodules[f"bank{b}"] = bank = BlockRam(shape=self.width, depth=rows,
+                                                      init=init[b::B])
+            banks.append(bank)
+        w = self._write or _WritePort(self.abits, self.width)
+        for b, bank in enumerate(banks):
+            wp = bank.write_port()
+            m.d.comb += [wp.addr.eq(w.addr >> SB), wp.data.eq(w.data),
+                         wp.en.eq(w.en & (w.addr[:SB] == b))]
+        for port in self._reads:
+            self._read(m, port, [bank.read_port() for bank in banks])
+        return m
+
+    def _read(self, m, port, rps):
+        B, SB = self.banks, self.bank_bits
+        q, s = port.addr >> SB, port.addr[:SB]
+        s_q = Signal(SB, name=f"{port.addr.name}_bank")    # the first word's bank, as read
+        with m.If(port.en):
+            m.d.sync += s_q.eq(s)
+        for b, rp in enumerate(rps):
+            row = q if port.lanes is None else q + (b < s)
+            m.d.comb += [rp.addr.eq(row), rp.en.eq(port.en)]
+        words = Array(rp.data for rp in rps)
+        if port.lanes is None:
+            m.d.comb += port.data.eq(words[s_q])
+        else:
+            for l, lane in enumerate(port.data):
+                m.d.comb += lane.eq(words[(s_q + l)[:SB]])

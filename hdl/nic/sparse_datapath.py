@@ -30,9 +30,12 @@ def build_engine(e) -> Module:
     c = _Ctx()
     c.e = e
     # the hash placer's sweep writes distinct positions out of order (see sparse_place_rows)
+    # a buffer in W banks when W is a power of two: a feeder reads its W words through one
+    # read port per bank, not W copies of the buffer (sparse_select._feeder_words)
+    banks = e.lanes if e.lanes > 1 and not e.lanes & (e.lanes - 1) else 1
     m.submodules.scatter = c.scatter = ScatterAccumulate(depth=e.depth,
                                                          distinct_port=bool(e.hash_elements),
-                                                         old_port=True)
+                                                         old_port=True, banks=banks)
     m.submodules.program = prog = BlockRam(shape=ROW, depth=e.rows, init=[])
     c.prog_w, c.prog_r, c.prog_r2 = prog.write_port(), prog.read_port(), prog.read_port()
     m.submodules.finals = fin = BlockRam(shape=64, depth=e.chunks * e.slot, init=[])
@@ -40,8 +43,11 @@ def build_engine(e) -> Module:
     c.counts = Array(Signal(range(e.slot + 1), name=f"count{i}") for i in range(e.chunks))
     # the sequencer's buffer read port (FIX, COPY, CLEAR, the residual DUMP): its address
     # is ``dump_addr``, shared with a feeder lane (see sparse_select._feeder)
-    c.dump_r = c.scatter.buffer.read_port()
+    buf = c.scatter.buffer
+    c.dump_r = buf.lanes_port() if banks > 1 else buf.read_port()
     c.dump_addr = Signal.like(c.dump_r.addr)
+    c.dump_data = Signal(32)      # its word at dump_addr (a lanes port's first word)
+    m.d.comb += c.dump_data.eq(c.dump_r.data[0] if banks > 1 else c.dump_r.data)
     c.row = Signal(ROW)
     # the current row's pair count, registered: a cycle behind ``counts`` and ``row.chunk``.
     # The count mux over the chunks sat in front of every row walk's end test, and so of

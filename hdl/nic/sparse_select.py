@@ -96,13 +96,9 @@ def _feeder(m, c, tk, go, lo, n, u):
     advance = ~rv | tk.i.ready
     m.d.comb += beats.eq((size + W - 1) >> (W.bit_length() - 1))
     first = beat * W
-    for l in range(W):
-        if u == 0 and l == 0:
-            rp = _shared_port(m, c, base + first, advance, feeding=active | rv)
-        else:
-            rp = c.scatter.buffer.read_port()
-            m.d.comb += [rp.addr.eq(base + first + l), rp.en.eq(advance)]
-        m.d.comb += tk.i.payload.value[l].eq(Mux(mask[l], rp.data, 0))
+    feeding = active | rv
+    for l, word in enumerate(_feeder_words(m, c, u, base + first, advance, feeding)):
+        m.d.comb += tk.i.payload.value[l].eq(Mux(mask[l], word, 0))
     m.d.comb += [tk.i.valid.eq(rv), tk.i.payload.last.eq(last)]
     with m.If(advance):
         m.d.sync += [rv.eq(active), last.eq(beat == beats - 1),
@@ -118,8 +114,30 @@ def _feeder(m, c, tk, go, lo, n, u):
         m.d.sync += [active.eq(1), beat.eq(0), pas.eq(0), base.eq(lo), size.eq(n)]
 
 
+def _feeder_words(m, c, u, addr, en, feeding):
+    """The W buffer words ``addr`` .. ``addr + W - 1`` of unit ``u``'s feeder, a cycle after
+    ``en``: from one lanes port (a banked buffer: one read port per bank) or from W word
+    ports (one copy of the buffer each). Unit 0's first port is the sequencer's."""
+    W = c.e.lanes
+    if c.scatter.banks > 1:
+        if u == 0:
+            return _shared_port(m, c, addr, en, feeding).data
+        port = c.scatter.buffer.lanes_port()
+        m.d.comb += [port.addr.eq(addr), port.en.eq(en)]
+        return port.data
+    words = []
+    for l in range(W):
+        if u == 0 and l == 0:
+            port = _shared_port(m, c, addr, en, feeding)
+        else:
+            port = c.scatter.buffer.read_port()
+            m.d.comb += [port.addr.eq(addr + l), port.en.eq(en)]
+        words.append(port.data)
+    return words
+
+
 def _shared_port(m, c, addr, en, feeding):
-    """The sequencer's buffer read port (``dump_r``), lent to a feeder lane while it feeds.
+    """The sequencer's buffer read port (``dump_r``), lent to a feeder while it feeds.
 
     The sequencer reads the buffer (FIX, COPY, CLEAR, the residual DUMP) only while no
     selection is in flight: REGION_WAIT waits for ``~sel_busy``, and CLEAR and DUMP start

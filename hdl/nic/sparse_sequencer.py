@@ -408,7 +408,7 @@ def _dump_residual(m, c, j, chunk, dump_n):
     with m.Else():
         label = residual_label(m, c, j.ahead(fire), j.j)
         m.d.comb += [e.host_o.valid.eq(1), e.host_o.payload.index.eq(label),
-                     e.host_o.payload.value.eq(c.dump_r.data)]
+                     e.host_o.payload.value.eq(c.dump_data)]
         with m.If(fire):
             j.step(m)
 
@@ -420,7 +420,7 @@ def _clear(m, c, j, dump_n):
     with m.If(j.at["dump"]):
         m.next = "IDLE"
     with m.Else():
-        m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(j.j), c.sc_value.eq(c.dump_r.data ^ SIGN)]
+        m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(j.j), c.sc_value.eq(c.dump_data ^ SIGN)]
         with m.If(fire):
             j.step(m)
 
@@ -475,7 +475,7 @@ def _region_states(m, c, j, fin_fire, slot_base):
     with m.State("FIX_WRITE"):
         m.d.comb += c.main_uses.eq(1)
         m.d.comb += [c.dump_addr.eq(row.lo + fin_index), c.sc_valid.eq(1),
-                     c.sc_index.eq(row.k + fin_index), c.sc_value.eq(c.dump_r.data),
+                     c.sc_index.eq(row.k + fin_index), c.sc_value.eq(c.dump_data),
                      c.sc_set.eq(1), fin_fire.eq(fire)]
         with m.If(fire):
             j.step(m)
@@ -492,6 +492,6 @@ def _region_states(m, c, j, fin_fire, slot_base):
             m.next = "DRAIN"
         with m.Else():
             m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(row.k + j.j),
-                         c.sc_value.eq(c.dump_r.data), c.sc_set.eq(1)]
+                         c.sc_value.eq(c.dump_data), c.sc_set.eq(1)]
             with m.If(fire):
                 j.step(m)

@@ -21,7 +21,9 @@ port: at one pair per cycle there is no bank conflict to arbitrate. The only haz
 read-after-write on one index, possible only when a new message starts (indices inside one
 message are strictly ascending, so a pair never meets an in-flight write of its own
 message): a pair whose index is not above the previous pair's waits until the pipeline is
-empty, about 10 cycles per message boundary. Nothing is ever reordered.
+empty, about 10 cycles per message boundary. Nothing is ever reordered. With ``banks`` > 1
+the buffer is a :class:`~treenic.hdl.ram.LaneBankedRam` (the same ports, the same cycles,
+one bank-select mux behind the operand read).
 """
 from amaranth import Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
@@ -29,7 +31,7 @@ from amaranth.lib.wiring import In, Out
 
 from ..fp32 import LATENCY as ADD_LATENCY
 from ..fp32 import FP32Adder
-from ..ram import BlockRam
+from ..ram import BlockRam, LaneBankedRam
 
 __all__ = ["ScatterAccumulate", "LATENCY"]
 
@@ -50,6 +52,12 @@ class ScatterAccumulate(wiring.Component):
     old_port : bool
         Build the ``log`` input and the ``old`` output (default off: the unit as before,
         bit for bit): the buffer operand each logged pair read, for an undo log.
+    banks : int
+        1 (default): ``buffer`` is one :class:`~treenic.hdl.ram.BlockRam`. A power of two
+        above 1: a :class:`~treenic.hdl.ram.LaneBankedRam` of that many banks, whose lanes
+        ports read ``banks`` consecutive words (the sparse engine's feeders), each one read
+        port per bank rather than a copy of the buffer per word. The unit is the same,
+        cycle for cycle.
 
     Members
     -------
@@ -84,13 +92,19 @@ class ScatterAccumulate(wiring.Component):
     """
 
     def __init__(self, *, depth: int = 1024, init=(), distinct_port: bool = False,
-                 old_port: bool = False):
+                 old_port: bool = False, banks: int = 1):
         if not isinstance(depth, int) or not 2 <= depth <= 1 << 20 or depth & (depth - 1):
             raise ValueError(f"depth must be a power of two in 2..2**20, got {depth!r}")
         if len(init) > depth:
             raise ValueError(f"init has {len(init)} words, the buffer {depth}")
+        if not isinstance(banks, int) or not 1 <= banks <= depth or banks & (banks - 1):
+            raise ValueError(f"banks must be a power of two in 1..depth, got {banks!r}")
         self.depth, self.addr_bits = depth, depth.bit_length() - 1
-        self.buffer = BlockRam(shape=32, depth=depth, init=list(init))
+        self.banks = banks
+        if banks == 1:
+            self.buffer = BlockRam(shape=32, depth=depth, init=list(init))
+        else:
+            self.buffer = LaneBankedRam(width=32, depth=depth, banks=banks, init=list(init))
         pair = data.StructLayout({"index": 32, "value": 32})
         self.distinct_port = bool(distinct_port)
         members = {"i": In(stream.Signature(pair)), "o": Out(stream.Signature(pair)),

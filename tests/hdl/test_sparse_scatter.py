@@ -20,8 +20,8 @@ def _values(rng, n):
     return x.astype(np.float32)
 
 
-def run_scatter(dense, messages, **kw):
-    dut = ScatterAccumulate(depth=DEPTH, init=dense.view(np.uint32).tolist())
+def run_scatter(dense, messages, banks=1, **kw):
+    dut = ScatterAccumulate(depth=DEPTH, init=dense.view(np.uint32).tolist(), banks=banks)
     words = [int(i) | (int(v) << 32) for idx, val in messages
              for i, v in zip(idx, np.asarray(val, np.float32).view(np.uint32))]
     out, cycles = run_stream_unit(dut, words, **kw)
@@ -40,13 +40,14 @@ def _messages(rng, count, dense):
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(seed=st.integers(0, 2**31), count=st.integers(1, 5))
-def test_matches_golden_with_stalls(seed, count):
+@given(seed=st.integers(0, 2**31), count=st.integers(1, 5), banks=st.sampled_from([1, 2, 16]))
+def test_matches_golden_with_stalls(seed, count, banks):
+    """The golden writes, with the buffer in one block RAM or in banks (the engine's)."""
     rng = np.random.default_rng(seed)
     dense = _values(rng, DEPTH)
     msgs = _messages(rng, count, dense)
     _, writes = scatter_accumulate(dense, msgs)
-    got, _ = run_scatter(dense, msgs, p_valid=0.7, p_ready=0.6, seed=seed)
+    got, _ = run_scatter(dense, msgs, banks=banks, p_valid=0.7, p_ready=0.6, seed=seed)
     gold = [(i, int(np.float32(v).view(np.uint32))) for i, v in writes]
     assert got == gold
 
