@@ -31,7 +31,7 @@ from amaranth.hdl import Array, Const, Elaboratable, Module, Mux, Signal, Value
 from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["BlockRam", "BlockRamFIFO", "LaneBankedRam", "poison", "MAX_READ_PORTS", "YOSYS_COLLISION_DONT_CARE"]
+__all__ = ["BlockRam", "BlockRamFIFO", "LaneBankedRam", "lanes_address", "poison", "MAX_READ_PORTS", "YOSYS_COLLISION_DONT_CARE"]
 
 #: the most read ports a BlockRam may have (each is a copy of the memory on the FPGA)
 MAX_READ_PORTS = 64
@@ -164,17 +164,40 @@ class BlockRamFIFO(wiring.Component):
 
 
 class _Port:
-    """A read port of :class:`LaneBankedRam`: ``addr``, ``en`` (1: read; 0: hold the data)
-    and ``data`` (one word, or a list of ``lanes`` words)."""
+    """A word read port of :class:`LaneBankedRam`: ``addr``, ``en`` (1: read; 0: hold the
+    data) and ``data``."""
 
-    def __init__(self, abits: int, width: int, lanes: int | None, name: str):
+    def __init__(self, abits: int, width: int, name: str):
         self.addr = Signal(abits, name=f"{name}_addr")
         self.en = Signal(init=1, name=f"{name}_en")
-        self.lanes = lanes
-        if lanes is None:
-            self.data = Signal(width, name=f"{name}_data")
-        else:
-            self.data = [Signal(width, name=f"{name}_data{l}") for l in range(lanes)]
+        self.data = Signal(width, name=f"{name}_data")
+
+
+class _LanesPort:
+    """A lanes read port of :class:`LaneBankedRam`: ``rows`` (each bank's row), ``first``
+    (the bank of lane 0), ``en`` (1: read; 0: hold the data) and ``data`` (``banks``
+    words, lane l from bank ``(first + l) mod banks``). :meth:`at` drives ``rows`` and
+    ``first`` for the words from one address; a caller that steps through memory can keep
+    the rows in registers of its own instead, so no adder stands in front of the banks."""
+
+    def __init__(self, row_bits: int, banks: int, width: int, name: str):
+        self.bank_bits = banks.bit_length() - 1
+        self.rows = [Signal(row_bits, name=f"{name}_row{b}") for b in range(banks)]
+        self.first = Signal(self.bank_bits, name=f"{name}_first")
+        self.en = Signal(init=1, name=f"{name}_en")
+        self.data = [Signal(width, name=f"{name}_data{l}") for l in range(banks)]
+
+    def at(self, addr):
+        """Statements that read the ``banks`` words from word address ``addr`` (``q·B + s``:
+        bank b reads row ``q + (b < s)``)."""
+        return lanes_address(addr, len(self.rows), self.rows, self.first)
+
+
+def lanes_address(addr, banks, rows, first):
+    """``rows`` and ``first`` of the ``banks`` consecutive words from ``addr`` (statements)."""
+    sb = banks.bit_length() - 1
+    q, s = addr >> sb, addr[:sb]
+    return [*(row.eq(q + (b < s)) for b, row in enumerate(rows)), first.eq(s)]
 
 
 class _WritePort:
@@ -215,7 +238,8 @@ class LaneBankedRam(Elaboratable):
     read_port() :
         A one-word read port (``addr``, ``en``, ``data``).
     lanes_port() :
-        A lanes read port (``addr``, ``en``, ``data``: a list of ``banks`` words).
+        A lanes read port (``rows``, ``first``, ``en``, ``data``: a list of ``banks``
+        words; its ``at(addr)`` drives ``rows`` and ``first`` from a word address).
     write_port() :
         The one write port (``addr``, ``data``, ``en``).
     """
@@ -235,12 +259,13 @@ class LaneBankedRam(Elaboratable):
         self._write = None
 
     def read_port(self) -> _Port:
-        port = _Port(self.abits, self.width, None, f"rd{len(self._reads)}")
+        port = _Port(self.abits, self.width, f"rd{len(self._reads)}")
         self._reads.append(port)
         return port
 
-    def lanes_port(self) -> _Port:
-        port = _Port(self.abits, self.width, self.banks, f"rd{len(self._reads)}")
+    def lanes_port(self) -> _LanesPort:
+        port = _LanesPort(self.abits - self.bank_bits, self.banks, self.width,
+                          f"rd{len(self._reads)}")
         self._reads.append(port)
         return port
 
@@ -270,17 +295,20 @@ class LaneBankedRam(Elaboratable):
         return m
 
     def _read(self, m, port, rps):
-        B, SB = self.banks, self.bank_bits
-        q, s = port.addr >> SB, port.addr[:SB]
-        s_q = Signal(SB, name=f"{port.addr.name}_bank")    # the first word's bank, as read
+        SB = self.bank_bits
+        lanes = isinstance(port, _LanesPort)
+        if lanes:
+            rows, s = port.rows, port.first
+        else:
+            rows, s = [port.addr >> SB] * len(rps), port.addr[:SB]
+        s_q = Signal(SB, name=f"{rps[0].addr.name}_first")   # lane 0's bank, as read
         with m.If(port.en):
             m.d.sync += s_q.eq(s)
-        for b, rp in enumerate(rps):
-            row = q if port.lanes is None else q + (b < s)
+        for row, rp in zip(rows, rps):
             m.d.comb += [rp.addr.eq(row), rp.en.eq(port.en)]
         words = Array(rp.data for rp in rps)
-        if port.lanes is None:
-            m.d.comb += port.data.eq(words[s_q])
-        else:
+        if lanes:
             for l, lane in enumerate(port.data):
                 m.d.comb += lane.eq(words[(s_q + l)[:SB]])
+        else:
+            m.d.comb += port.data.eq(words[s_q])

@@ -158,17 +158,20 @@ def test_fifo_rejects_bad_sizes():
 
 
 class _Banked(Elaboratable):
-    """A LaneBankedRam with a word port, a lanes port and the write port."""
+    """A LaneBankedRam with a word port, a lanes port (read from ``lanes_addr``) and the
+    write port."""
 
     def __init__(self, banks, depth=DEPTH):
         self.ram = LaneBankedRam(width=WIDTH, depth=depth, banks=banks,
                                  init=[(7 * i + 1) & 0xFFFF for i in range(depth)])
         self.word, self.lanes, self.w = self.ram.read_port(), self.ram.lanes_port(), \
             self.ram.write_port()
+        self.lanes_addr = Signal(range(depth))
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.ram = self.ram
+        m.d.comb += self.lanes.at(self.lanes_addr)
         return m
 
 
@@ -195,7 +198,7 @@ def test_lane_banked_ram_reads_a_plain_memory(banks):
             en_w, en_l = rng.random() < 0.8, rng.random() < 0.8
             for sig, v in ((top.w.addr, wa), (top.w.data, wd), (top.w.en, we),
                            (top.word.addr, ra), (top.word.en, en_w),
-                           (top.lanes.addr, la), (top.lanes.en, en_l)):
+                           (top.lanes_addr, la), (top.lanes.en, en_l)):
                 ctx.set(sig, v)
             if en_w:
                 want_word = expect(ra, wa, we)

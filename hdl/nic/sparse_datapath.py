@@ -42,10 +42,10 @@ def build_engine(e) -> Module:
     c.fin_w, c.fin_r = fin.write_port(), fin.read_port()
     c.counts = Array(Signal(range(e.slot + 1), name=f"count{i}") for i in range(e.chunks))
     # the sequencer's buffer read port (FIX, COPY, CLEAR, the residual DUMP): its address
-    # is ``dump_addr``, shared with a feeder lane (see sparse_select._feeder)
+    # is ``dump_addr``; unit 0's feeder borrows it (sparse_select._lanes_words, _shared_port)
     buf = c.scatter.buffer
     c.dump_r = buf.lanes_port() if banks > 1 else buf.read_port()
-    c.dump_addr = Signal.like(c.dump_r.addr)
+    c.dump_addr = Signal(range(e.depth))
     c.dump_data = Signal(32)      # its word at dump_addr (a lanes port's first word)
     m.d.comb += c.dump_data.eq(c.dump_r.data[0] if banks > 1 else c.dump_r.data)
     c.row = Signal(ROW)

@@ -45,6 +45,7 @@ from __future__ import annotations
 from amaranth import Cat, Mux, Signal
 from amaranth.lib import data
 
+from ..ram import lanes_address
 from ..sparse.narrow import PairNarrower
 from ..sparse.topk import PASSES, Mode, TopKUnit
 from treenic.schedule.sparse_table import SparseOp
@@ -97,7 +98,11 @@ def _feeder(m, c, tk, go, lo, n, u):
     m.d.comb += beats.eq((size + W - 1) >> (W.bit_length() - 1))
     first = beat * W
     feeding = active | rv
-    for l, word in enumerate(_feeder_words(m, c, u, base + first, advance, feeding)):
+    if c.scatter.banks > 1:
+        words = _lanes_words(m, c, u, go, lo, beat, advance, feeding)
+    else:
+        words = _word_ports(m, c, u, base + first, advance, feeding)
+    for l, word in enumerate(words):
         m.d.comb += tk.i.payload.value[l].eq(Mux(mask[l], word, 0))
     m.d.comb += [tk.i.valid.eq(rv), tk.i.payload.last.eq(last)]
     with m.If(advance):
@@ -114,17 +119,36 @@ def _feeder(m, c, tk, go, lo, n, u):
         m.d.sync += [active.eq(1), beat.eq(0), pas.eq(0), base.eq(lo), size.eq(n)]
 
 
-def _feeder_words(m, c, u, addr, en, feeding):
+def _lanes_words(m, c, u, go, lo, beat, en, feeding):
+    """The W words of beat ``beat`` from ``lo`` through a lanes port of the banked buffer
+    (one read port per bank), a cycle after ``en``. A selection's words start at ``lo``, so
+    each bank's row is its first row (registered at ``go``) plus ``beat``: no address adder
+    or compare in front of the banks. Unit 0's port is the sequencer's (see
+    :func:`_shared_port`), whose word is lane 0 of the rows of ``dump_addr``."""
+    buf, W = c.scatter.buffer, c.e.lanes
+    port = c.dump_r if u == 0 else buf.lanes_port()
+    row0 = [Signal.like(row, name=f"unit{u}_row0_{b}") for b, row in enumerate(port.rows)]
+    bank0 = Signal.like(port.first, name=f"unit{u}_bank0")
+    with m.If(go):
+        m.d.sync += lanes_address(lo, W, row0, bank0)
+    rows = [r + beat for r in row0]
+    if u == 0:
+        sb = W.bit_length() - 1
+        dump_row, dump_bank = c.dump_addr >> sb, c.dump_addr[:sb]
+        m.d.comb += [*(p.eq(Mux(feeding, r, dump_row)) for p, r in zip(port.rows, rows)),
+                     port.first.eq(Mux(feeding, bank0, dump_bank)),
+                     port.en.eq(~feeding | en)]
+    else:
+        m.d.comb += [*(p.eq(r) for p, r in zip(port.rows, rows)), port.first.eq(bank0),
+                     port.en.eq(en)]
+    return port.data
+
+
+def _word_ports(m, c, u, addr, en, feeding):
     """The W buffer words ``addr`` .. ``addr + W - 1`` of unit ``u``'s feeder, a cycle after
-    ``en``: from one lanes port (a banked buffer: one read port per bank) or from W word
-    ports (one copy of the buffer each). Unit 0's first port is the sequencer's."""
+    ``en``, through W word ports (one copy of the buffer each on the FPGA). Unit 0's first
+    port is the sequencer's."""
     W = c.e.lanes
-    if c.scatter.banks > 1:
-        if u == 0:
-            return _shared_port(m, c, addr, en, feeding).data
-        port = c.scatter.buffer.lanes_port()
-        m.d.comb += [port.addr.eq(addr), port.en.eq(en)]
-        return port.data
     words = []
     for l in range(W):
         if u == 0 and l == 0:
@@ -137,7 +161,7 @@ def _feeder_words(m, c, u, addr, en, feeding):
 
 
 def _shared_port(m, c, addr, en, feeding):
-    """The sequencer's buffer read port (``dump_r``), lent to a feeder while it feeds.
+    """The sequencer's buffer read port (``dump_r``), lent to unit 0's feeder while it feeds.
 
     The sequencer reads the buffer (FIX, COPY, CLEAR, the residual DUMP) only while no
     selection is in flight: REGION_WAIT waits for ``~sel_busy``, and CLEAR and DUMP start

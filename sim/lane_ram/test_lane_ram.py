@@ -27,7 +27,7 @@ class LaneRamBench(wiring.Component):
         w, r, lanes = ram.write_port(), ram.read_port(), ram.lanes_port()
         m.d.comb += [w.addr.eq(self.w_addr), w.data.eq(self.w_data), w.en.eq(self.w_en),
                      r.addr.eq(self.r_addr), r.en.eq(self.r_en), self.r_data.eq(r.data),
-                     lanes.addr.eq(self.l_addr), lanes.en.eq(self.l_en),
+                     *lanes.at(self.l_addr), lanes.en.eq(self.l_en),
                      self.l_data.eq(Cat(*lanes.data))]
         return m
 
