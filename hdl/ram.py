@@ -201,6 +201,8 @@ def lanes_address(addr, banks, rows, first):
 
 
 class _WritePort:
+    """The write port of :class:`LaneBankedRam`: ``addr``, ``data``, ``en``."""
+
     def __init__(self, abits: int, width: int):
         self.addr, self.data, self.en = Signal(abits), Signal(width), Signal()
 

@@ -9,7 +9,7 @@ SEND/ROOT selection on a free unit as soon as that flow's receives are in:
 ::
 
     host_i ──GRAD──► skid ─► ScatterAccumulate (part: the partial / residual buffer, FP32Adder)
-                      ▲  ▲  ▲                   │ W read ports per unit
+                      ▲  ▲  ▲                   │ a lanes port per unit (W banks)
           RECV pairs ─┘  │  └── selections: (index, -value) zeroes what was selected
                          │                      ▼
     rx[p] ─► flit FIFO ─► skid      feeder ─► TopKUnit(W) ─► PairNarrower ─┐ (x topk_units)
@@ -95,12 +95,13 @@ class SparseEngine(wiring.Component):
     depth : int
         Buffer words (power of two) -- the node's elements fit.
     lanes : int
-        W, top-k lanes (read ports the feeder uses on the buffer).
+        W, top-k lanes; a power of two above 1 puts the buffer in W banks, which a
+        feeder reads through one lanes port (:class:`~treenic.hdl.ram.LaneBankedRam`).
     scan_bins : int
         Top-k histogram bins scanned a cycle (:class:`~treenic.hdl.sparse.topk.TopKUnit`).
     topk_units : int
         Top-k units (1..8) selecting independent flows concurrently, ahead of the row
-        sequencer (:mod:`.sparse_select`); each has its own feeder of W read ports.
+        sequencer (:mod:`.sparse_select`); each has its own feeder and lanes port.
     max_flow : int
         Largest flow (top-k chunk), elements.
     chunks : int

@@ -16,7 +16,7 @@ SEND_BM as a send: its slot then goes through the encoder):
                                              SEND/ROOT row of c  -> wait done[c] == seen[c]
                                                                     and a free unit; start it
     sequencer: a RECV row of flow c drained -> done[c] += 1
-    unit u: feeder (W read ports) ─► TopKUnit ─► PairNarrower ─┐
+    unit u: feeder (a lanes port) ─► TopKUnit ─► PairNarrower ─┐
                                                                ├─ arbiter (lowest u first,
     unit u': ...                                         ──────┘   one pair a cycle)
         pair -> flow c's final-pair slot + (index, -value) into the scatter adder (zeroes it)
@@ -87,7 +87,8 @@ class _Unit:
 
 def _feeder(m, c, tk, go, lo, n, u):
     """Streams part[lo : lo+n] to one top-k unit W words a beat, once per pass (zero pad),
-    through W read ports whose ``en`` holds the data while the unit stalls."""
+    through a lanes port of the banked buffer (W word ports when W = 1) whose ``en`` holds
+    the data while the unit stalls."""
     e = c.e
     W = e.lanes
     active, beat, pas = Signal(), Signal(range(e.chunk_beats + 1)), Signal(range(8))
