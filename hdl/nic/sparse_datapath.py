@@ -30,31 +30,22 @@ def build_engine(e) -> Module:
     c = _Ctx()
     c.e = e
     # the hash placer's sweep writes distinct positions out of order (see sparse_place_rows)
-    # a buffer in W banks when W is a power of two: a feeder reads its W words through one
-    # read port per bank, not W copies of the buffer (sparse_select._feeder_words)
-    banks = e.lanes if e.lanes > 1 and not e.lanes & (e.lanes - 1) else 1
+    # the buffer in W banks: a feeder reads its W words through one read port per bank,
+    # not W copies of the buffer (sparse_select._lanes_words)
     m.submodules.scatter = c.scatter = ScatterAccumulate(depth=e.depth,
                                                          distinct_port=bool(e.hash_elements),
-                                                         old_port=True, banks=banks)
+                                                         old_port=True, banks=e.lanes)
     m.submodules.program = prog = BlockRam(shape=ROW, depth=e.rows, init=[])
     c.prog_w, c.prog_r, c.prog_r2 = prog.write_port(), prog.read_port(), prog.read_port()
     m.submodules.finals = fin = BlockRam(shape=64, depth=e.chunks * e.slot, init=[])
     c.fin_w, c.fin_r = fin.write_port(), fin.read_port()
     c.counts = Array(Signal(range(e.slot + 1), name=f"count{i}") for i in range(e.chunks))
     # the sequencer's buffer read port (FIX, COPY, CLEAR, the residual DUMP): its address
-    # is ``dump_addr``; unit 0's feeder borrows it (sparse_select._lanes_words, _shared_port)
-    buf = c.scatter.buffer
-    c.dump_r = buf.lanes_port() if banks > 1 else buf.read_port()
+    # is ``dump_addr``, its word lane 0; unit 0's feeder borrows it (sparse_select._lanes_words)
+    c.dump_r = c.scatter.buffer.lanes_port()
     c.dump_addr = Signal(range(e.depth))
-    c.dump_data = Signal(32)      # its word at dump_addr (a lanes port's first word)
-    m.d.comb += c.dump_data.eq(c.dump_r.data[0] if banks > 1 else c.dump_r.data)
+    c.dump_data = c.dump_r.data[0]
     c.row = Signal(ROW)
-    # the current row's pair count, registered: a cycle behind ``counts`` and ``row.chunk``.
-    # The count mux over the chunks sat in front of every row walk's end test, and so of
-    # the link credits and the watchdog (10.9 ns estimated). Every reader runs at least two
-    # cycles after the row loads and after its slot's count was last written
-    c.row_count = Signal(range(e.slot + 1))
-    m.d.sync += c.row_count.eq(c.counts[c.row.chunk])
     c.pending = Signal(16)
     c.sc_valid, c.sc_index, c.sc_value = Signal(), Signal(32), Signal(32)
     c.sc_set = Signal()           # write the value instead of adding it (ZERO/FIXUP/COPY)

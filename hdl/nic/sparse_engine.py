@@ -95,7 +95,7 @@ class SparseEngine(wiring.Component):
     depth : int
         Buffer words (power of two) -- the node's elements fit.
     lanes : int
-        W, top-k lanes; a power of two above 1 puts the buffer in W banks, which a
+        W, top-k lanes (a power of two in 2..32); the buffer is in W banks, which a
         feeder reads through one lanes port (:class:`~treenic.hdl.ram.LaneBankedRam`).
     scan_bins : int
         Top-k histogram bins scanned a cycle (:class:`~treenic.hdl.sparse.topk.TopKUnit`).
@@ -165,6 +165,9 @@ class SparseEngine(wiring.Component):
                             ("rx_depth", rx_depth, 2), ("topk_units", topk_units, 1)):
             if not isinstance(v, int) or v < lo:
                 raise ValueError(f"{name} must be an int >= {lo}, got {v!r}")
+        if not isinstance(lanes, int) or not 2 <= lanes <= 32 or lanes & (lanes - 1):
+            raise ValueError(f"lanes must be a power of two in 2..32 (the top-k unit's W), "
+                             f"got {lanes!r}")
         if topk_units > 8:
             raise ValueError(f"topk_units must be at most 8, got {topk_units}")
         if not isinstance(hash_elements, int) or not 0 <= hash_elements <= depth:

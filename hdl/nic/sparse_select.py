@@ -87,22 +87,18 @@ class _Unit:
 
 def _feeder(m, c, tk, go, lo, n, u):
     """Streams part[lo : lo+n] to one top-k unit W words a beat, once per pass (zero pad),
-    through a lanes port of the banked buffer (W word ports when W = 1) whose ``en`` holds
-    the data while the unit stalls."""
+    through a lanes port of the banked buffer whose ``en`` holds the data while the unit
+    stalls."""
     e = c.e
     W = e.lanes
     active, beat, pas = Signal(), Signal(range(e.chunk_beats + 1)), Signal(range(8))
-    base, size = Signal(24), Signal(24)
+    size = Signal(24)
     rv, last, mask = Signal(), Signal(), Signal(W)
     beats = Signal(range(e.chunk_beats + 1))
     advance = ~rv | tk.i.ready
     m.d.comb += beats.eq((size + W - 1) >> (W.bit_length() - 1))
     first = beat * W
-    feeding = active | rv
-    if c.scatter.banks > 1:
-        words = _lanes_words(m, c, u, go, lo, beat, advance, feeding)
-    else:
-        words = _word_ports(m, c, u, base + first, advance, feeding)
+    words = _lanes_words(m, c, u, go, lo, beat, advance, feeding=active | rv)
     for l, word in enumerate(words):
         m.d.comb += tk.i.payload.value[l].eq(Mux(mask[l], word, 0))
     m.d.comb += [tk.i.valid.eq(rv), tk.i.payload.last.eq(last)]
@@ -117,15 +113,21 @@ def _feeder(m, c, tk, go, lo, n, u):
             with m.Else():
                 m.d.sync += beat.eq(beat + 1)
     with m.If(go):
-        m.d.sync += [active.eq(1), beat.eq(0), pas.eq(0), base.eq(lo), size.eq(n)]
+        m.d.sync += [active.eq(1), beat.eq(0), pas.eq(0), size.eq(n)]
 
 
 def _lanes_words(m, c, u, go, lo, beat, en, feeding):
     """The W words of beat ``beat`` from ``lo`` through a lanes port of the banked buffer
     (one read port per bank), a cycle after ``en``. A selection's words start at ``lo``, so
     each bank's row is its first row (registered at ``go``) plus ``beat``: no address adder
-    or compare in front of the banks. Unit 0's port is the sequencer's (see
-    :func:`_shared_port`), whose word is lane 0 of the rows of ``dump_addr``."""
+    or compare in front of the banks.
+
+    Unit 0's port is the sequencer's (``dump_r``; its word is lane 0 of the rows of
+    ``dump_addr``), lent to the feeder while it feeds (``feeding``: beats to read or to
+    hand over). The sequencer reads the buffer (FIX, COPY, CLEAR, the residual DUMP) only
+    while no selection is in flight: REGION_WAIT waits for ``~sel_busy``, and CLEAR and
+    DUMP start from IDLE, after every selection of the run was sent. So the two never want
+    the port in one cycle, and each bank keeps one read port, one block-RAM copy, fewer."""
     buf, W = c.scatter.buffer, c.e.lanes
     port = c.dump_r if u == 0 else buf.lanes_port()
     row0 = [Signal.like(row, name=f"unit{u}_row0_{b}") for b, row in enumerate(port.rows)]
@@ -143,36 +145,6 @@ def _lanes_words(m, c, u, go, lo, beat, en, feeding):
         m.d.comb += [*(p.eq(r) for p, r in zip(port.rows, rows)), port.first.eq(bank0),
                      port.en.eq(en)]
     return port.data
-
-
-def _word_ports(m, c, u, addr, en, feeding):
-    """The W buffer words ``addr`` .. ``addr + W - 1`` of unit ``u``'s feeder, a cycle after
-    ``en``, through W word ports (one copy of the buffer each on the FPGA). Unit 0's first
-    port is the sequencer's."""
-    W = c.e.lanes
-    words = []
-    for l in range(W):
-        if u == 0 and l == 0:
-            port = _shared_port(m, c, addr, en, feeding)
-        else:
-            port = c.scatter.buffer.read_port()
-            m.d.comb += [port.addr.eq(addr + l), port.en.eq(en)]
-        words.append(port.data)
-    return words
-
-
-def _shared_port(m, c, addr, en, feeding):
-    """The sequencer's buffer read port (``dump_r``), lent to unit 0's feeder while it feeds.
-
-    The sequencer reads the buffer (FIX, COPY, CLEAR, the residual DUMP) only while no
-    selection is in flight: REGION_WAIT waits for ``~sel_busy``, and CLEAR and DUMP start
-    from IDLE, after every selection of the run was sent. A feeder feeds only inside its
-    unit's selection (``feeding`` = its beats to read or to hand over). So the two never
-    want the port in one cycle, and the buffer keeps one read port, one block-RAM copy
-    (32 DP16KD at 64 KiB), fewer. Returns the port."""
-    rp = c.dump_r
-    m.d.comb += [rp.addr.eq(Mux(feeding, addr, c.dump_addr)), rp.en.eq(~feeding | en)]
-    return rp
 
 
 def build_selection(m, c):

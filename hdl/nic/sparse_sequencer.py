@@ -72,7 +72,8 @@ def sequencer(m, c, head):
     h = e.host_i
     chunk = Signal(range(e.chunks + 1))
     dump_n = Signal(24)
-    # each limit as it will read next cycle: ``row_count`` registers ``counts[row.chunk]``
+    # each limit as it will read next cycle: the row's count is ``counts[row.chunk]``
+    # registered, a cycle behind (the count mux stays off the walks' end tests)
     j = WalkIndex(m, {"count": c.counts[row.chunk], "n": row.n, "log": c.log_n,
                       "dump": dump_n})
     fin_fire = Signal()

@@ -407,3 +407,12 @@ def test_hash_engine_counts_every_dropped_grad_word():
     want = place_golden(pairs, elements=HASH_N, flows=HASH_FLOWS, seed=HASH_SEED ^ 1,
                         table=table)[2]
     assert want > 0 and _hash_run(wrong + grads)[1] == want
+
+
+@pytest.mark.parametrize("lanes", [1, 3, 64, "2"])
+def test_lanes_must_be_the_top_k_units_power_of_two(lanes):
+    """W sizes the feeders' beats (a shift) and the buffer's banks: anything but a power of
+    two in 2..32 is refused when the engine is built, not at elaboration."""
+    with pytest.raises(ValueError, match="lanes must be a power of two in 2..32"):
+        SparseEngine(ports=1, depth=64, lanes=lanes, max_flow=64, chunks=1, slot=8, rows=8,
+                     rx_depth=32)
