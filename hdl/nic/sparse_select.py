@@ -88,20 +88,33 @@ class _Unit:
 def _feeder(m, c, tk, go, lo, n, u):
     """Streams part[lo : lo+n] to one top-k unit W words a beat, once per pass (zero pad),
     through a lanes port of the banked buffer whose ``en`` holds the data while the unit
-    stalls."""
+    stalls, and a register slice in front of the unit::
+
+        cycle : t            t+1                       t+2
+                address ──►  banks' data, lane mux ──► beat register ──► top-k input
+
+    The slice keeps the block RAMs' slow clock-to-output off the unit's key compares and
+    flag counts (the 15th wave's estimated worst path, 10.1 ns: bank data → ``over_hits``);
+    it costs one cycle per selection, not one per beat."""
     e = c.e
     W = e.lanes
     active, beat, pas = Signal(), Signal(range(e.chunk_beats + 1)), Signal(range(8))
     size = Signal(24)
     rv, last, mask = Signal(), Signal(), Signal(W)
     beats = Signal(range(e.chunk_beats + 1))
-    advance = ~rv | tk.i.ready
+    qv, q_last = Signal(name=f"unit{u}_beat_valid"), Signal(name=f"unit{u}_beat_last")
+    q_value = [Signal(32, name=f"unit{u}_beat_value{l}") for l in range(W)]
+    take = ~qv | tk.i.ready             # the beat register is free next cycle
+    advance = ~rv | take
     m.d.comb += beats.eq((size + W - 1) >> (W.bit_length() - 1))
     first = beat * W
     words = _lanes_words(m, c, u, go, lo, beat, advance, feeding=active | rv)
-    for l, word in enumerate(words):
-        m.d.comb += tk.i.payload.value[l].eq(Mux(mask[l], word, 0))
-    m.d.comb += [tk.i.valid.eq(rv), tk.i.payload.last.eq(last)]
+    with m.If(take):
+        m.d.sync += [qv.eq(rv), q_last.eq(last),
+                     *(q.eq(Mux(mask[l], word, 0)) for l, (q, word) in
+                       enumerate(zip(q_value, words)))]
+    m.d.comb += [tk.i.valid.eq(qv), tk.i.payload.last.eq(q_last),
+                 *(tk.i.payload.value[l].eq(q) for l, q in enumerate(q_value))]
     with m.If(advance):
         m.d.sync += [rv.eq(active), last.eq(beat == beats - 1),
                      mask.eq(Cat(*[first + l < size for l in range(W)]))]
