@@ -432,7 +432,8 @@ def _region_states(m, c, j, fin_fire, slot_base):
 
     * SLOT (ACC / ZERO): for each pair (i, v) of the slot, ``part[lo + i] += v`` (ACC) or
       ``= +0`` (ZERO, the scatter unit's set mode);
-    * FIX_READ / FIX_WRITE (FIXUP): ``part[k + i] = part[lo + i]`` for each pair of the slot;
+    * FIX_ADDR, then FIX_READ / FIX_WRITE (FIXUP): ``part[k + i] = part[lo + i]`` for each
+      pair of the slot (see :func:`_fixup_states`);
     * COPY_ADDR / COPY: ``part[k + j] = part[lo + j]`` for j < n.
 
     Slots hold ascending indices, so the scatter unit never waits on a hazard inside a row.
@@ -451,7 +452,7 @@ def _region_states(m, c, j, fin_fire, slot_base):
                 with m.Case(SparseOp.ACC, SparseOp.ZERO):
                     m.next = "SLOT"
                 with m.Case(SparseOp.FIXUP):
-                    m.next = "FIX_READ"
+                    m.next = "FIX_ADDR"
                 with m.Default():
                     m.next = "COPY_ADDR"
     fin_index, fin_value = c.fin_r.data[:32], c.fin_r.data[32:]
@@ -466,21 +467,7 @@ def _region_states(m, c, j, fin_fire, slot_base):
                          fin_fire.eq(fire)]
             with m.If(fire):
                 j.step(m)
-    with m.State("FIX_READ"):
-        m.d.comb += c.main_uses.eq(1)
-        m.d.comb += c.dump_addr.eq(row.lo + fin_index)
-        with m.If(j.at["count"]):
-            m.next = "DRAIN"
-        with m.Else():
-            m.next = "FIX_WRITE"
-    with m.State("FIX_WRITE"):
-        m.d.comb += c.main_uses.eq(1)
-        m.d.comb += [c.dump_addr.eq(row.lo + fin_index), c.sc_valid.eq(1),
-                     c.sc_index.eq(row.k + fin_index), c.sc_value.eq(c.dump_data),
-                     c.sc_set.eq(1), fin_fire.eq(fire)]
-        with m.If(fire):
-            j.step(m)
-            m.next = "FIX_READ"
+    _fixup_states(m, c, j, fin_fire, fin_index)
     with m.State("COPY_ADDR"):
         m.d.comb += c.main_uses.eq(1)
         m.d.comb += c.dump_addr.eq(row.lo + j.j)
@@ -496,3 +483,40 @@ def _region_states(m, c, j, fin_fire, slot_base):
                          c.sc_value.eq(c.dump_data), c.sc_set.eq(1)]
             with m.If(fire):
                 j.step(m)
+
+
+def _fixup_states(m, c, j, fin_fire, fin_index):
+    """FIXUP's walk, two cycles a pair: ``part[k + i] = part[lo + i]`` for each pair
+    ``(i, v)`` of the slot. Both addresses are registered (``fix_src``, ``fix_dst``) from
+    the final-pair RAM's output, so no adder stands between that block RAM and the
+    buffer's address pins (the 15th wave's estimated second-worst path, 9.4 ns: the pair's
+    index → ``lo + i`` → a bank's row → its address). The slot's word j + 1 is read while
+    pair j is copied, and loaded into the registers when pair j's write goes::
+
+        FIX_ADDR   fin word 0 out      -> fix_src, fix_dst
+        FIX_READ   read part[fix_src]  (fin address j + 1)
+        FIX_WRITE  part[fix_dst] = it; on fire: fin word j + 1 -> fix_src, fix_dst; j += 1
+
+    One cycle per row more than computing the addresses behind the RAM (FIX_ADDR)."""
+    row = c.row
+    fire = c.sc_ready               # valid is 1 in the walk; see :func:`_region_states`
+    fix_src, fix_dst = Signal.like(c.dump_addr, name="fix_src"), Signal(32, name="fix_dst")
+    load = [fix_src.eq(row.lo + fin_index), fix_dst.eq(row.k + fin_index)]
+    with m.State("FIX_ADDR"):
+        m.d.comb += c.main_uses.eq(1)
+        m.d.sync += load
+        m.next = "FIX_READ"
+    with m.State("FIX_READ"):
+        m.d.comb += [c.main_uses.eq(1), c.dump_addr.eq(fix_src), fin_fire.eq(1)]
+        with m.If(j.at["count"]):
+            m.next = "DRAIN"
+        with m.Else():
+            m.next = "FIX_WRITE"
+    with m.State("FIX_WRITE"):
+        m.d.comb += [c.main_uses.eq(1), c.dump_addr.eq(fix_src), c.sc_valid.eq(1),
+                     c.sc_index.eq(fix_dst), c.sc_value.eq(c.dump_data), c.sc_set.eq(1),
+                     fin_fire.eq(1)]
+        with m.If(fire):
+            m.d.sync += load
+            j.step(m)
+            m.next = "FIX_READ"
