@@ -191,8 +191,8 @@ def sequencer(m, c, head):
                 m.d.sync += row.chunk.eq(chunk)
                 m.next = "DUMP_SLOT_ADDR"
         with m.State("DUMP_END"):
-            m.d.comb += [e.host_o.valid.eq(1), e.host_o.payload.end.eq(1)]
-            with m.If(e.host_o.ready):
+            m.d.comb += [c.host_o.valid.eq(1), c.host_o.payload.end.eq(1)]
+            with m.If(c.host_o.ready):
                 m.next = "IDLE"
         _region_states(m, c, j, fin_fire, slot_base)
         if e.codec:
@@ -217,10 +217,10 @@ def _dump_finals(m, c, j, chunk, fin_fire):
             m.d.sync += chunk.eq(chunk + 1)
             m.next = "DUMP_CHUNK"
         with m.Else():
-            m.d.comb += [e.host_o.valid.eq(1), e.host_o.payload.index.eq(final_label(m, c)),
-                         e.host_o.payload.value.eq(c.fin_r.data[32:]),
-                         e.host_o.payload.final.eq(1), fin_fire.eq(e.host_o.ready)]
-            with m.If(e.host_o.ready):
+            m.d.comb += [c.host_o.valid.eq(1), c.host_o.payload.index.eq(final_label(m, c)),
+                         c.host_o.payload.value.eq(c.fin_r.data[32:]),
+                         c.host_o.payload.final.eq(1), fin_fire.eq(c.host_o.ready)]
+            with m.If(c.host_o.ready):
                 j.step(m)
                 if c.placer is not None:
                     m.next = "DUMP_FIN_INV"
@@ -400,7 +400,7 @@ def _rx_body(m, c, rx, idx, val, fits, n_pairs, seen, bad, slot_base):
 
 def _dump_residual(m, c, j, chunk, dump_n):
     e = c.e
-    fire = e.host_o.ready           # valid is 1 in the walk; see :func:`_region_states`
+    fire = c.host_o.ready           # valid is 1 in the walk; see :func:`_region_states`
     m.d.comb += c.dump_addr.eq(j.ahead(fire))
     with m.If(j.at["dump"]):
         j.rewind(m)
@@ -408,8 +408,8 @@ def _dump_residual(m, c, j, chunk, dump_n):
         m.next = "DUMP_CHUNK"
     with m.Else():
         label = residual_label(m, c, j.ahead(fire), j.j)
-        m.d.comb += [e.host_o.valid.eq(1), e.host_o.payload.index.eq(label),
-                     e.host_o.payload.value.eq(c.dump_data)]
+        m.d.comb += [c.host_o.valid.eq(1), c.host_o.payload.index.eq(label),
+                     c.host_o.payload.value.eq(c.dump_data)]
         with m.If(fire):
             j.step(m)
 
