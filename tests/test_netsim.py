@@ -293,14 +293,14 @@ def test_sparse_calibration_records_are_the_engine_cycles():
 
 def test_sparse_region_rows_are_the_engine_cycles():
     """The slot and region rows re-run in the Amaranth simulator take the recorded cycles:
-    one a slot pair (FIXUP two, and its FIX_ADDR cycle) or a COPY word, each pair through the scatter unit once (a
+    one a slot pair (FIXUP two) or a COPY word, each pair through the scatter unit once (a
     handshake that hands the unit a pair twice cost FIXUP 230 cycles, bit-exact all the
     same: set mode is idempotent)."""
     from treenic.netsim.sparse import REGION_RECORDS
     from treenic.netsim.sparse_calibrate import region_rows
     got = region_rows()
     assert got == REGION_RECORDS
-    assert got["FIXUP"] - got["ACC"] == 50 + 1     # FIX_ADDR loads the first addresses
+    assert got["FIXUP"] - got["ACC"] == 50
 
 
 def test_sparse_model_needs_every_message():

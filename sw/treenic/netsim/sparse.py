@@ -17,8 +17,7 @@ emits, and this model consumes those rows (it derives no schedule of its own). P
   cycle into the scatter adder (RECV) or the final slot (GRECV), the tail, then drain;
 * ``GSEND``: head, one final pair a cycle, tail;
 * ``ACC`` / ``ZERO`` (TopkA's sum, its result region's clearing): one slot pair a cycle
-  through the scatter unit, then drain; ``FIXUP`` (global residual): two cycles a pair
-  and one to load the first pair's addresses;
+  through the scatter unit, then drain; ``FIXUP`` (global residual): two cycles a pair;
   ``COPY`` (global residual's snapshot and restore): one word a cycle; slots are priced at
   their full budget ``kb`` of the row's flow;
 * ``END``.
@@ -122,11 +121,12 @@ class SparseTiming:
         A flit out of the link's registers to readable at the head of its receive queue
         (the FIFO, then its skid buffer).
     slot_fixed, copy_fixed : int
-        ACC / ZERO / FIXUP beyond one (FIXUP: two, and one more a row) cycles per slot pair
-        and the row's FETCH, LOAD, DISPATCH; COPY likewise per word (one engine in the
-        Amaranth simulator, a ROOT of 50 pairs then the row, ``python -m
-        treenic.netsim.sparse_calibrate --regions``: ACC 70, ZERO 70, FIXUP 121, COPY of
-        256 words 277 cycles; 4 more each than before
+        ACC / ZERO / FIXUP beyond one (FIXUP: two) cycles per slot pair and the row's
+        FETCH, LOAD, DISPATCH; COPY likewise per word (one engine in the Amaranth
+        simulator, a ROOT of 50 pairs then the row, ``python -m
+        treenic.netsim.sparse_calibrate --regions``: ACC 71, ZERO 71, FIXUP 121, COPY of
+        256 words 277 cycles; the slot rows one more since the 16th wave (the first pair's
+        register: SLOT's ``slot_q``, FIX_ADDR), and 4 more each than before
         the scatter unit's input skid and operand register, which the wait for an empty
         adder before the row and its drain after it each pass).
     """
@@ -146,7 +146,7 @@ class SparseTiming:
     gsend_fixed: int = 8
     head_cycles: int = 5
     rx_extra: int = 2
-    slot_fixed: int = 17
+    slot_fixed: int = 18
     copy_fixed: int = 18
 
     def with_(self, **kw) -> "SparseTiming":
@@ -170,7 +170,7 @@ CALIBRATION = {
 #: the slot / region rows' engine cycles after a ROOT of 50 pairs (``python -m
 #: treenic.netsim.sparse_calibrate --regions``), whose changes ``slot_fixed`` and
 #: ``copy_fixed`` follow (a test holds them equal to the engine's)
-REGION_RECORDS = {"ACC": 70, "ZERO": 70, "FIXUP": 121, "COPY256": 277}
+REGION_RECORDS = {"ACC": 71, "ZERO": 71, "FIXUP": 121, "COPY256": 277}
 
 
 def _peers(program) -> dict[tuple[int, int], tuple[int, int]]:
@@ -237,8 +237,7 @@ def _row(t, i, row, tm, flit_time, inbox, node, kb=()):
         if op == SparseOp.COPY:
             end = t + tm.copy_fixed + row["n"]
         else:
-            fixup = op == SparseOp.FIXUP    # FIX_ADDR, then two cycles a pair
-            end = t + tm.slot_fixed + (2 * kb[row["chunk"]] + 1 if fixup else kb[row["chunk"]])
+            end = t + tm.slot_fixed + kb[row["chunk"]] * (2 if op == SparseOp.FIXUP else 1)
         node.sel.barrier[i] = end
         return end, None
     if op >= SparseOp.SEND_BM:
