@@ -138,7 +138,7 @@ class SparseEngine(wiring.Component):
     busy : Out(1)
         The program runs.
     finals : Out(range(chunks * slot + 1))
-        Final pairs held (what a DUMP streams after the residual), a cycle behind the
+        Final pairs held (what a DUMP streams after the residual), two cycles behind the
         per-chunk counts.
     cycles : Out(32)
         Cycles of the last run (START to END).
