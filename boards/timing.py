@@ -40,6 +40,11 @@ SETUP = {"DI": 0.0, "M": 0.0, "CE": 0.0, "LSR": 0.225}
 SETUP_DEFAULT = 0.0
 #: sink pins that end a path: flip-flop inputs, RAM write side and block-RAM inputs
 _RAM_WRITE_PIN = re.compile(r"^(WD\d*|WAD\d|WRE)$")
+#: the input pins of a DP16KD block RAM (no other ECP5 cell has pins by these names).  A
+#: block RAM is also told by the data nets it drives, but nextpnr leaves a net out of the
+#: report when a block RAM's output feeds only a register packed beside it, and then the
+#: RAM's address pins were no endpoints at all (225 failing ones missed, 16th wave)
+_BRAM_PIN = re.compile(r"^(AD[AB]\d+|DI[AB]\d+|CE[AB]|OCE[AB]|WE[AB]|CS[AB]\d|RST[AB])$")
 _FF_PINS = ("DI", "M", "CE", "LSR")
 _FF_NAME = re.compile(r"_TRELLIS_FF_Q(_\d+)?$")
 _COMB_INPUTS = {"A", "B", "C", "D", "FCI", "M", "F1", "FXA", "FXB"}
@@ -96,7 +101,7 @@ def analyse(report: dict, period_ns: float, clock: str | None = None) -> list[En
     def is_endpoint(cell, port):
         if cell in ffs:
             return port in _FF_PINS
-        return cell in brams or bool(_RAM_WRITE_PIN.match(port))
+        return cell in brams or bool(_RAM_WRITE_PIN.match(port) or _BRAM_PIN.match(port))
 
     # per cell, its input pins' arrivals and the nets that feed them
     endpoints: list[Endpoint] = []

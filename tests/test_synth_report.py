@@ -163,6 +163,25 @@ def test_timing_traces_the_deepest_path_to_its_start_register():
     assert timing.rtl_name("rx0_h_TRELLIS_FF_Q_DI_LUT4_Z[2]") == "rx0_h"
 
 
+def test_timing_block_ram_inputs_are_endpoints_without_their_data_nets():
+    """A block RAM whose outputs feed only a packed register has no data net in the
+    report: its address and enable pins still end paths (a LUT's pins never do)."""
+    import copy
+    r = copy.deepcopy(REPORT)
+    r["detailed_net_timings"].append(
+        {"net": "addr", "driver": "b_LUT4_Z", "port": "F", "event": "posedge clk",
+         "endpoints": [{"cell": "buf.bank0.0.1", "port": "ADB10", "delay": [1.0, 8.5],
+                        "event": "posedge clk"},
+                       {"cell": "buf.bank0.0.1", "port": "CEB", "delay": [1.0, 2.0],
+                        "event": "posedge clk"},
+                       {"cell": "lut9", "port": "D", "delay": [1.0, 12.0],
+                        "event": "posedge clk"}]})
+    eps = {(e.cell, e.port): e for e in timing.analyse(r, 8.0)}
+    assert eps[("buf.bank0.0.1", "ADB10")].slack == pytest.approx(-0.5)
+    assert eps[("buf.bank0.0.1", "ADB10")].register == "buf.bank0.0.1.ADB10"
+    assert ("buf.bank0.0.1", "CEB") in eps and ("lut9", "D") not in eps
+
+
 def _two_clock_report():
     """REPORT plus a slow clock ``eth`` with one register, and a crossing clk -> eth."""
     import copy
