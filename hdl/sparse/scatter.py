@@ -67,6 +67,9 @@ class ScatterAccumulate(wiring.Component):
         Every buffer write (index, new value), in input order.
     range_error : Out(1)
         Sticky: a pair with index >= depth was dropped.
+    idle : Out(1)
+        No pair accepted and not yet written: the count behind it is a register, so a
+        caller tests "every add done" without a counter of its own.
     set : In(1)
         With the pair on ``i``: write ``value`` instead of adding it (the adder's buffer
         operand is replaced by +0, so the write is ``fl32(+0 + value)`` = ``value`` for every
@@ -108,7 +111,7 @@ class ScatterAccumulate(wiring.Component):
         pair = data.StructLayout({"index": 32, "value": 32})
         self.distinct_port = bool(distinct_port)
         members = {"i": In(stream.Signature(pair)), "o": Out(stream.Signature(pair)),
-                   "range_error": Out(1), "set": In(1)}
+                   "range_error": Out(1), "idle": Out(1), "set": In(1)}
         if self.distinct_port:
             members["distinct"] = In(1)
         self.old_port = bool(old_port)
@@ -166,6 +169,7 @@ class ScatterAccumulate(wiring.Component):
                      wp.addr.eq(adder.o.payload.tag), wp.data.eq(adder.o.payload.sum),
                      wp.en.eq(done)]
         m.d.sync += in_flight.eq(in_flight + issue - done)
+        m.d.comb += self.idle.eq(in_flight == 0)
         return m
 
     def _old(self, m, issue, advance_b, b_valid, b_index, operand, advance_c):

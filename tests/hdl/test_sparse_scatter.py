@@ -140,6 +140,51 @@ def test_old_port_reports_every_logged_operand_in_order():
     assert got == want and len(want) > 10
 
 
+
+def test_idle_is_low_exactly_while_an_accepted_pair_is_unwritten():
+    """``idle`` each cycle equals (pairs accepted in range == writes done), with stalls,
+    backpressure, message boundaries and out-of-range pairs (dropped, never counted)."""
+    from amaranth.sim import Simulator
+    rng = np.random.default_rng(9)
+    dense = _values(rng, DEPTH)
+    pairs = [(int(i), int(v)) for idx, val in _messages(rng, 5, dense)
+             for i, v in zip(idx, val.view(np.uint32))]
+    for at in rng.choice(len(pairs), 4, replace=False):
+        pairs[at] = (DEPTH + int(at), pairs[at][1])
+    in_range = sum(i < DEPTH for i, _ in pairs)
+    dut = ScatterAccumulate(depth=DEPTH, init=dense.view(np.uint32).tolist())
+    seen = []
+
+    async def producer(ctx):
+        for i, v in pairs:
+            while rng.random() < 0.3:
+                ctx.set(dut.i.valid, 0)
+                await ctx.tick()
+            ctx.set(dut.i.payload.index, i)
+            ctx.set(dut.i.payload.value, v)
+            ctx.set(dut.i.valid, 1)
+            await ctx.tick().until(dut.i.ready)
+        ctx.set(dut.i.valid, 0)
+
+    async def monitor(ctx):
+        accepted = written = 0
+        while written < in_range:
+            ctx.set(dut.o.ready, int(rng.random() < 0.6))
+            _, _, idle, iv, ir, ii, ov, orr = await ctx.tick().sample(
+                dut.idle, dut.i.valid, dut.i.ready, dut.i.payload.index, dut.o.valid,
+                dut.o.ready)
+            seen.append((idle, accepted == written))
+            accepted += bool(iv and ir and ii < DEPTH)
+            written += bool(ov and orr)
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(producer, background=True)
+    sim.add_testbench(monitor)
+    sim.run()
+    assert all(bool(idle) == want for idle, want in seen)
+    assert sum(not want for _, want in seen) > len(pairs)
+
 def test_golden_receive_rule_drops_malformed_messages_whole():
     """``receive_message`` / ``receive_words`` (the engine's receive rule): a well-formed
     message is scatter-accumulated; a pair outside the flow, not ascending, over the
