@@ -14,7 +14,7 @@ from __future__ import annotations
 from amaranth import Cat, Mux, Signal
 
 from ..link.flit import FlitType
-from .sparse_sequencer import malformed, pair_fits
+from .sparse_sequencer import malformed, pair_fits, write_count
 from treenic.schedule.sparse_table import SparseOp
 
 
@@ -121,7 +121,7 @@ def _decode_states(m, c, n_pairs, seen, bad, slot_base):
             with m.If(~done & ~bad):
                 malformed(m, c)
             with m.If(~reduce):
-                m.d.sync += c.counts[row.chunk].eq(n_pairs)
+                write_count(m, c, n_pairs)
             m.d.comb += c.dec_reset.eq(~done)
             m.next = "DRAIN"
 

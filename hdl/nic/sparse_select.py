@@ -48,6 +48,7 @@ from amaranth.lib import data
 from ..ram import lanes_address
 from ..sparse.narrow import PairNarrower
 from ..sparse.topk import PASSES, Mode, TopKUnit
+from .sparse_sequencer import write_count
 from treenic.schedule.sparse_table import SparseOp
 
 __all__ = ["build_selection"]
@@ -273,7 +274,8 @@ def _arbiter(m, c, units):
             index = (u.lo + o.payload.index)[:32]
             with m.If(o.valid & o.payload.end):
                 m.d.comb += o.ready.eq(1)
-                m.d.sync += [c.counts[u.chunk].eq(u.pairs), u.busy.eq(0), locked.eq(0),
+                write_count(m, c, u.pairs, u.chunk)
+                m.d.sync += [u.busy.eq(0), locked.eq(0),
                              c.selected.bit_select(u.chunk, 1).eq(1)]
             with m.Elif(o.valid & ~c.main_uses):
                 go = c.sc_ready

@@ -59,6 +59,55 @@ class WalkIndex:
         return Mux(fire, self.j1, self.j)
 
 
+class ReadPointer:
+    """The buffer word the sequencer's walks read (the lanes port it lends unit 0's
+    feeder), from registers: ``a``, and ``a1 = a + 1`` for the look-ahead read when the
+    word moves. ``addr`` is then a mux behind :meth:`step` in front of the port, where it
+    was an adder (``lo + j``) and the walks' mux: that port's address fans out to every
+    block RAM of the buffer (32 at 64 KiB), and its pins were the routed critical path
+    (-1.16 ns, 16th wave; ``row.lo`` -> carry chain -> ``bank0`` ADB10).
+
+    A walk loads its first word's address a cycle before it reads it (:meth:`load`), then
+    steps with ``j`` (:meth:`step`); one address with no walk behind it is :meth:`hold`.
+    Load and step stand in exclusive FSM states."""
+
+    def __init__(self, m, width):
+        self.a, self.a1 = Signal(width, name="rd_a"), Signal(width, name="rd_a1", init=1)
+        self._step = Signal(name="rd_step")
+        with m.If(self._step):
+            m.d.sync += [self.a.eq(self.a1), self.a1.eq(self.a1 + 1)]
+        self.addr = Mux(self._step, self.a1, self.a)
+
+    def load(self, m, base):
+        """Read ``base``, ``base + 1``, ... from the next cycle on."""
+        m.d.sync += [self.a.eq(base), self.a1.eq(base + 1)]
+
+    def hold(self, m, base):
+        """Read ``base`` from the next cycle on, no step after it."""
+        m.d.sync += self.a.eq(base)
+
+    def step(self, m):
+        """The walk's word moves: read the next one now."""
+        m.d.comb += self._step.eq(1)
+
+
+def write_count(m, c, value, chunk=None):
+    """``counts[chunk] = value`` (by default the row's flow), and ``row_count`` with it
+    when ``chunk`` is the row's.
+
+    ``row_count`` is ``counts[row.chunk]`` in a register, the walks' ``count`` limit: the
+    16-way count mux behind ``row.chunk`` stood in front of the exit test ``j_at_count``
+    (-1.00 ns routed, 16th wave). It is loaded from the mux where the row's flow changes
+    (DISPATCH, DUMP_CHUNK; no walk tests it in the cycle after either) and written through
+    by every write of ``counts``, which comes after the load in the same cycle."""
+    if chunk is None:
+        m.d.sync += [c.counts[c.row.chunk].eq(value), c.row_count.eq(value)]
+    else:
+        m.d.sync += c.counts[chunk].eq(value)
+        with m.If(chunk == c.row.chunk):
+            m.d.sync += c.row_count.eq(value)
+
+
 def sequencer(m, c, head):
     e = c.e
     row, n_pairs = c.row, Signal(range(e.slot + 2))
@@ -72,16 +121,16 @@ def sequencer(m, c, head):
     h = e.host_i
     chunk = Signal(range(e.chunks + 1))
     dump_n = Signal(24)
-    # each limit as it will read next cycle: the row's count is ``counts[row.chunk]``
-    # registered, a cycle behind (the count mux stays off the walks' end tests)
-    j = WalkIndex(m, {"count": c.counts[row.chunk], "n": row.n, "log": c.log_n,
-                      "dump": dump_n})
+    # each limit by its present value (see WalkIndex); the row's count from a register
+    c.row_count = Signal.like(c.counts[0], name="row_count")
+    j = WalkIndex(m, {"count": c.row_count, "n": row.n, "log": c.log_n, "dump": dump_n})
     fin_fire = Signal()
     # the slot's word j (or j + 1 when it moves): j <= slot, and the look-ahead word past a
     # full slot is read in the walk's exit cycle only, its data unused
     slot_bits = (e.slot - 1).bit_length()
+    c.rd = ReadPointer(m, len(c.dump_addr))
     m.d.comb += [c.fin_r.addr.eq(Cat(j.ahead(fin_fire)[:slot_bits], row.chunk)),
-                 c.dump_addr.eq(j.j)]
+                 c.dump_addr.eq(c.rd.addr)]
     with m.If(e.busy):
         m.d.sync += e.cycles.eq(e.cycles + 1)
     # registered, in two stages (the halves' sums, then theirs): the host reads it after
@@ -194,7 +243,7 @@ def sequencer(m, c, head):
                 m.next = "DUMP_END"
             with m.Else():
                 j.rewind(m)
-                m.d.sync += row.chunk.eq(chunk)
+                m.d.sync += [row.chunk.eq(chunk), c.row_count.eq(c.counts[chunk])]
                 m.next = "DUMP_SLOT_ADDR"
         with m.State("DUMP_END"):
             m.d.comb += [c.host_o.valid.eq(1), c.host_o.payload.end.eq(1)]
@@ -279,7 +328,7 @@ def _drained(m, c, j):
         m.next = "UNDO_ADDR"
     with m.Else():
         with m.If(c.drop & ~reduce):
-            m.d.sync += c.counts[c.row.chunk].eq(0)
+            write_count(m, c, 0)
         m.d.comb += c.recv_done.eq(reduce)
         m.next = "NEXT"
 
@@ -337,12 +386,14 @@ def _idle(m, c, h, pc, j, chunk, dump_n):
             m.d.comb += h.ready.eq(1)
             with m.If(h.valid):
                 j.rewind(m)
+                c.rd.load(m, 0)
                 m.d.sync += [chunk.eq(0), dump_n.eq(h.payload.data[:24])]
                 m.next = "DUMP_WAIT"
         with m.Case(HostKind.CLEAR):
             m.d.comb += h.ready.eq(1)
             with m.If(h.valid):
                 j.rewind(m)
+                c.rd.load(m, 0)
                 m.d.sync += dump_n.eq(h.payload.data[:24])
                 m.next = "CLEAR_WAIT"
     idle_words(m, c, h)
@@ -354,6 +405,7 @@ def _if(cond, *ops):
 
 def _dispatch(m, c):
     e, row = c.e, c.row
+    m.d.sync += c.row_count.eq(c.counts[row.chunk])     # the row's flow, from LOAD
     with m.Switch(c.op):
         with m.Case(SparseOp.END):
             m.d.sync += e.busy.eq(0)
@@ -397,7 +449,7 @@ def _rx_body(m, c, rx, idx, val, fits, n_pairs, seen, bad, slot_base):
         with m.If(rx.data[:32] != seen):
             malformed(m, c)
         with m.If(~reduce):
-            m.d.sync += c.counts[row.chunk].eq(n_pairs)
+            write_count(m, c, n_pairs)
         m.next = "DRAIN"
     with m.Elif(c.rx_valid):
         m.d.comb += c.rx_pop.eq(1)        # a flit type a sparse message never has
@@ -407,7 +459,6 @@ def _rx_body(m, c, rx, idx, val, fits, n_pairs, seen, bad, slot_base):
 def _dump_residual(m, c, j, chunk, dump_n):
     e = c.e
     fire = c.host_o.ready           # valid is 1 in the walk; see :func:`_region_states`
-    m.d.comb += c.dump_addr.eq(j.ahead(fire))
     with m.If(j.at["dump"]):
         j.rewind(m)
         m.d.sync += chunk.eq(0)
@@ -418,18 +469,19 @@ def _dump_residual(m, c, j, chunk, dump_n):
                      c.host_o.payload.value.eq(c.dump_data)]
         with m.If(fire):
             j.step(m)
+            c.rd.step(m)
 
 
 def _clear(m, c, j, dump_n):
     """part[j] += -part[j] for j < dump_n: +0 exactly, through the one adder path."""
     fire = c.sc_ready               # valid is 1 in the walk; see :func:`_region_states`
-    m.d.comb += c.dump_addr.eq(j.ahead(fire))
     with m.If(j.at["dump"]):
         m.next = "IDLE"
     with m.Else():
         m.d.comb += [c.sc_valid.eq(1), c.sc_index.eq(j.j), c.sc_value.eq(c.dump_data ^ SIGN)]
         with m.If(fire):
             j.step(m)
+            c.rd.step(m)
 
 
 def _region_states(m, c, j, fin_fire, slot_base):
@@ -454,6 +506,7 @@ def _region_states(m, c, j, fin_fire, slot_base):
     row = c.row
     fire = c.sc_ready
     with m.State("REGION_WAIT"):    # no selection in flight, its zeroing adds done
+        c.rd.load(m, row.lo)        # COPY's first word (j is 0 from LOAD)
         with m.If(~c.sel_busy & c.adds_idle):
             with m.Switch(c.op):
                 with m.Case(SparseOp.ACC, SparseOp.ZERO):
@@ -465,14 +518,11 @@ def _region_states(m, c, j, fin_fire, slot_base):
     fin_index, fin_value = c.fin_r.data[:32], c.fin_r.data[32:]
     _slot_states(m, c, j, fin_fire, fin_index, fin_value)
     _fixup_states(m, c, j, fin_fire, fin_index)
-    with m.State("COPY_ADDR"):
+    with m.State("COPY_ADDR"):     # reads part[lo] (see ReadPointer)
         m.d.comb += c.main_uses.eq(1)
-        m.d.comb += c.dump_addr.eq(row.lo + j.j)
         m.next = "COPY"
     with m.State("COPY"):
         m.d.comb += c.main_uses.eq(1)
-        # both sums from registers, the mux behind ``fire``: no carry chain after it
-        m.d.comb += c.dump_addr.eq(Mux(fire, row.lo + j.j1, row.lo + j.j))
         with m.If(j.at["n"]):
             m.next = "DRAIN"
         with m.Else():
@@ -480,6 +530,7 @@ def _region_states(m, c, j, fin_fire, slot_base):
                          c.sc_value.eq(c.dump_data), c.sc_set.eq(1)]
             with m.If(fire):
                 j.step(m)
+                c.rd.step(m)
 
 
 def _slot_states(m, c, j, fin_fire, fin_index, fin_value):
@@ -515,9 +566,9 @@ def _slot_states(m, c, j, fin_fire, fin_index, fin_value):
 
 def _fixup_states(m, c, j, fin_fire, fin_index):
     """FIXUP's walk, two cycles a pair: ``part[k + i] = part[lo + i]`` for each pair
-    ``(i, v)`` of the slot. Both addresses are registered (``fix_src``, ``fix_dst``) from
-    the final-pair RAM's output, so no adder stands between that block RAM and the
-    buffer's address pins (the 15th wave's estimated second-worst path, 9.4 ns: the pair's
+    ``(i, v)`` of the slot. Both addresses are registered (``fix_src``, the read pointer's
+    word, and ``fix_dst``) from the final-pair RAM's output, so no adder stands between
+    that block RAM and the buffer's address pins (the 15th wave's estimated second-worst path, 9.4 ns: the pair's
     index → ``lo + i`` → a bank's row → its address). The slot's word j + 1 is read while
     pair j is copied, and loaded into the registers when pair j's write goes::
 
@@ -528,23 +579,27 @@ def _fixup_states(m, c, j, fin_fire, fin_index):
     One cycle per row more than computing the addresses behind the RAM (FIX_ADDR)."""
     row = c.row
     fire = c.sc_ready               # valid is 1 in the walk; see :func:`_region_states`
-    fix_src, fix_dst = Signal.like(c.dump_addr, name="fix_src"), Signal(32, name="fix_dst")
-    load = [fix_src.eq(row.lo + fin_index), fix_dst.eq(row.k + fin_index)]
+    fix_dst = Signal(32, name="fix_dst")
+
+    def load():                     # fix_src is the read pointer's word
+        c.rd.hold(m, row.lo + fin_index)
+        m.d.sync += fix_dst.eq(row.k + fin_index)
+
     with m.State("FIX_ADDR"):
         m.d.comb += c.main_uses.eq(1)
-        m.d.sync += load
+        load()
         m.next = "FIX_READ"
     with m.State("FIX_READ"):
-        m.d.comb += [c.main_uses.eq(1), c.dump_addr.eq(fix_src), fin_fire.eq(1)]
+        m.d.comb += [c.main_uses.eq(1), fin_fire.eq(1)]
         with m.If(j.at["count"]):
             m.next = "DRAIN"
         with m.Else():
             m.next = "FIX_WRITE"
     with m.State("FIX_WRITE"):
-        m.d.comb += [c.main_uses.eq(1), c.dump_addr.eq(fix_src), c.sc_valid.eq(1),
+        m.d.comb += [c.main_uses.eq(1), c.sc_valid.eq(1),
                      c.sc_index.eq(fix_dst), c.sc_value.eq(c.dump_data), c.sc_set.eq(1),
                      fin_fire.eq(1)]
         with m.If(fire):
-            m.d.sync += load
+            load()
             j.step(m)
             m.next = "FIX_READ"
