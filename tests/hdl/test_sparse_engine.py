@@ -174,8 +174,10 @@ def _malformed_message(rng, kind, step, lo, n, codec):
     idx = np.sort(rng.choice(np.arange(lo, lo + n), count, replace=False))
     pairs = [(int(i), float(v)) for i, v in zip(idx, rng.standard_normal(count))]
     at = int(rng.integers(0, count))
-    if kind == "outside":
+    if kind == "outside" and step // 2 % 2:
         pairs.insert(at, (lo + n + int(rng.integers(0, 4)) if lo == 0 else lo - 1, 1.5))
+    elif kind == "outside":         # last, its low bits in the flow and above the rest
+        pairs = [p for p in pairs if p[0] < lo + n - 1] + [(1 << 31 | lo + n - 1, 1.5)]
     if kind == "unsorted":
         pairs.insert(at + 1, (pairs[at][0], -2.5))
     tail = {"tail": count + 1 + int(rng.integers(0, 3))}.get(kind)
