@@ -39,7 +39,8 @@ def _encode_states(m, c, j, fin_fire, n_pairs):
                 m.next = "ENC_OUT"
         with m.Else():
             m.d.comb += [enc.i.payload.index.eq(c.fin_r.data[:32] - row.lo),
-                         enc.i.payload.value.eq(c.fin_r.data[32:]), fin_fire.eq(enc.i.ready)]
+                         enc.i.payload.value.eq(c.fin_r.data[32:]), fin_fire.eq(enc.i.ready),
+                         c.fin_walk.eq(1)]
             with m.If(enc.i.ready):
                 j.step(m)
     with m.State("ENC_OUT"):

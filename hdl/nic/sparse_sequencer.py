@@ -124,13 +124,16 @@ def sequencer(m, c, head):
     # each limit by its present value (see WalkIndex); the row's count from a register
     c.row_count = Signal.like(c.counts[0], name="row_count")
     j = WalkIndex(m, {"count": c.row_count, "n": row.n, "log": c.log_n, "dump": dump_n})
-    fin_fire = Signal()
-    # the slot's word j (or j + 1 when it moves): j <= slot, and the look-ahead word past a
-    # full slot is read in the walk's exit cycle only, its data unused
+    # the slot's words: a walk over them (``fin_walk``) reads word j + 1 when word j moves
+    # (``fin_fire``) and holds word j when it stays, through the read enable; any other
+    # state reads word j. ``fin_fire`` then drives the block RAM's enable and not its
+    # address mux, whose select is the state alone. j <= slot, and the look-ahead word
+    # past a full slot is read in the walk's exit cycle only, its data unused
+    fin_fire, c.fin_walk = Signal(), Signal()
     slot_bits = (e.slot - 1).bit_length()
     c.rd = ReadPointer(m, len(c.dump_addr))
-    m.d.comb += [c.fin_r.addr.eq(Cat(j.ahead(fin_fire)[:slot_bits], row.chunk)),
-                 c.dump_addr.eq(c.rd.addr)]
+    m.d.comb += [c.fin_r.addr.eq(Cat(Mux(c.fin_walk, j.j1, j.j)[:slot_bits], row.chunk)),
+                 c.fin_r.en.eq(~c.fin_walk | fin_fire), c.dump_addr.eq(c.rd.addr)]
     with m.If(e.busy):
         m.d.sync += e.cycles.eq(e.cycles + 1)
     # registered, in two stages (the halves' sums, then theirs): the host reads it after
@@ -188,7 +191,8 @@ def sequencer(m, c, head):
                 m.next = "GS_TAIL"
             with m.Else():
                 m.d.comb += [c.tx_req.eq(1), c.tx_type.eq(FlitType.SUB_BODY),
-                             c.tx_data.eq(c.fin_r.data), fin_fire.eq(c.tx_fire)]
+                             c.tx_data.eq(c.fin_r.data), fin_fire.eq(c.tx_fire),
+                             c.fin_walk.eq(1)]
                 with m.If(c.tx_fire):
                     j.step(m)
         with m.State("GS_TAIL"):
@@ -269,7 +273,8 @@ def _dump_finals(m, c, j, chunk, fin_fire):
         with m.Else():
             m.d.comb += [c.host_o.valid.eq(1), c.host_o.payload.index.eq(final_label(m, c)),
                          c.host_o.payload.value.eq(c.fin_r.data[32:]),
-                         c.host_o.payload.final.eq(1), fin_fire.eq(c.host_o.ready)]
+                         c.host_o.payload.final.eq(1), fin_fire.eq(c.host_o.ready),
+                         c.fin_walk.eq(1)]
             with m.If(c.host_o.ready):
                 j.step(m)
                 if c.placer is not None:
@@ -562,7 +567,8 @@ def _slot_states(m, c, j, fin_fire, fin_index, fin_value):
     move = take & ~j.at["count"]
     with m.State("SLOT"):
         m.d.comb += [c.main_uses.eq(1), c.sc_valid.eq(qv), c.sc_index.eq(q_index),
-                     c.sc_value.eq(q_value), c.sc_set.eq(zero), fin_fire.eq(move)]
+                     c.sc_value.eq(q_value), c.sc_set.eq(zero), fin_fire.eq(move),
+                     c.fin_walk.eq(1)]
         with m.If(take):
             m.d.sync += [qv.eq(move), q_index.eq(row.lo + fin_index),
                          q_value.eq(Mux(zero, 0, fin_value))]
@@ -576,9 +582,10 @@ def _fixup_states(m, c, j, fin_fire, fin_index):
     """FIXUP's walk, two cycles a pair: ``part[k + i] = part[lo + i]`` for each pair
     ``(i, v)`` of the slot. Both addresses are registered (``fix_src``, the read pointer's
     word, and ``fix_dst``) from the final-pair RAM's output, so no adder stands between
-    that block RAM and the buffer's address pins (the 15th wave's estimated second-worst path, 9.4 ns: the pair's
-    index → ``lo + i`` → a bank's row → its address). The slot's word j + 1 is read while
-    pair j is copied, and loaded into the registers when pair j's write goes::
+    that block RAM and the buffer's address pins (the 15th wave's estimated second-worst
+    path, 9.4 ns: the pair's index → ``lo + i`` → a bank's row → its address). The slot's
+    word j + 1 is read while pair j is copied, and loaded into the registers when pair j's
+    write goes::
 
         FIX_ADDR   fin word 0 out      -> fix_src, fix_dst
         FIX_READ   read part[fix_src]  (fin address j + 1)
@@ -598,7 +605,7 @@ def _fixup_states(m, c, j, fin_fire, fin_index):
         load()
         m.next = "FIX_READ"
     with m.State("FIX_READ"):
-        m.d.comb += [c.main_uses.eq(1), fin_fire.eq(1)]
+        m.d.comb += [c.main_uses.eq(1), fin_fire.eq(1), c.fin_walk.eq(1)]
         with m.If(j.at["count"]):
             m.next = "DRAIN"
         with m.Else():
@@ -606,7 +613,7 @@ def _fixup_states(m, c, j, fin_fire, fin_index):
     with m.State("FIX_WRITE"):
         m.d.comb += [c.main_uses.eq(1), c.sc_valid.eq(1),
                      c.sc_index.eq(fix_dst), c.sc_value.eq(c.dump_data), c.sc_set.eq(1),
-                     fin_fire.eq(1)]
+                     fin_fire.eq(1), c.fin_walk.eq(1)]
         with m.If(fire):
             load()
             j.step(m)
