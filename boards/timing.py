@@ -40,11 +40,11 @@ SETUP = {"DI": 0.0, "M": 0.0, "CE": 0.0, "LSR": 0.225}
 SETUP_DEFAULT = 0.0
 #: sink pins that end a path: flip-flop inputs, RAM write side and block-RAM inputs
 _RAM_WRITE_PIN = re.compile(r"^(WD\d*|WAD\d|WRE)$")
-#: the input pins of a DP16KD block RAM (no other ECP5 cell has pins by these names).  A
-#: block RAM is also told by the data nets it drives, but nextpnr leaves a net out of the
-#: report when a block RAM's output feeds only a register packed beside it, and then the
-#: RAM's address pins were no endpoints at all (188 of the 366 failing endpoints of the
-#: 16th wave's nic_core_sparse route were missed, its worst among them)
+#: the input pins of a DP16KD block RAM (no other ECP5 cell has pins by these names).  Not
+#: by the data nets a block RAM drives: nextpnr leaves a net out of the report when a
+#: block RAM's output feeds only a register packed beside it, and then the RAM's address
+#: pins were no endpoints at all (188 of the 366 failing endpoints of the 16th wave's
+#: nic_core_sparse route were missed, its worst among them)
 _BRAM_PIN = re.compile(r"^(AD[AB]\d+|DI[AB]\d+|CE[AB]|OCE[AB]|WE[AB]|CS[AB]\d|RST[AB])$")
 _FF_PINS = ("DI", "M", "CE", "LSR")
 _FF_NAME = re.compile(r"_TRELLIS_FF_Q(_\d+)?$")
@@ -93,16 +93,15 @@ def analyse(report: dict, period_ns: float, clock: str | None = None) -> list[En
         for seg in cp["path"]:
             if seg["type"] == "setup":
                 setup[seg["to"]["port"]] = seg["delay"]
-    # sequential cells, told by the pins they drive: flip-flops (Q), block RAM (DO*)
-    # (not every Q net is listed; Yosys names flip-flops ``<net>_TRELLIS_FF_Q[_<bit>]``)
+    # flip-flops, told by the pins they drive (Q) or their names (not every Q net is
+    # listed; Yosys names flip-flops ``<net>_TRELLIS_FF_Q[_<bit>]``); RAM pins by name
     ffs = {n["driver"] for n in nets if n["port"] == "Q"}
     ffs |= {e["cell"] for n in nets for e in n["endpoints"] if _FF_NAME.search(e["cell"])}
-    brams = {n["driver"] for n in nets if n["port"].startswith(("DOA", "DOB"))}
 
     def is_endpoint(cell, port):
         if cell in ffs:
             return port in _FF_PINS
-        return cell in brams or bool(_RAM_WRITE_PIN.match(port) or _BRAM_PIN.match(port))
+        return bool(_RAM_WRITE_PIN.match(port) or _BRAM_PIN.match(port))
 
     # per cell, its input pins' arrivals and the nets that feed them
     endpoints: list[Endpoint] = []

@@ -72,8 +72,8 @@ def build_engine(e) -> Module:
 
 def _scatter_input(m, c):
     """The scatter unit's input through a skid buffer, and ``adds_idle`` (every pair
-    taken is written). The sources' mux (received pairs, the undo log,
-    slot and region walks, host words, the selections' zeroing adds) and their ready then
+    taken is written). The sources' mux (received pairs, the undo log, slot and region
+    walks, host words, the selections' zeroing adds) and their ready then
     stand apart from the unit's read address and its boundary compare: the two in one path
     were the engine's deepest logic (an estimated 17.6 ns, tools/netlist_depth.py on nic_core_sparse). Pairs
     keep their order; each takes a cycle more to its write. Returns the input's ready."""

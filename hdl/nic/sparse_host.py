@@ -229,7 +229,7 @@ class SparseHost(wiring.Component):
         put_start = start_pending & ~write_push & in_q.w_rdy
         m.d.comb += [in_q.w_en.eq(push_ok | put_start),
                      in_q.w_data.eq(Cat(Mux(put_start, HostKind.START, pushed[:3]),
-                                        pushed[3:HOST_IN.size]))]
+                                        pushed[3:]))]
         with m.If(put_start):
             m.d.sync += [start_pending.eq(0), armed.eq(1), seen_busy.eq(0)]
         with m.If(armed & self.busy):

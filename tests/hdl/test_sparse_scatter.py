@@ -140,7 +140,6 @@ def test_old_port_reports_every_logged_operand_in_order():
     assert got == want and len(want) > 10
 
 
-
 def test_idle_is_low_exactly_while_an_accepted_pair_is_unwritten():
     """``idle`` each cycle equals (pairs accepted in range == writes done), with stalls,
     backpressure, message boundaries and out-of-range pairs (dropped, never counted)."""
@@ -184,6 +183,7 @@ def test_idle_is_low_exactly_while_an_accepted_pair_is_unwritten():
     sim.run()
     assert all(bool(idle) == want for idle, want in seen)
     assert sum(not want for _, want in seen) > len(pairs)
+
 
 def test_golden_receive_rule_drops_malformed_messages_whole():
     """``receive_message`` / ``receive_words`` (the engine's receive rule): a well-formed
