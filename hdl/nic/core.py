@@ -38,7 +38,7 @@ from ..link.flit import LinkSignature, Op
 from .buffer import BankedBuffer
 from .errors import ErrorCollect
 from .flow_table import FlowTable
-from .host_regs import HOST_READ_LATENCY, DmaSignature, HostRegs, HostSignature
+from .host_regs import REGS_READ_LATENCY, DmaSignature, HostRegs, HostSignature
 from .issue import Issue
 from .params import NicParams, PortCounter
 from .rx import RxUnit
@@ -49,7 +49,16 @@ from .sparse_host import LinkShare, SparseHost
 from .tx import TxUnit, buffer_abits
 from .watchdog import Watchdog
 
-__all__ = ["Nic", "HostSignature", "HOST_READ_LATENCY"]
+__all__ = ["Nic", "HostSignature", "HOST_READ_LATENCY", "HOST_SLICE"]
+
+#: cycles of the register slice on the NIC's host side (bus, DMA port, ``start``): every
+#: host-side input reaches the core a cycle late, so its decode starts at a register the
+#: placer puts near the decode, not at whatever drives the pins (``Nic._host_slice``)
+HOST_SLICE = 1
+
+#: cycles from a host read (``re``) to its ``rdata`` (every region): the slice, the
+#: registered read request, then the buffer's read path
+HOST_READ_LATENCY = HOST_SLICE + REGS_READ_LATENCY
 
 
 @dataclass(frozen=True)
@@ -137,8 +146,9 @@ class Nic(wiring.Component):
         # readers reserve write slots; a GATHER beat reads nothing (write_only) and leaves
         # the banks' read ports to the TX streams
         buf = self._buffer(m)
-        wiring.connect(m, wiring.flipped(self.host), regs.host)
-        wiring.connect(m, wiring.flipped(self.dma), regs.dma)
+        host, dma, start = self._host_slice(m)
+        wiring.connect(m, wiring.flipped(host), regs.host)
+        wiring.connect(m, wiring.flipped(dma), regs.dma)
         wiring.connect(m, regs.buf_read, buf.rd[0])
         wiring.connect(m, regs.buf_write, buf.wr[P])
         self._memories(m, regs, issue)
@@ -146,8 +156,8 @@ class Nic(wiring.Component):
         m.d.comb += [issue.clear.eq(clear),
                      issue.entries.eq(regs.entries), issue.lockstep.eq(regs.lockstep)]
         if p.sparse is None:
-            m.d.comb += [issue.start.eq(self.start | regs.ctrl_start),
-                         self.done.eq(issue.done), self.running.eq(issue.running)]
+            m.d.comb += issue.start.eq(start | regs.ctrl_start)
+            self._status(m, start | regs.ctrl_start, issue.done, issue.running)
         # table scan -> flow tables
         m.d.comb += [scan.reset.eq(issue.scan_reset), scan.active.eq(issue.scan_active),
                      scan.row.eq(issue.row), scan.entries.eq(regs.entries),
@@ -165,7 +175,7 @@ class Nic(wiring.Component):
             tx_links = [wiring.flipped(t) for t in self.tx]
             rx_links = [wiring.flipped(r) for r in self.rx]
         else:
-            share, sparse_refused = self._sparse(m, regs, issue)
+            share, sparse_refused = self._sparse(m, regs, issue, host, start)
             tx_links, rx_links = share.dense_tx, share.dense_rx
         tx_units = self._tx_units(m, regs, issue, buf, tx_links)
         rx_units = self._rx_units(m, regs, issue, flows, buf, rx_links)
@@ -183,6 +193,34 @@ class Nic(wiring.Component):
         self._errors(m, errors, regs, issue, scan, rx_units, buf, sparse_refused)
         self._fault_detection(m, errors, regs, issue, flows, tx_units)
         return m
+
+    def _host_slice(self, m):
+        """A register on every host-side input (``HOST_SLICE`` cycles): the host bus and
+        the DMA port keep their order among themselves and with ``start``, so a host sees
+        the same NIC, only later (reads answer ``HOST_READ_LATENCY`` after ``re``). Before
+        the slice the bus decode began at the wrapper's input register, wherever the
+        placer put it: two long routes ahead of the error flags and the sparse host FIFO
+        (-1.22 and -1.01 ns routed, seventeenth wave)."""
+        host = HostSignature(self.p.addr_bits).create(path=("host_q",))
+        dma = DmaSignature(buffer_abits(self.p), self.p.lanes).create(path=("dma_q",))
+        start = Signal(name="start_q")
+        assert HOST_SLICE == 1
+        m.d.sync += [host.addr.eq(self.host.addr), host.wdata.eq(self.host.wdata),
+                     host.we.eq(self.host.we), host.re.eq(self.host.re),
+                     dma.addr.eq(self.dma.addr), dma.we.eq(self.dma.we),
+                     dma.wmask.eq(self.dma.wmask), dma.wdata.eq(self.dma.wdata),
+                     dma.re.eq(self.dma.re), start.eq(self.start)]
+        m.d.comb += [self.host.rdata.eq(host.rdata), self.dma.rdata.eq(dma.rdata)]
+        return host, dma, start
+
+    def _status(self, m, starting, done, running):
+        """``done`` and ``running`` as the pins saw them before the slice: in the cycle a
+        START leaves the slice (``starting``, before the run has registered it) ``done``
+        is already low and ``running`` high, as they were a cycle after the START pin
+        (a fabric that waits for ``done`` right after its START must not see the last
+        run's)."""
+        m.d.comb += [self.done.eq(done & ~starting),
+                     self.running.eq(running | starting)]
 
     def _buffer(self, m):
         """The gradient buffer, and the ports the units see (``BufferPorts``): the
@@ -230,7 +268,7 @@ class Nic(wiring.Component):
                      s_wr.en.eq(issue.steplog_en),
                      s_rd.addr.eq(regs.steplog_addr), regs.steplog_data.eq(s_rd.data)]
 
-    def _sparse(self, m, regs, issue):
+    def _sparse(self, m, regs, issue, host, start):
         """The sparse engine, its host registers and the link sharing (sparse builds):
         START, ``done`` and ``running`` follow SP_MODE; a refused sparse host write is
         flagged ERR HOST_RANGE with the dense core's."""
@@ -247,22 +285,22 @@ class Nic(wiring.Component):
             wiring.connect(m, share.engine_rx[i], eng.rx[i])
         wiring.connect(m, sh.host_i, eng.host_i)
         wiring.connect(m, eng.host_o, sh.host_o)
-        start = self.start | regs.ctrl_start
+        start = start | regs.ctrl_start
         # the dense core is busy from its START (registered in Issue), through INIT,
         # SCAN and FINISH (a cycle after the scan), to the end of RUN: no mode change
         start_q, scan_q = Signal(), Signal()
         m.d.sync += [start_q.eq(start & ~sh.mode), scan_q.eq(issue.scan_active)]
         dense_busy = start_q | issue.scan_reset | issue.scan_active | scan_q | issue.running
-        m.d.comb += [sh.addr.eq(self.host.addr), sh.wdata.eq(self.host.wdata),
-                     sh.we.eq(self.host.we), sh.re.eq(self.host.re), sh.start.eq(start),
+        m.d.comb += [sh.addr.eq(host.addr), sh.wdata.eq(host.wdata),
+                     sh.we.eq(host.we), sh.re.eq(host.re), sh.start.eq(start),
                      sh.clear.eq(regs.clear), sh.dense_running.eq(dense_busy),
                      sh.drained.eq(share.drained), share.sparse.eq(sh.mode),
                      sh.busy.eq(eng.busy), sh.cycles.eq(eng.cycles), sh.flits.eq(eng.flits),
                      sh.malformed.eq(eng.malformed), sh.finals.eq(eng.finals),
                      eng.start.eq(0),            # runs start through the HOST_IN FIFO
-                     issue.start.eq(start & ~sh.mode),
-                     self.done.eq(Mux(sh.mode, sh.done, issue.done)),
-                     self.running.eq(Mux(sh.mode, sh.running, issue.running))]
+                     issue.start.eq(start & ~sh.mode)]
+        self._status(m, start, Mux(sh.mode, sh.done, issue.done),
+                     Mux(sh.mode, sh.running, issue.running))
         for k in range(len(sh.regs)):
             m.d.comb += regs.sparse_regs[k].eq(sh.regs[k])
         return share, sh.refused

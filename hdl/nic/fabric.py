@@ -7,7 +7,8 @@
       NIC u tx[i] ─► LinkChannel(latency, seeded random stalls) ─► NIC v rx[j]
       NIC u rx[i] ◄─ LinkChannel ◄─ NIC v tx[j]            (port i of u  <->  port j of v,
                                                             the same multigraph edge)
-      start ─► every NIC;  done = all NICs done;  cycles = start .. done
+      start ─► every NIC;  done = all NICs done;  cycles = the NICs' START .. done
+                                                    (a host slice after ``start``)
 
 With ``crc=True`` every link is ``tx ─► CrcAppender ─► LinkChannel ─► CrcChecker ─► rx``
 (:mod:`treenic.hdl.link.crc`; a checker's failures go to its NIC's ``link_crc`` input,
@@ -45,7 +46,7 @@ from treenic.topology import Topology, is_switch
 from ..link.crc import LINK_CRC, CrcAppender, CrcChecker
 from ..link.inject import FaultInjector
 from ..link.link import LinkChannel
-from .core import HOST_READ_LATENCY, Nic
+from .core import HOST_READ_LATENCY, HOST_SLICE, Nic
 from .tx import buffer_abits
 from .params import NicParams
 
@@ -194,8 +195,11 @@ class Fabric(wiring.Component):
         all_done = Cat(*[n.done for n in nics]).all()
         m.d.comb += [self.done.eq(all_done), self.error.eq(Cat(*[n.error for n in nics]).any()),
                      self.running.eq(Cat(*[n.running for n in nics]).any())]
-        counting = Signal()
-        with m.If(self.start):
+        # ``cycles`` counts from the cycle the NICs see START: behind their host slice
+        counting, seen_start = Signal(), Signal()
+        assert HOST_SLICE == 1
+        m.d.sync += seen_start.eq(self.start)
+        with m.If(seen_start):
             m.d.sync += [counting.eq(1), self.cycles.eq(0)]
         with m.Elif(counting):
             with m.If(all_done):

@@ -1,7 +1,7 @@
 """Host bus of a NIC: register file, write decode into the table, buffer and ORDER table,
 and the read path (see :mod:`.params` for the register map).
 
-Every read answers :data:`HOST_READ_LATENCY` cycles after ``re``: one cycle in which the
+Every read answers :data:`REGS_READ_LATENCY` cycles after ``re``: one cycle in which the
 bus's and the DMA port's read requests are merged and registered, then the buffer's read
 latency (registers and the step log are delayed to match); reads may be issued back to
 back.  The register is there for timing: the host is the buffer's highest-priority
@@ -27,18 +27,20 @@ from .buffer import READ_LATENCY, BufferReadSignature, BufferWriteSignature
 from .params import ID_VALUE, SPARSE_READ_REGS, ErrBit, NicParams, PortCounter, Reg
 from .tx import buffer_abits
 
-__all__ = ["HostRegs", "HostSignature", "DmaSignature", "HOST_READ_LATENCY"]
+__all__ = ["HostRegs", "HostSignature", "DmaSignature", "REGS_READ_LATENCY"]
 
-#: cycles from a host read (``re``) to its ``rdata`` (every region): the registered read
-#: request, then the buffer's read path
-HOST_READ_LATENCY = 1 + READ_LATENCY
+#: cycles from a read (``re``) at HostRegs to its ``rdata`` (every region): the registered
+#: read request, then the buffer's read path (the NIC's host sees
+#: :data:`~.core.HOST_READ_LATENCY`, its host slice added)
+REGS_READ_LATENCY = 1 + READ_LATENCY
 
 REGISTERS, TABLE, BUFFER, STEPLOG_ORDER = 0, 1, 2, 3      # host-bus regions
 
 
 class HostSignature(wiring.Signature):
     """Host register/memory bus seen from the NIC (``In``): ``addr``, ``wdata``, ``we``,
-    ``re``; ``rdata`` is valid :data:`HOST_READ_LATENCY` cycles after ``re`` (reads may be
+    ``re``; ``rdata`` is valid :data:`REGS_READ_LATENCY` cycles after ``re`` at HostRegs,
+    :data:`~.core.HOST_READ_LATENCY` at a NIC's pins (reads may be
     issued back to back)."""
 
     def __init__(self, addr_bits: int):
@@ -49,7 +51,7 @@ class HostSignature(wiring.Signature):
 class DmaSignature(wiring.Signature):
     """Bulk buffer port seen from the NIC (``In``): ``addr`` (element of lane 0), ``we``
     with a per-lane ``wmask`` and ``wdata`` (lane k = element ``addr + k``), ``re``;
-    ``rdata`` (all lanes) is valid :data:`HOST_READ_LATENCY` cycles after ``re``; a beat
+    ``rdata`` (all lanes) is valid as the bus's ``rdata`` after ``re``; a beat
     per cycle either way."""
 
     def __init__(self, abits: int, lanes: int):
@@ -149,7 +151,9 @@ class HostRegs(wiring.Component):
         """The DMA port drives the host's buffer reader and writer (all lanes) in cycles
         the bus leaves them alone; anything else it asks is dropped and flagged."""
         p, dma, W = self.params, self.dma, self.params.lanes
-        in_range = Cat(*[dma.addr + k < p.depth for k in range(W)])
+        # lane k is in the buffer when addr < depth - k: a compare with a constant per lane,
+        # no adder ahead of the write enables and the HOST_RANGE flag
+        in_range = Cat(*[dma.addr < p.depth - k for k in range(W)])
         write = dma.we & ~bus_buf & ~self.running
         with m.If(write):
             m.d.comb += [self.buf_write.addr.eq(dma.addr), self.buf_write.data.eq(dma.wdata),
@@ -248,7 +252,7 @@ class HostRegs(wiring.Component):
         # registers (the core's own, each port's counters) is multiplexed into a register
         # of its own, and the groups into ``rreg`` -- two short levels instead of one
         # 40-way mux across the die.  Registers answer three cycles after ``re``, the step
-        # log one: both are brought to the same point and delayed to HOST_READ_LATENCY.
+        # log one: both are brought to the same point and delayed to REGS_READ_LATENCY.
         region_q = Signal(2)
         m.d.sync += region_q.eq(region)
         reg_re = Signal()
@@ -278,7 +282,7 @@ class HostRegs(wiring.Component):
             with m.Case(STEPLOG_ORDER):
                 m.d.comb += early.eq(steplog_q[1])
         sel_q, early_q = region_q2, early
-        for k in range(3, HOST_READ_LATENCY):
+        for k in range(3, REGS_READ_LATENCY):
             sel_n, early_n = Signal(2, name=f"region_q{k}"), Signal(32, name=f"early_q{k}")
             m.d.sync += [sel_n.eq(sel_q), early_n.eq(early_q)]
             sel_q, early_q = sel_n, early_n

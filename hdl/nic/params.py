@@ -53,9 +53,9 @@ Register map (host bus, 32-bit words; word address = region << (AW-2) | offset):
     region 2  gradient buffer: element e (write while not RUNNING, read any time: the
               host is the banked buffer's highest-priority reader)
 
-Every read answers HOST_READ_LATENCY (6) cycles after ``re`` (a registered request, then
-the buffer's read latency; registers and the step log are delayed to match); reads may be
-issued back to back.
+Every read answers HOST_READ_LATENCY (7) cycles after ``re`` (the host slice, a registered
+request, then the buffer's read latency; registers and the step log are delayed to match);
+reads may be issued back to back.
     region 3  read: step cycle log, word s = cycles the node spent in timestep s;
               write: ORDER table, word f << ceil(log2 P) | q = the step at which port q's
               REDUCE contribution to flow f arrives (reset to "unknown" by CLEAR).  With it

@@ -1,10 +1,10 @@
 """HostRegs (hdl/nic/host_regs.py): register writes and reads against the register map
 (hdl/nic/params.py: Reg, PortCounter, the region layout), every read answering exactly
-HOST_READ_LATENCY cycles after ``re``, back-to-back reads, rejected writes flagged, the
+REGS_READ_LATENCY cycles after ``re``, back-to-back reads, rejected writes flagged, the
 table / ORDER / buffer writes decoded (and refused while RUNNING)."""
 import random
 
-from treenic.hdl.nic.host_regs import HOST_READ_LATENCY, HostRegs
+from treenic.hdl.nic.host_regs import REGS_READ_LATENCY, HostRegs
 from treenic.hdl.nic.params import ID_VALUE, PortCounter, Reg
 
 from nic_unit_helpers import SMALL, simulate
@@ -51,7 +51,7 @@ def test_host_regs_write_read_and_decode():
         await wr(p.order_addr(0, 0), 1, order_we=0)
         await wr(p.buf_addr(0), 1, ev_host_range=1)
         ctx.set(dut.running, 0)
-        # back-to-back reads: each answers HOST_READ_LATENCY cycles after its ``re``
+        # back-to-back reads: each answers REGS_READ_LATENCY cycles after its ``re``
         want = {Reg.ID: ID_VALUE, Reg.NODE: 7, Reg.LOCKSTEP: 99,
                 Reg.ENTRIES: p.max_entries + 1, Reg.ELEMENTS: 40, Reg.FLOWS: 3,
                 Reg.PEER + 1: 0xABCD, Reg.CYCLES: 1234, Reg.ERR_FLAGS: 0b100,
@@ -59,11 +59,11 @@ def test_host_regs_write_read_and_decode():
                 **{p.port_counter_addr(i, k): v for (i, k), v in counters.items()}}
         addrs = list(want)
         got = []
-        for c in range(len(addrs) + HOST_READ_LATENCY):
+        for c in range(len(addrs) + REGS_READ_LATENCY):
             ctx.set(h.re, c < len(addrs))
             ctx.set(h.addr, addrs[c] if c < len(addrs) else 0)
             await ctx.tick()
-            if c >= HOST_READ_LATENCY - 1 and len(got) < len(addrs):
+            if c >= REGS_READ_LATENCY - 1 and len(got) < len(addrs):
                 got.append(ctx.get(h.rdata))
         assert got == [want[a] for a in addrs]
 
