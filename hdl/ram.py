@@ -31,7 +31,8 @@ from amaranth.hdl import Array, Const, Elaboratable, Module, Mux, Signal, Value
 from amaranth.lib import memory, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["BlockRam", "BlockRamFIFO", "LaneBankedRam", "lanes_address", "poison", "MAX_READ_PORTS", "YOSYS_COLLISION_DONT_CARE"]
+__all__ = ["BlockRam", "BlockRamFIFO", "LaneBankedRam", "lanes_address", "poison",
+           "registered_write", "MAX_READ_PORTS", "YOSYS_COLLISION_DONT_CARE"]
 
 #: the most read ports a BlockRam may have (each is a copy of the memory on the FPGA)
 MAX_READ_PORTS = 64
@@ -201,10 +202,23 @@ def lanes_address(addr, banks, rows, first):
 
 
 class _WritePort:
-    """The write port of :class:`LaneBankedRam`: ``addr``, ``data``, ``en``."""
+    """The write port of :class:`LaneBankedRam` (and of :func:`registered_write`):
+    ``addr``, ``data``, ``en``."""
 
-    def __init__(self, abits: int, width: int):
-        self.addr, self.data, self.en = Signal(abits), Signal(width), Signal()
+    def __init__(self, abits: int, width: int, name: str = "w"):
+        self.addr = Signal(abits, name=f"{name}_addr")
+        self.data = Signal(width, name=f"{name}_data")
+        self.en = Signal(name=f"{name}_en")
+
+
+def registered_write(m, port, *, name: str) -> _WritePort:
+    """A write request (``addr``, ``data``, ``en``) that reaches a one-bit-enable write
+    *port* a cycle later, through registers: what decides the write stays off the RAM's
+    pins. The caller guarantees no read depends on a word in the cycle after its write."""
+    assert len(port.en) == 1
+    req = _WritePort(len(port.addr), len(port.data), name)
+    m.d.sync += [port.addr.eq(req.addr), port.data.eq(req.data), port.en.eq(req.en)]
+    return req
 
 
 class LaneBankedRam(Elaboratable):

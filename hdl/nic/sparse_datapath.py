@@ -7,7 +7,7 @@ from amaranth import Array, Cat, Module, Mux, Signal
 from amaranth.lib import data, wiring
 
 from ..link.flit import FlitType, Op
-from ..ram import BlockRam, BlockRamFIFO
+from ..ram import BlockRam, BlockRamFIFO, registered_write
 from ..skid import SkidBuffer
 from ..sparse.scatter import ScatterAccumulate
 from .count import step_count
@@ -38,8 +38,10 @@ def build_engine(e) -> Module:
     m.submodules.program = prog = BlockRam(shape=ROW, depth=e.rows, init=[])
     c.prog_w, c.prog_r, c.prog_r2 = prog.write_port(), prog.read_port(), prog.read_port()
     m.submodules.finals = fin = BlockRam(shape=64, depth=e.chunks * e.slot, init=[])
-    c.fin_r = fin.read_port()
-    c.fin_w = _registered_write(m, fin.write_port(), name="fin_w")
+    # the write request is registered: its enable sat behind the received-pair checks
+    # (-0.92 ns routed, seventeenth wave). No reader reads a slot in the cycle after its
+    # last write (a tail, DRAIN and DISPATCH come between a slot's writes and its walk)
+    c.fin_w, c.fin_r = registered_write(m, fin.write_port(), name="fin_w"), fin.read_port()
     c.counts = Array(Signal(range(e.slot + 1), name=f"count{i}") for i in range(e.chunks))
     # the sequencer's buffer read port (FIX, COPY, CLEAR, the residual DUMP): its address
     # is ``dump_addr``, its word lane 0; unit 0's feeder borrows it (sparse_select._lanes_words)
@@ -69,26 +71,6 @@ def build_engine(e) -> Module:
     build_selection(m, c)       # drives the adder only in cycles the sequencer does not
     count_drops(m, c)
     return m
-
-
-class _WriteRequest:
-    """``addr``, ``data``, ``en`` of a block RAM write, as its sources drive them."""
-
-    def __init__(self, port, name):
-        self.addr = Signal.like(port.addr, name=f"{name}_addr")
-        self.data = Signal.like(port.data, name=f"{name}_data")
-        self.en = Signal.like(port.en, name=f"{name}_en")
-
-
-def _registered_write(m, port, *, name):
-    """A write port whose request is registered a cycle before the RAM's pins: the
-    final-pair RAM's write enable sat behind the received-pair checks (-0.92 ns routed,
-    seventeenth wave). Its readers never read a word in the cycle after its write (a walk
-    of a slot starts at least a row after the slot's last write: a tail, DRAIN and
-    DISPATCH come between), so the late write changes no word they read."""
-    req = _WriteRequest(port, name)
-    m.d.sync += [port.addr.eq(req.addr), port.data.eq(req.data), port.en.eq(req.en)]
-    return req
 
 
 def _scatter_input(m, c):
