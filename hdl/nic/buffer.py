@@ -25,8 +25,9 @@ share the banks the way a GPU's shared memory does::
               1 read + 1 write port; the read                of t+2 (``conflict`` in t+2:
               port samples at the end of t+2                 two writers met in a bank)
                  │
-    t+3          ▼ output register (the RAM's clock-to-out is slow)
-    t+4       per-reader lane mux from bank (lo + k) mod B, registered
+    t+3          ▼ output register (the RAM's clock-to-out is slow); each lane's
+                   bank (lo + k) mod B registered beside it
+    t+4       per-reader lane mux from that bank, registered
     t+5       ──► data, valid
 
 Every path is register → a few LUT levels → register: the arbitration (``grant``) is the
