@@ -65,7 +65,6 @@ def test_reads_match_a_plain_memory_and_collisions_are_poisoned():
     assert min(checked.values()) > 100, checked
 
 
-@pytest.mark.filterwarnings("ignore:.*created but never used")
 class _RegisteredTop(Elaboratable):
     """A BlockRam written through :func:`registered_write`, read by one port."""
 
@@ -111,6 +110,7 @@ def test_registered_write_lands_a_cycle_late():
     assert collided > 100
 
 
+@pytest.mark.filterwarnings("ignore:.*created but never used")
 def test_ports_are_checked():
     ram = BlockRam(shape=8, depth=16, init=[])
     w = ram.write_port()
