@@ -2,8 +2,8 @@
 
 ::
 
-    host bus ─► SP_IN[0..2], SP_PUSH ─► HOST_IN FIFO ─────────► engine.host_i
-         CTRL START / start (SP_MODE SPARSE) ─► a START word ──┘
+    host bus ─► SP_IN[0..2], SP_PUSH ─► push stage ─► HOST_IN FIFO ─► engine.host_i
+         CTRL START / start (SP_MODE SPARSE) ─► a START word ─┘
     host bus ◄─ SP_OUT_POP / INDEX / VALUE ◄─ out latch ◄─ HOST_OUT FIFO ◄─ engine.host_o
 
     dense TxUnit[p] ─┐                       ┌─► dense RxUnit[p]
@@ -32,7 +32,6 @@ from __future__ import annotations
 from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import fifo, stream, wiring
 from amaranth.lib.wiring import In, Out
-from amaranth.utils import bits_for
 
 from ..link.flit import FlitFormat, LinkSignature
 from .count import step_count
@@ -179,18 +178,35 @@ class SparseHost(wiring.Component):
         for r, sig in write.items():
             m.d.comb += sig.eq(self.we & is_reg & (off == r))
         D = p.sparse.host_fifo
-        m.submodules.in_fifo = in_q = fifo.SyncFIFOBuffered(width=HOST_IN.size, depth=D)
-        m.submodules.out_fifo = out_q = fifo.SyncFIFOBuffered(width=HOST_OUT.size, depth=D)
+        # HOST_IN holds D words: D - 1 in the FIFO, one in the push stage in front of it
+        m.submodules.in_fifo = in_q = fifo.SyncFIFOBuffered(width=HOST_IN.size, depth=D - 1)
+        # HOST_OUT holds D words, in a FIFO a word deeper (see _out_ready)
+        m.submodules.out_fifo = out_q = fifo.SyncFIFOBuffered(width=HOST_OUT.size, depth=D + 1)
         m.d.comb += [self.host_i.valid.eq(in_q.r_rdy), self.host_i.payload.eq(in_q.r_data),
                      in_q.r_en.eq(self.host_i.ready),
-                     out_q.w_data.eq(self.host_o.payload), out_q.w_en.eq(self.host_o.valid),
-                     self.host_o.ready.eq(out_q.w_rdy)]
+                     out_q.w_data.eq(self.host_o.payload)]
+        self._out_ready(m, out_q, D)
         refusals = [self._mode(m, write[Reg.SP_MODE])]
-        refusals += self._host_in(m, in_q, write[Reg.SP_PUSH], off, is_reg)
+        in_level = Signal(range(D + 1))
+        refusals += self._host_in(m, in_q, in_level, write[Reg.SP_PUSH], off, is_reg)
         pop_flags, latch = self._host_out(m, out_q, off, is_reg)
         m.d.comb += self.refused.eq(Cat(*refusals).any())
-        self._status(m, refusals, in_q, out_q, pop_flags, latch)
+        self._status(m, refusals, in_level, out_q, pop_flags, latch)
         return m
+
+    def _out_ready(self, m, out_q, words):
+        """``host_o.ready`` from a register: the engine's residual and final walks step
+        their buffer read addresses on it, and as the FIFO's full compare it stood in front
+        of the buffer's 32 block RAMs' address pins (routed, 19th wave). The register is
+        next cycle's ``level < words`` (this cycle's level, less a pop, plus the engine's
+        write), so HOST_OUT holds exactly ``words``. The FIFO is a word deeper: below
+        ``words`` its inner memory (all but the output register) always has room."""
+        ready = Signal(init=1)
+        write = self.host_o.valid & ready
+        after_pop = Signal.like(out_q.level)
+        m.d.comb += [after_pop.eq(out_q.level - (out_q.r_en & out_q.r_rdy)),
+                     self.host_o.ready.eq(ready), out_q.w_en.eq(write)]
+        m.d.sync += ready.eq(Mux(write, after_pop < words - 1, after_pop < words))
 
     def _mode(self, m, write_mode):
         """SP_MODE: a change while either side runs (or starts, this cycle) or while links
@@ -202,7 +218,7 @@ class SparseHost(wiring.Component):
             m.d.sync += self.mode.eq(want)
         return refuse
 
-    def _host_in(self, m, in_q, write_push, off, is_reg):
+    def _host_in(self, m, in_q, in_level, write_push, off, is_reg):
         """SP_IN staging, SP_PUSH, and the run state: a START (in sparse mode) is queued as
         a START word behind what the host pushed; DONE once the engine's busy has risen
         and fallen again."""
@@ -213,8 +229,16 @@ class SparseHost(wiring.Component):
         pushed = Signal(HOST_IN.size)
         m.d.comb += pushed.eq(Cat(*staged, self.wdata))
         is_start = pushed[:3] == HostKind.START     # only the NIC's own START starts a run
-        push_ok = write_push & in_q.w_rdy & ~is_start
+        # the push stage: the bus decode ends at its registers, not at the FIFO's write
+        # pointer and LUT-RAM write data across the die (-0.44 ns routed, 19th wave). It
+        # loads whenever it is free next cycle (its word unused unless ``push_q``), so the
+        # decode drives two flip-flops' enables, not 123
+        push_q, push_data = Signal(), Signal(HOST_IN.size)
+        stage_free = ~push_q | in_q.w_rdy
+        push_ok = write_push & stage_free & ~is_start
         refuse_push = write_push & ~push_ok
+        with m.If(stage_free):
+            m.d.sync += [push_q.eq(push_ok), push_data.eq(pushed)]
         with m.If(write_push):
             m.d.sync += [w.eq(0) for w in staged]
         start_pending, armed, seen_busy = Signal(), Signal(), Signal()
@@ -222,14 +246,14 @@ class SparseHost(wiring.Component):
         refuse_start = start_req & self.running
         with m.If(start_req & ~self.running):
             m.d.sync += [start_pending.eq(1), self.done.eq(0)]
-        # the START word goes in a cycle the bus does not push, once there is room. Only
-        # its kind is muxed in: the engine reads nothing else of a START word, and the bus
-        # decode behind ``put_start`` stays off the other 120 bits' LUT-RAM write data
-        # (-0.43 ns routed, 16th wave)
-        put_start = start_pending & ~write_push & in_q.w_rdy
-        m.d.comb += [in_q.w_en.eq(push_ok | put_start),
-                     in_q.w_data.eq(Cat(Mux(put_start, HostKind.START, pushed[:3]),
-                                        pushed[3:]))]
+        # the START word goes in once the stage is empty (behind every word pushed before
+        # it) and there is room. Only its kind is muxed in: the engine reads nothing else
+        # of a START word
+        put_start = start_pending & ~push_q & in_q.w_rdy
+        m.d.comb += [in_q.w_en.eq(push_q | start_pending),
+                     in_q.w_data.eq(Cat(Mux(push_q, push_data[:3], HostKind.START),
+                                        push_data[3:]))]
+        m.d.sync += in_level.eq(in_q.level + push_q)     # SP_STATUS, a cycle late
         with m.If(put_start):
             m.d.sync += [start_pending.eq(0), armed.eq(1), seen_busy.eq(0)]
         with m.If(armed & self.busy):
@@ -258,7 +282,7 @@ class SparseHost(wiring.Component):
         assert SparseOut.VALID == 1 and SparseOut.FINAL == 2 and SparseOut.END == 4
         return flags, latch
 
-    def _status(self, m, refusals, in_q, out_q, pop_flags, latch):
+    def _status(self, m, refusals, in_level, out_q, pop_flags, latch):
         mode_refused, host_refused = Signal(), Signal()
         # CLEAR first: like ErrorCollect's flags, a (registered) CLEAR drops the
         # refusals of its own cycle and of the one before
@@ -276,7 +300,7 @@ class SparseHost(wiring.Component):
         status = Signal(32)
         for flag, sig in bits.items():
             m.d.comb += status[flag.bit_length() - 1].eq(sig)
-        m.d.comb += [status[8:16].eq(in_q.level), status[16:24].eq(out_q.level)]
+        m.d.comb += [status[8:16].eq(in_level), status[16:24].eq(out_q.level)]
         values = {Reg.SP_MODE: self.mode, Reg.SP_STATUS: status, Reg.SP_CYCLES: self.cycles,
                   Reg.SP_FLITS: self.flits, Reg.SP_MALFORMED: self.malformed,
                   Reg.SP_FINALS: self.finals, Reg.SP_OUT_POP: pop_flags,
