@@ -31,7 +31,7 @@ def _encode_states(m, c, j, fin_fire, n_pairs):
     low = Signal(32)
     have_low = Signal()
     with m.State("GS_ENC"):
-        m.d.comb += enc.i.valid.eq(1)
+        m.d.comb += [enc.i.valid.eq(1), c.fin_walk.eq(1)]     # see sequencer's fin_walk
         with m.If(j.at["count"]):
             m.d.comb += [enc.i.payload.none.eq(1), enc.i.payload.last.eq(1)]
             with m.If(enc.i.ready):
@@ -39,8 +39,7 @@ def _encode_states(m, c, j, fin_fire, n_pairs):
                 m.next = "ENC_OUT"
         with m.Else():
             m.d.comb += [enc.i.payload.index.eq(c.fin_r.data[:32] - row.lo),
-                         enc.i.payload.value.eq(c.fin_r.data[32:]), fin_fire.eq(enc.i.ready),
-                         c.fin_walk.eq(1)]
+                         enc.i.payload.value.eq(c.fin_r.data[32:]), fin_fire.eq(enc.i.ready)]
             with m.If(enc.i.ready):
                 j.step(m)
     with m.State("ENC_OUT"):
