@@ -192,7 +192,7 @@ SPARSE_ENGINE_FMT = FlitFormat(vcs=1)
 class SparseParams:
     """Build of the sparse engine inside a NIC (``NicParams.sparse``): the
     :class:`~treenic.hdl.nic.sparse_engine.SparseEngine` parameters but its ports and
-    link format (the NIC's), plus the depth of the HOST_IN / HOST_OUT FIFOs between the
+    link format (the NIC's), plus the words that HOST_IN and HOST_OUT each hold between the
     host bus and the engine (``host_fifo``).  :meth:`for_program` sizes it for a compiled
     sparse program."""
     depth: int
